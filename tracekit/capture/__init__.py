@@ -1,0 +1,1 @@
+"""Capture layer: run training under ``nsys profile`` with NVTX ranges injected into DeepSpeed."""
