@@ -1,0 +1,267 @@
+"""Open an Nsight Systems SQLite export read-only and load the columns an analysis needs.
+
+The export is opened through the SQLite URI ``file:PATH?mode=ro``: tracekit never writes to a
+user's trace. Tables and columns are resolved through ``sqlite_master`` and
+``PRAGMA table_info``; a table the trace lacks loads as an empty frame (nsys creates tables
+lazily, so a missing table means "nothing recorded"), until an analysis calls
+:meth:`Export.require`, which raises :class:`~tracekit.errors.MissingDataError` naming the
+table and the nsys option that records it.
+
+Schema version: ``META_DATA_EXPORT`` (nsys >= 2023.3) or ``EXPORT_META_DATA`` (older) hold
+``EXPORT_SCHEMA_VERSION``; exports with neither table are reported as ``"pre-2022"``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+import polars as pl
+
+from tracekit.analyze import enums
+from tracekit.errors import MissingDataError, TracekitError
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+#: globalTid / globalPid layout: pid in bits 24..47, tid in bits 0..23.
+TID_MASK = 0xFFFFFF
+
+# SQLite declared types -> polars dtypes for the columns tracekit loads.
+_DTYPES = {"INTEGER": pl.Int64, "REAL": pl.Float64, "TEXT": pl.String, "": pl.String}
+
+
+def global_pid(global_tid: pl.Expr) -> pl.Expr:
+    """``globalPid`` of a ``globalTid`` expression (the thread id with its low 24 bits cleared)."""
+    return (global_tid // (TID_MASK + 1)) * (TID_MASK + 1)
+
+
+def os_pid(global_pid_expr: pl.Expr) -> pl.Expr:
+    """Operating-system pid of a ``globalPid`` / ``globalTid`` expression (bits 24..47)."""
+    return (global_pid_expr // (TID_MASK + 1)) % (TID_MASK + 1)
+
+
+@dataclass
+class Export:
+    """A read-only view of one nsys SQLite export.
+
+    Attributes:
+        path: the file.
+        tables: table name -> {column name: declared SQLite type}, from ``sqlite_master``.
+        schema_version: ``EXPORT_SCHEMA_VERSION`` (e.g. ``"3.20.3"``) or ``"pre-2022"``.
+        nsys_version: ``EXPORT_PRODUCT_VERSION`` when the export records it, else ``None``.
+
+    Raises (from :meth:`open`): :class:`TracekitError` (exit code 2) for a missing file, a
+    non-SQLite file, an ``.nsys-rep``/``.qdrep`` report, an nvprof database, an SQLite file
+    that is not an nsys export, and a truncated or corrupt file.
+    """
+
+    path: Path
+    conn: sqlite3.Connection
+    tables: dict[str, dict[str, str]]
+    schema_version: str
+    nsys_version: str | None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, path: str | Path) -> "Export":
+        """Open ``path`` read-only and recognise it as an nsys export (see class doc)."""
+        path = Path(path)
+        _check_file(path)
+        uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+        try:
+            conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            rows = conn.execute(
+                "SELECT name FROM sqlite_master WHERE type IN ('table','view')"
+            ).fetchall()
+            names = [r[0] for r in rows]
+            tables: dict[str, dict[str, str]] = {}
+            for name in names:
+                info = conn.execute(f'PRAGMA table_info("{name}")').fetchall()
+                tables[name] = {r[1]: (r[2] or "").upper() for r in info}
+        except sqlite3.DatabaseError as exc:
+            raise TracekitError(
+                f"{path}: the SQLite file is truncated or corrupt ({exc}); export it again "
+                "with `nsys export --type sqlite REPORT.nsys-rep`"
+            ) from None
+        if "StringTable" in tables and "StringIds" not in tables:
+            raise TracekitError(
+                f"{path}: this is an nvprof database, not an Nsight Systems export; "
+                "profile with `nsys profile` (or `tracekit capture`) and export to SQLite"
+            )
+        if "StringIds" not in tables:
+            raise TracekitError(
+                f"{path}: SQLite file is not an Nsight Systems export (no StringIds table); "
+                "pass the .sqlite written by `nsys export --type sqlite`"
+            )
+        exp = cls(path=path, conn=conn, tables=tables, schema_version="pre-2022", nsys_version=None)
+        exp._read_metadata()
+        exp._check_readable()
+        return exp
+
+    def _read_metadata(self) -> None:
+        for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+            if table in self.tables and {"name", "value"} <= set(self.tables[table]):
+                meta = dict(self.conn.execute(f"SELECT name, value FROM {table}").fetchall())
+                self.schema_version = meta.get("EXPORT_SCHEMA_VERSION") or "unknown"
+                self.nsys_version = meta.get("EXPORT_PRODUCT_VERSION")
+                return
+
+    def _check_readable(self) -> None:
+        """Read the last row of the main tables: a truncated file fails here, not mid-analysis."""
+        try:
+            for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "GPU_METRICS", "StringIds"):
+                if table in self.tables:
+                    self.conn.execute(f"SELECT * FROM {table} ORDER BY rowid DESC LIMIT 1").fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise TracekitError(
+                f"{self.path}: the SQLite file is truncated or corrupt ({exc}); export it again "
+                "with `nsys export --type sqlite REPORT.nsys-rep`"
+            ) from None
+
+    def close(self) -> None:
+        """Close the SQLite connection."""
+        self.conn.close()
+
+    def __enter__(self) -> "Export":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ schema
+    def has(self, table: str, min_rows: int = 0) -> bool:
+        """True when the export has ``table`` (and, if ``min_rows`` > 0, at least that many rows)."""
+        if table not in self.tables:
+            return False
+        if min_rows <= 0:
+            return True
+        n = self.conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT ?)", (min_rows,))
+        return n.fetchone()[0] >= min_rows
+
+    def columns(self, table: str) -> list[str]:
+        """Column names of ``table`` (empty list when the table is absent)."""
+        return list(self.tables.get(table, {}))
+
+    def require(self, table: str, purpose: str) -> None:
+        """Raise :class:`MissingDataError` unless ``table`` exists and has rows.
+
+        The message names the table, what needed it (``purpose``) and the nsys option that
+        records it (:data:`tracekit.analyze.enums.RECORDED_BY`).
+        """
+        if not self.has(table, min_rows=1):
+            option = enums.RECORDED_BY.get(table, "the matching -t option")
+            state = "has no rows in" if table in self.tables else "is missing from"
+            raise MissingDataError(
+                f"{self.path.name}: {table} {state} this trace, and {purpose} needs it; "
+                f"record it with `nsys profile {option}`"
+            )
+
+    # ------------------------------------------------------------------ loading
+    def load(
+        self,
+        table: str,
+        columns: list[str] | dict[str, str],
+        where: str | None = None,
+        params: tuple = (),
+    ) -> pl.DataFrame:
+        """Load ``columns`` of ``table`` into a polars frame.
+
+        ``columns`` is a list of column names or a mapping {output name: SQL expression}.
+        Columns that the table lacks load as nulls (older exports miss a few); a table the
+        export lacks gives an empty frame with the requested columns. Integer columns are
+        ``Int64``; ``where`` is an SQL condition with ``?`` placeholders bound to ``params``.
+        """
+        cols = dict(zip(columns, columns)) if isinstance(columns, list) else dict(columns)
+        present = self.tables.get(table)
+        schema = {}
+        exprs = []
+        for out, expr in cols.items():
+            if present is not None and expr in present:
+                dtype = _DTYPES.get(present[expr], pl.String)
+                exprs.append(f'"{expr}" AS "{out}"')
+            elif present is not None and expr not in present and _is_plain_name(expr):
+                dtype = pl.Int64
+                exprs.append(f'NULL AS "{out}"')
+            else:  # an SQL expression: typed as integer unless cast otherwise by the caller
+                dtype = pl.Int64
+                exprs.append(f'{expr} AS "{out}"')
+            schema[out] = dtype
+        if present is None:
+            return pl.DataFrame(schema=schema)
+        sql = f"SELECT {', '.join(exprs)} FROM {table}"
+        if where:
+            sql += f" WHERE {where}"
+        return self.query(sql, params, schema)
+
+    def query(self, sql: str, params: tuple = (), schema: dict | None = None) -> pl.DataFrame:
+        """Run ``sql`` on the export and return the rows as a polars frame with ``schema``."""
+        try:
+            cur = self.conn.execute(sql, params)
+            rows = cur.fetchall()
+            names = [d[0] for d in cur.description]
+        except sqlite3.DatabaseError as exc:
+            raise TracekitError(f"{self.path}: reading the trace failed ({exc})") from None
+        if schema is None:
+            return pl.DataFrame(rows, schema=names, orient="row", infer_schema_length=None)
+        return pl.DataFrame(rows, schema=schema, orient="row")
+
+    # ------------------------------------------------------------------ strings and enums
+    def strings(self, ids: list[int] | None = None) -> dict[int, str]:
+        """``StringIds`` as {id: value}; only ``ids`` when given."""
+        if ids is not None:
+            ids = [int(i) for i in ids if i is not None]
+            if not ids:
+                return {}
+            out: dict[int, str] = {}
+            for i in range(0, len(ids), 900):
+                chunk = ids[i : i + 900]
+                marks = ",".join("?" * len(chunk))
+                out.update(
+                    self.conn.execute(
+                        f"SELECT id, value FROM StringIds WHERE id IN ({marks})", chunk
+                    ).fetchall()
+                )
+            return out
+        if "strings" not in self._cache:
+            self._cache["strings"] = dict(self.conn.execute("SELECT id, value FROM StringIds"))
+        return self._cache["strings"]
+
+    def enum_labels(self, kind: str) -> dict[int, str]:
+        """Labels of ``kind`` ("copy" or "mem"): from the export's ENUM table, else built in."""
+        table, by_name, builtin = {
+            "copy": ("ENUM_CUDA_MEMCPY_OPER", enums.COPY_KIND_BY_NAME, enums.COPY_KIND),
+            "mem": ("ENUM_CUDA_MEM_KIND", enums.MEM_KIND_BY_NAME, enums.MEM_KIND),
+        }[kind]
+        out = dict(builtin)
+        if table in self.tables and {"id", "name"} <= set(self.tables[table]):
+            for id_, name in self.conn.execute(f"SELECT id, name FROM {table}"):
+                out[int(id_)] = by_name.get(name, str(name).lower())
+        return out
+
+
+def _is_plain_name(expr: str) -> bool:
+    return expr.isidentifier()
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise TracekitError(f"{path}: no such file")
+    if path.is_dir():
+        raise TracekitError(f"{path}: is a directory; pass an nsys .sqlite export")
+    suffix = "".join(path.suffixes[-1:]).lower()
+    with open(path, "rb") as fh:
+        head = fh.read(16)
+    if head == SQLITE_MAGIC:
+        return
+    if suffix in (".nsys-rep", ".qdrep", ".qdstrm"):
+        raise TracekitError(
+            f"{path}: this is an Nsight Systems report, not its SQLite export; run "
+            f"`nsys export --type sqlite {path}` and analyze the .sqlite it writes"
+        )
+    if not head:
+        raise TracekitError(f"{path}: file is empty; pass an nsys .sqlite export")
+    raise TracekitError(
+        f"{path}: not an SQLite file; pass the .sqlite written by `nsys export --type sqlite`"
+    )

@@ -1,0 +1,126 @@
+"""GPU operations (kernels, memcpy, memset) joined with the CUDA API call that launched them.
+
+The launch is found by joining ``CUPTI_ACTIVITY_KIND_RUNTIME`` on ``correlationId`` within the
+process (runtime rows carry ``globalTid``; the process is the thread id with its low 24 bits
+cleared). Operations without a runtime record (tracing of the API off, or the call fell
+outside the capture) fall back to their GPU start as launch time and have no launching thread.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracekit.analyze.export import Export, global_pid
+
+#: Columns of :func:`load_gpu_ops`.
+GPU_OP_COLUMNS = {
+    "kind": "kernel | memcpy | memset",
+    "start": "GPU start, ns",
+    "end": "GPU end, ns",
+    "global_pid": "process (nsys globalPid)",
+    "device": "deviceId",
+    "stream": "streamId",
+    "correlation_id": "CUPTI correlationId",
+    "bytes": "bytes moved or set (0 for kernels)",
+    "direction": "H2D, D2H, D2D, P2P, ... for memcpy; null otherwise",
+    "src_kind": "memcpy source memory kind (pageable, pinned, device, ...)",
+    "dst_kind": "memcpy destination memory kind",
+    "name_id": "kernel demangledName / shortName string id (null for copies)",
+    "launch": "start of the launching CUDA API call, ns (GPU start when unknown)",
+    "api_end": "end of the launching CUDA API call, ns (null when unknown)",
+    "api_name_id": "string id of the API function (e.g. cudaMemcpyAsync)",
+    "launch_tid": "globalTid of the launching thread (null when unknown)",
+}
+
+_SCHEMA = {
+    "kind": pl.String,
+    "start": pl.Int64,
+    "end": pl.Int64,
+    "global_pid": pl.Int64,
+    "device": pl.Int64,
+    "stream": pl.Int64,
+    "correlation_id": pl.Int64,
+    "bytes": pl.Int64,
+    "copy_kind": pl.Int64,
+    "src_kind_id": pl.Int64,
+    "dst_kind_id": pl.Int64,
+    "name_id": pl.Int64,
+}
+
+
+def _load_table(export: Export, table: str, kind: str) -> pl.DataFrame:
+    cols = set(export.columns(table))
+    if not cols:
+        return pl.DataFrame(schema=_SCHEMA)
+
+    def col(name: str, fallback: str = "NULL") -> str:
+        return f'"{name}"' if name in cols else fallback
+
+    name = col("demangledName", col("shortName"))
+    sql = f"""SELECT '{kind}' AS kind, start, "end", {col('globalPid')} AS global_pid,
+                     {col('deviceId')} AS device, {col('streamId')} AS stream,
+                     {col('correlationId')} AS correlation_id, {col('bytes', '0')} AS bytes,
+                     {col('copyKind')} AS copy_kind, {col('srcKind')} AS src_kind_id,
+                     {col('dstKind')} AS dst_kind_id,
+                     {name if kind == 'kernel' else 'NULL'} AS name_id
+              FROM {table}"""
+    return export.query(sql, schema=_SCHEMA)
+
+
+def load_gpu_ops(export: Export) -> pl.DataFrame:
+    """Kernels, memcpys and memsets of the whole trace, one row each, sorted by GPU start.
+
+    Returns a frame with the columns of :data:`GPU_OP_COLUMNS` (all times in ns, ``bytes`` in
+    bytes). An export without CUDA tables gives an empty frame; callers that need GPU work
+    call ``export.require("CUPTI_ACTIVITY_KIND_KERNEL", ...)`` first.
+    """
+    parts = [
+        _load_table(export, "CUPTI_ACTIVITY_KIND_KERNEL", "kernel"),
+        _load_table(export, "CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"),
+        _load_table(export, "CUPTI_ACTIVITY_KIND_MEMSET", "memset"),
+    ]
+    ops = pl.concat(parts)
+    copy_labels = export.enum_labels("copy")
+    mem_labels = export.enum_labels("mem")
+    ops = ops.with_columns(
+        direction=pl.col("copy_kind").replace_strict(copy_labels, default=None, return_dtype=pl.String),
+        src_kind=pl.col("src_kind_id").replace_strict(mem_labels, default=None, return_dtype=pl.String),
+        dst_kind=pl.col("dst_kind_id").replace_strict(mem_labels, default=None, return_dtype=pl.String),
+        bytes=pl.col("bytes").fill_null(0),
+    )
+    runtime = load_runtime(export)
+    if runtime.height:
+        ops = ops.join(runtime, on=["global_pid", "correlation_id"], how="left")
+    else:
+        ops = ops.with_columns(
+            api_start=pl.lit(None, pl.Int64),
+            api_end=pl.lit(None, pl.Int64),
+            api_name_id=pl.lit(None, pl.Int64),
+            launch_tid=pl.lit(None, pl.Int64),
+        )
+    ops = ops.with_columns(launch=pl.coalesce("api_start", "start"))
+    return ops.select(list(GPU_OP_COLUMNS)).sort("start")
+
+
+def load_runtime(export: Export) -> pl.DataFrame:
+    """CUDA runtime calls that have a correlation id: ``global_pid, correlation_id, api_start,
+    api_end, api_name_id, launch_tid`` (ns). Calls with correlation id 0 launch nothing."""
+    cols = set(export.columns("CUPTI_ACTIVITY_KIND_RUNTIME"))
+    schema = {
+        "correlation_id": pl.Int64,
+        "api_start": pl.Int64,
+        "api_end": pl.Int64,
+        "api_name_id": pl.Int64,
+        "launch_tid": pl.Int64,
+    }
+    if not {"correlationId", "globalTid", "start"} <= cols:
+        return pl.DataFrame(schema=schema | {"global_pid": pl.Int64})
+    name = "nameId" if "nameId" in cols else "NULL"
+    rt = export.query(
+        f"""SELECT correlationId, start, "end", {name}, globalTid
+            FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId > 0""",
+        schema=schema,
+    )
+    rt = rt.with_columns(global_pid=global_pid(pl.col("launch_tid")))
+    # correlation ids are unique per process; keep the first should an export repeat one
+    return rt.unique(subset=["global_pid", "correlation_id"], keep="first", maintain_order=False)
