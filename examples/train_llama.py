@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     deepspeed.init_distributed()
     torch.manual_seed(args.seed)
     accel = get_accelerator()
-    device = torch.device(accel.device_name(), accel.current_device())
+    device = torch.device(accel.current_device_name())
 
     config = LlamaConfig(hidden_size=args.hidden, num_hidden_layers=args.layers,
                          num_attention_heads=args.heads, num_key_value_heads=args.heads,
