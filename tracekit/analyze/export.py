@@ -50,6 +50,8 @@ class Export:
         tables: table name -> {column name: declared SQLite type}, from ``sqlite_master``.
         schema_version: ``EXPORT_SCHEMA_VERSION`` (e.g. ``"3.20.3"``) or ``"pre-2022"``.
         nsys_version: ``EXPORT_PRODUCT_VERSION`` when the export records it, else ``None``.
+        first_iteration: index of the first iteration in the file: 0, or the first iteration
+            kept by ``tracekit trim`` (read from its ``TRACEKIT_TRIM`` table).
 
     Raises (from :meth:`open`): :class:`TracekitError` (exit code 2) for a missing file, a
     non-SQLite file, an ``.nsys-rep``/``.qdrep`` report, an nvprof database, an SQLite file
@@ -61,6 +63,7 @@ class Export:
     tables: dict[str, dict[str, str]]
     schema_version: str
     nsys_version: str | None
+    first_iteration: int = 0
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ opening
@@ -101,6 +104,9 @@ class Export:
         return exp
 
     def _read_metadata(self) -> None:
+        if "TRACEKIT_TRIM" in self.tables:  # a cut made by `tracekit trim`: keep iteration numbers
+            meta = dict(self.conn.execute("SELECT name, value FROM TRACEKIT_TRIM").fetchall())
+            self.first_iteration = int(str(meta.get("iterations", "0")).split("-")[0] or 0)
         for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
             if table in self.tables and {"name", "value"} <= set(self.tables[table]):
                 meta = dict(self.conn.execute(f"SELECT name, value FROM {table}").fetchall())

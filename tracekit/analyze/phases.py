@@ -221,7 +221,7 @@ def build(
         w, inferred = _phase_windows(c, last_gpu, gas)
         if inferred:
             source[pid] = source.get(pid, "none") + "+inferred-update"
-        parts.append(_iterations(w, ranges, pid))
+        parts.append(_iterations(w, ranges, pid, export.first_iteration))
     phase_windows = pl.concat(parts) if parts else pl.DataFrame()
     windows = _tile(phase_windows, span)
     ops = _attribute(ops, windows, ranges)
@@ -273,10 +273,15 @@ def _phase_windows(c: pl.DataFrame, last_gpu: int, gas: int | None) -> tuple[pl.
     return pl.concat([w, upd.cast(w.schema)]).sort("start"), True
 
 
-def _iterations(w: pl.DataFrame, ranges: pl.DataFrame, pid: int) -> pl.DataFrame:
-    """Iteration index, micro-step, boundary and completeness for one process's windows."""
+def _iterations(w: pl.DataFrame, ranges: pl.DataFrame, pid: int, first: int = 0) -> pl.DataFrame:
+    """Iteration index, micro-step, boundary and completeness for one process's windows.
+
+    Iterations are counted from ``first`` (non-zero for a cut made by ``tracekit trim``), or
+    numbered after tracekit's ``iteration N`` ranges when the trace has them."""
     w = w.sort("start").with_columns(is_update=pl.col("phase") == "update")
-    w = w.with_columns(iteration=(pl.col("is_update").cum_sum() - pl.col("is_update")).cast(pl.Int64))
+    w = w.with_columns(
+        iteration=(pl.col("is_update").cum_sum() - pl.col("is_update") + first).cast(pl.Int64)
+    )
     # number iterations after tracekit's `iteration N` ranges when present
     it = ranges.filter(
         (pl.col("global_pid") == pid)

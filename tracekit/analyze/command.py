@@ -1,0 +1,73 @@
+"""``tracekit analyze`` and ``tracekit trim``: the analysis layer's commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tracekit.errors import TracekitError
+
+PHASE_CHOICES = ("forward", "backward", "update", "other")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``analyze`` and ``trim`` to ``app``."""
+
+    @app.command("analyze")
+    def analyze(
+        trace: Annotated[Path, typer.Argument(help="nsys SQLite export (nsys export --type sqlite)")],
+        phase: Annotated[
+            Optional[str],
+            typer.Option(help="narrow to one phase (forward|backward|update|other) and break it down by sub-phase"),
+        ] = None,
+        iteration: Annotated[Optional[int], typer.Option(help="narrow to one iteration index")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="print the numbers as JSON")] = False,
+        phase_map: Annotated[
+            Optional[list[str]],
+            typer.Option("--phase-map", help="PHASE=REGEX on NVTX range names (repeatable); overrides built-in names"),
+        ] = None,
+        gas: Annotated[
+            Optional[int],
+            typer.Option(help="gradient accumulation steps, used only when updates must be inferred"),
+        ] = None,
+    ) -> None:
+        """Break a DeepSpeed run into iterations and phases: time, GPU busy/idle, H2D/D2H copies."""
+        from tracekit.analyze.result import Options, analyze_path
+
+        if phase is not None and phase not in PHASE_CHOICES:
+            raise TracekitError(f"--phase {phase!r}: choose one of {', '.join(PHASE_CHOICES)}")
+        if gas is not None and gas < 1:
+            raise TracekitError("--gas must be a positive integer")
+        result = analyze_path(trace, Options(phase=phase, iteration=iteration, phase_map=phase_map, gas=gas))
+        if as_json:
+            json.dump(result, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+            return
+        from tracekit.analyze.render import render
+
+        render(result, phase=phase)
+
+    @app.command("trim")
+    def trim_cmd(
+        src: Annotated[Path, typer.Argument(help="input nsys SQLite export (only read)")],
+        dst: Annotated[Path, typer.Argument(help="output SQLite file")],
+        iterations: Annotated[str, typer.Option(help="iterations to keep, A-B (inclusive)")],
+        drop: Annotated[Optional[list[str]], typer.Option(help="table to leave empty (repeatable)")] = None,
+        keep_metrics: Annotated[
+            Optional[str], typer.Option(help="keep only GPU_METRICS whose metric name matches this regex")
+        ] = None,
+        force: Annotated[bool, typer.Option(help="overwrite DST")] = False,
+    ) -> None:
+        """Write a smaller valid export holding only the given iterations (for fixtures)."""
+        from tracekit.analyze.trim import trim
+
+        out = trim(src, dst, iterations, drop=drop, keep_metrics=keep_metrics, force=force)
+        t0, t1 = out["window_ns"]
+        kept = sum(out["rows"].values())
+        size = dst.stat().st_size
+        print(f"wrote {dst} ({size / 1e6:.1f} MB, {kept} rows): iterations {iterations}, "
+              f"window {t0}..{t1} ns ({(t1 - t0) / 1e6:.1f} ms)")

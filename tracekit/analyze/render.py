@@ -1,0 +1,143 @@
+"""Terminal tables (rich) for the analysis dict of :mod:`tracekit.analyze.result`.
+
+Everything shown is read from that dict, so the tables and ``--json`` always agree.
+Units on screen: ms (1e6 ns), MB (1e6 bytes), GB/s (1e9 B/s).
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _ms(ns) -> str:
+    return "" if ns is None else f"{ns / 1e6:,.2f}"
+
+
+def _mb(b) -> str:
+    return "" if not b else f"{b / 1e6:,.1f}"
+
+
+def _gbps(v) -> str:
+    return "" if v is None else f"{v:,.1f}"
+
+
+def _pct(v) -> str:
+    return "" if v is None else f"{100 * v:.0f}%"
+
+
+def _phase_label(p: dict) -> str:
+    label = p["phase"]
+    if p.get("micro_step") is not None and p["phase"] in ("forward", "backward"):
+        label += f" {p['micro_step']}"
+    if p.get("boundary"):
+        label += " *"
+    if p.get("inferred"):
+        label += " (inferred)"
+    return label
+
+
+_COLUMNS = [
+    ("wall ms", lambda p: _ms(p["wall_ns"])),
+    ("GPU idle", lambda p: _pct(p.get("gpu_idle_share"))),
+    ("kernel ms", lambda p: _ms(p["kernel_busy_ns"])),
+    ("H2D MB", lambda p: _mb(p["h2d_bytes"])),
+    ("H2D ms", lambda p: _ms(p["h2d_busy_ns"]) if p["h2d_count"] else ""),
+    ("H2D GB/s", lambda p: _gbps(p.get("h2d_gbps"))),
+    ("D2H MB", lambda p: _mb(p["d2h_bytes"])),
+    ("D2H ms", lambda p: _ms(p["d2h_busy_ns"]) if p["d2h_count"] else ""),
+    ("D2H GB/s", lambda p: _gbps(p.get("d2h_gbps"))),
+    ("memset MB", lambda p: _mb(p["memset_bytes"])),
+]
+
+
+def _table(title: str, first: list[str]) -> Table:
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for c in first:
+        t.add_column(c)
+    for name, _ in _COLUMNS:
+        t.add_column(name, justify="right")
+    return t
+
+
+def render(result: dict, console: Console | None = None, phase: str | None = None) -> None:
+    """Print the per-iteration phase tables, totals, sub-phase breakdown and notes."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or redirected: do not squeeze tables into 80 columns
+            console = Console(width=170)
+    console.print(
+        f"[bold]{result['trace']}[/bold]  nsys {result.get('nsys_version') or '?'} "
+        f"(export schema {result['schema_version']})"
+    )
+    src = ", ".join(f"pid {pid}: {s}" for pid, s in result["phase_source"].items()) or "none"
+    console.print(f"phases from: {src}")
+    if not result["ranks"]:
+        console.print("no process with GPU work in this trace")
+    for rank in result["ranks"]:
+        head = f"rank pid {rank['pid']} device {rank['device']}"
+        t = _table(f"{head}: per iteration and phase", ["iter", "phase"])
+        for it in rank["iterations"]:
+            for i, p in enumerate(it["phases"]):
+                mark = "" if it["complete"] else " (no update)"
+                t.add_row(str(it["index"]) + mark if i == 0 else "", _phase_label(p), *[f(p) for _, f in _COLUMNS])
+            t.add_section()
+        if rank["iterations"]:
+            console.print(t)
+        else:
+            console.print(f"{head}: no iteration found (no forward/backward/update NVTX ranges)")
+        tt = _table(f"{head}: whole trace", ["phase"])
+        for name, p in rank["totals"].items():
+            if phase and name != phase:
+                continue
+            tt.add_row(name, *[f(p) for _, f in _COLUMNS])
+        console.print(tt)
+        for ph, rows in rank.get("sub_phases", {}).items():
+            _render_sub_phases(console, head, ph, rows)
+    if len(result["ranks"]) > 1:
+        s = Table(title="across ranks (whole-trace wall time per phase)", title_justify="left")
+        for c in ("phase", "mean ms", "max ms", "slowest rank pid", "spread ms"):
+            s.add_column(c, justify="right")
+        for ph, v in result["summary"]["per_phase"].items():
+            s.add_row(ph, _ms(v["mean_wall_ns"]), _ms(v["max_wall_ns"]), str(v["slowest_rank_pid"]), _ms(v["spread_ns"]))
+        console.print(s)
+    console.print("* gradient accumulation boundary backward; GPU idle = share of the window with no "
+                  "kernel, copy or memset running; MB = 1e6 B, GB/s = 1e9 B/s")
+    a = result["nvtx_anomalies"]
+    if any(a.values()):
+        console.print(
+            "NVTX records set aside: "
+            + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in a.items() if v)
+        )
+
+
+def _render_sub_phases(console: Console, head: str, phase: str, rows: list[dict]) -> None:
+    """Sub-phases summed over the shown iterations, largest first."""
+    agg: dict[str, dict] = {}
+    for r in rows:
+        a = agg.setdefault(r["sub_phase"], {k: 0 for k in ("wall_ns", "gpu_idle_ns", "kernel_busy_ns",
+                                                           "h2d_bytes", "h2d_busy_ns", "h2d_count",
+                                                           "d2h_bytes", "d2h_busy_ns", "d2h_count")})
+        for k in a:
+            a[k] += r[k] or 0
+    total = sum(a["wall_ns"] for a in agg.values()) or 1
+    t = Table(title=f"{head}: {phase} by sub-phase (innermost NVTX range; (none) = no range open)",
+              title_justify="left", header_style="bold")
+    for c, j in (("sub-phase", "left"), ("wall ms", "right"), ("share", "right"), ("GPU idle ms", "right"),
+                 ("kernel ms", "right"), ("H2D MB", "right"), ("H2D GB/s", "right"),
+                 ("D2H MB", "right"), ("D2H GB/s", "right")):
+        t.add_column(c, justify=j, overflow="fold")
+    for name, a in sorted(agg.items(), key=lambda kv: -kv[1]["wall_ns"]):
+        if a["wall_ns"] == 0 and not (a["h2d_count"] or a["d2h_count"] or a["kernel_busy_ns"]):
+            continue
+        t.add_row(
+            name, _ms(a["wall_ns"]), _pct(a["wall_ns"] / total), _ms(a["gpu_idle_ns"]), _ms(a["kernel_busy_ns"]),
+            _mb(a["h2d_bytes"]), _gbps(a["h2d_bytes"] / a["h2d_busy_ns"] if a["h2d_busy_ns"] else None),
+            _mb(a["d2h_bytes"]), _gbps(a["d2h_bytes"] / a["d2h_busy_ns"] if a["d2h_busy_ns"] else None),
+        )
+    console.print(t)
+    idle = sum(a["gpu_idle_ns"] for a in agg.values())
+    console.print(
+        f"time in {phase} with no GPU activity at all (CPU-bound): {_ms(idle)} ms of {_ms(total)} ms "
+        f"({100 * idle / total:.0f}%)"
+    )

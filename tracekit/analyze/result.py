@@ -1,0 +1,146 @@
+"""The analysis of one trace as a JSON-ready dict: what ``--json`` prints and the tables show.
+
+Shape (times in ns, sizes in bytes, rates in GB/s = 1e9 B/s)::
+
+    {"trace": str, "schema_version": str, "nsys_version": str|null,
+     "phase_source": {pid: "tracekit"|"DeepSpeed"|"phase-map"|"none"[+"+inferred-update"]},
+     "nvtx_anomalies": {"unclosed_ranges": int, "start_end_ranges": int, "marks": int,
+                        "cross_thread_ranges": int},
+     "ranks": [{"pid": int, "device": int,
+                "iterations": [{"index": int, "complete": bool,
+                                "phases": [{"phase": str, "micro_step": int|null,
+                                            "boundary": bool, "inferred": bool,
+                                            "start_ns": int, "end_ns": int, **METRICS,
+                                            "gpu_idle_share": float|null,
+                                            "h2d_gbps": float|null, "d2h_gbps": float|null}]}],
+                "totals": {PHASE: {same numeric keys}},
+                "sub_phases": {PHASE: [{"iteration": int, "sub_phase": str, ...}]}}],
+     "summary": {"ranks": int, "iterations": int, "per_phase": {PHASE: {"mean_wall_ns": float,
+                 "max_wall_ns": int, "slowest_rank_pid": int, "spread_ns": int}}}}
+
+``totals`` covers the whole trace, so its ``other`` holds start-up and anything outside
+iterations. ``sub_phases`` is present for the phase asked with ``--phase``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from tracekit.analyze import breakdown, phases
+from tracekit.analyze.export import Export
+
+PHASE_ORDER = {"forward": 0, "backward": 1, "update": 2, "other": 3}
+
+
+@dataclass
+class Options:
+    """What to analyze: ``phase`` narrows to one phase (and adds its sub-phase breakdown),
+    ``iteration`` to one iteration index; ``phase_map`` and ``gas`` go to
+    :func:`tracekit.analyze.phases.build`."""
+
+    phase: str | None = None
+    iteration: int | None = None
+    phase_map: list[str] | None = None
+    gas: int | None = None
+
+
+def _clean(row: dict) -> dict:
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, float):
+            v = round(v, 6)
+        out[k] = v
+    return out
+
+
+PHASE_ROW_KEYS = ["phase", "micro_step", "boundary", "inferred", "start_ns", "end_ns", *breakdown.METRICS,
+                  "gpu_idle_share", "h2d_gbps", "d2h_gbps"]
+TOTAL_KEYS = [*breakdown.METRICS, "gpu_idle_share", "h2d_gbps", "d2h_gbps", "start_ns", "end_ns"]
+SUB_KEYS = ["iteration", "sub_phase", "wall_ns", "gpu_busy_ns", "gpu_idle_ns", "gpu_idle_share",
+            "kernel_busy_ns", "h2d_bytes", "h2d_busy_ns", "h2d_count", "h2d_gbps",
+            "d2h_bytes", "d2h_busy_ns", "d2h_count", "d2h_gbps"]
+
+
+def analyze_export(export: Export, options: Options | None = None) -> dict:
+    """Run the phase breakdown on an open export; returns the dict described in the module doc.
+
+    Raises :class:`~tracekit.errors.MissingDataError` when the trace has no CUDA activity.
+    """
+    options = options or Options()
+    model = phases.build(export, phase_map=options.phase_map, gas=options.gas)
+    table = breakdown.phase_table(model)
+    tot = breakdown.totals(model)
+    sub = breakdown.sub_phase_table(model, options.phase) if options.phase else pl.DataFrame()
+    if options.phase:
+        table = table.filter(pl.col("phase") == options.phase)
+    if options.iteration is not None:
+        table = table.filter(pl.col("iteration") == options.iteration)
+        if sub.height:
+            sub = sub.filter(pl.col("iteration") == options.iteration)
+    ranks = []
+    for r in breakdown.ranks(model).iter_rows(named=True):
+        rt = table.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"]))
+        iterations = []
+        for (idx,), it in rt.filter(pl.col("iteration").is_not_null()).group_by(["iteration"], maintain_order=True):
+            it = it.sort(pl.col("phase") == "other", "start_ns")  # merged gaps ("other") last
+            iterations.append(
+                {
+                    "index": int(idx),
+                    "complete": bool(it["complete"].all()),
+                    "phases": [_clean({k: row[k] for k in PHASE_ROW_KEYS}) for row in it.iter_rows(named=True)],
+                }
+            )
+        iterations.sort(key=lambda d: d["index"])
+        rtot = tot.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"]))
+        totals = {
+            row["phase"]: _clean({k: row[k] for k in TOTAL_KEYS})
+            for row in sorted(rtot.iter_rows(named=True), key=lambda d: PHASE_ORDER.get(d["phase"], 9))
+        }
+        entry = {"pid": int(r["pid"]), "device": int(r["device"]), "iterations": iterations, "totals": totals}
+        if options.phase:
+            rs = sub.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"])) if sub.height else sub
+            entry["sub_phases"] = {
+                options.phase: [_clean({k: row[k] for k in SUB_KEYS}) for row in rs.iter_rows(named=True)]
+            }
+        ranks.append(entry)
+    return {
+        "trace": str(export.path),
+        "schema_version": export.schema_version,
+        "nsys_version": export.nsys_version,
+        "phase_source": {
+            str((gp >> 24) & 0xFFFFFF): src
+            for gp, src in sorted(model.source.items())
+        },
+        "nvtx_anomalies": model.anomalies,
+        "ranks": ranks,
+        "summary": summarize(ranks),
+    }
+
+
+def summarize(ranks: list[dict]) -> dict:
+    """Across ranks: count, iterations, and per phase the mean and max total wall time, the
+    pid of the slowest rank and the spread (max - min), from each rank's ``totals``."""
+    per_phase: dict[str, dict] = {}
+    for phase in PHASE_ORDER:
+        vals = [(r["totals"][phase]["wall_ns"], r["pid"]) for r in ranks if phase in r["totals"]]
+        if not vals:
+            continue
+        walls = [v for v, _ in vals]
+        slow = max(vals)
+        per_phase[phase] = {
+            "mean_wall_ns": sum(walls) / len(walls),
+            "max_wall_ns": int(slow[0]),
+            "slowest_rank_pid": int(slow[1]),
+            "spread_ns": int(max(walls) - min(walls)),
+        }
+    n_it = max((len(r["iterations"]) for r in ranks), default=0)
+    return {"ranks": len(ranks), "iterations": n_it, "per_phase": per_phase}
+
+
+def analyze_path(path: str | Path, options: Options | None = None) -> dict:
+    """Open ``path`` read-only and analyze it (see :func:`analyze_export`)."""
+    with Export.open(path) as export:
+        return analyze_export(export, options)

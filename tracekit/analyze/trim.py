@@ -1,0 +1,190 @@
+"""Cut a smaller, valid nsys export: the time window of some iterations plus what readers need.
+
+Used to make test fixtures from large traces (``tracekit trim IN OUT --iterations A-B``).
+The input is attached read-only; the output is written with sqlite-utils to a temporary file
+beside OUT and renamed into place, so a failed trim leaves no partial OUT.
+
+What is kept:
+
+- every table's schema, exactly as in the input (``sqlite_master.sql``);
+- rows of tables with a ``start`` column (CUDA activity, NVTX, ...) that overlap the window
+  [t0, t1) of the iterations, where t0 is the start of the iteration's first window (including
+  the data-loading gap before it) and t1 the end of the last update; NVTX domain-create rows
+  always; CUDA runtime calls are kept when they launched a kept operation or overlap the window;
+- ``CUDA_GPU_MEMORY_USAGE_EVENTS`` before t1, so memory in use at t0 stays known;
+- ``GPU_METRICS`` rows in the window, optionally only metrics whose name matches
+  ``keep_metrics``;
+- all rows of tables without a time column (TARGET_INFO_*, ENUM_*, PROCESSES, ThreadNames,
+  metadata), except ``StringIds``, reduced to the ids that kept rows use;
+- a table ``TRACEKIT_TRIM`` (name, value) recording the source, iterations and window.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from urllib.parse import quote
+
+import polars as pl
+import sqlite_utils
+
+from tracekit.analyze import phases
+from tracekit.analyze.export import Export
+from tracekit.errors import TracekitError
+
+# integer columns that hold StringIds ids
+_STRING_COLUMN = re.compile(r"(?i)(name|text)")
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """``"A-B"`` or ``"A"`` -> (A, B); raises TracekitError for anything else."""
+    m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+))?\s*", text or "")
+    if not m:
+        raise TracekitError(f"--iterations {text!r}: expected A-B (e.g. 1-2) or a single index")
+    a = int(m.group(1))
+    b = int(m.group(2)) if m.group(2) is not None else a
+    if b < a:
+        raise TracekitError(f"--iterations {text!r}: the last iteration comes before the first")
+    return a, b
+
+
+def iteration_window(export: Export, first: int, last: int, **build_args) -> tuple[int, int]:
+    """[t0, t1) in ns covering iterations ``first``..``last`` of every process."""
+    model = phases.build(export, **build_args)
+    w = model.windows.filter(pl.col("iteration").is_between(first, last))
+    if w.height == 0:
+        found = model.windows["iteration"].drop_nulls().unique().sort().to_list()
+        raise TracekitError(
+            f"{export.path.name}: no iteration {first}-{last} in this trace (it has {found or 'none'})"
+        )
+    return int(w["start"].min()), int(w["end"].max())
+
+
+def trim(
+    src: str | Path,
+    dst: str | Path,
+    iterations: str,
+    drop: list[str] | None = None,
+    keep_metrics: str | None = None,
+    force: bool = False,
+    **build_args,
+) -> dict:
+    """Write the cut of ``src`` to ``dst``; returns {table: rows kept} and the window.
+
+    Raises TracekitError when ``dst`` exists (without ``force``), equals ``src``, or the
+    iterations are not in the trace.
+    """
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and dst.resolve() == src.resolve():
+        raise TracekitError(f"{dst}: output would overwrite the input trace; choose another name")
+    if dst.exists() and not force:
+        raise TracekitError(f"{dst}: already exists; pass --force to overwrite it")
+    first, last = parse_range(iterations)
+    drop_set = {d for d in (drop or [])}
+    with Export.open(src) as export:
+        t0, t1 = iteration_window(export, first, last, **build_args)
+        tables = dict(export.conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall())
+        indexes = [r[0] for r in export.conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type='index' AND sql IS NOT NULL").fetchall()]
+        columns = export.tables
+    unknown = drop_set - set(tables)
+    if unknown:
+        raise TracekitError(f"--drop {sorted(unknown)}: no such table in {src.name}")
+    tmp = dst.with_name(dst.name + ".tmp-trim")
+    if tmp.exists():
+        tmp.unlink()
+    db = sqlite_utils.Database(tmp)
+    db.conn.create_function(
+        "REGEXP", 2, lambda pattern, value: value is not None and re.search(pattern, value) is not None
+    )
+    counts: dict[str, int] = {}
+    try:
+        db.execute(f"ATTACH DATABASE 'file:{quote(str(src.resolve()))}?mode=ro' AS src")
+        for name, sql in tables.items():
+            if name == "sqlite_sequence":
+                continue
+            db.execute(sql)
+            if name in drop_set or name == "StringIds":
+                continue
+            cols = columns.get(name, {})
+            where, params = _filter(name, cols, t0, t1, keep_metrics)
+            db.execute(f'INSERT INTO main."{name}" SELECT * FROM src."{name}" {where}', params)
+        _keep_used_strings(db, tables, columns, drop_set)
+        for sql in indexes:
+            try:
+                db.execute(sql)
+            except Exception:  # an index on a dropped table's column is not worth failing for
+                pass
+        db.conn.commit()
+        db.execute("DETACH DATABASE src")
+        db["TRACEKIT_TRIM"].insert_all(
+            [
+                {"name": "source", "value": src.name},
+                {"name": "iterations", "value": f"{first}-{last}"},
+                {"name": "window_start_ns", "value": str(t0)},
+                {"name": "window_end_ns", "value": str(t1)},
+                {"name": "dropped", "value": ",".join(sorted(drop_set))},
+                {"name": "keep_metrics", "value": keep_metrics or ""},
+            ]
+        )
+        for name in tables:
+            if name != "sqlite_sequence":
+                counts[name] = db.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+        db.vacuum()
+        db.close()
+        os.replace(tmp, dst)
+    except BaseException:
+        db.close()
+        if tmp.exists():
+            tmp.unlink()
+        raise
+    return {"window_ns": (t0, t1), "rows": counts}
+
+
+def _filter(name: str, cols: dict, t0: int, t1: int, keep_metrics: str | None) -> tuple[str, tuple]:
+    if name == "CUDA_GPU_MEMORY_USAGE_EVENTS" and "start" in cols:
+        return "WHERE start < ?", (t1,)
+    if name == "CUPTI_ACTIVITY_KIND_RUNTIME" and {"start", "end", "correlationId"} <= set(cols):
+        # calls that overlap the window, and those that launched kept GPU work
+        launched = " UNION ".join(
+            f'SELECT correlationId FROM src."{t}" WHERE start < ? AND "end" > ?'
+            for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+        )
+        return (
+            f'WHERE (start < ? AND "end" > ?) OR (correlationId IN ({launched}) AND start < ?)',
+            (t1, t0, t1, t0, t1, t0, t1, t0, t1),
+        )
+    if name == "NVTX_EVENTS" and "start" in cols:
+        return 'WHERE eventType = 75 OR (start < ? AND coalesce("end", start + 1) > ?)', (t1, t0)
+    if name == "GPU_METRICS" and "timestamp" in cols:
+        where, params = "WHERE timestamp >= ? AND timestamp < ?", (t0, t1)
+        if keep_metrics:
+            where += (
+                " AND metricId IN (SELECT metricId FROM src.TARGET_INFO_GPU_METRICS"
+                " WHERE metricName REGEXP ?)"
+            )
+            params += (keep_metrics,)
+        return where, params
+    if "start" in cols:
+        if "end" in cols:
+            return 'WHERE start < ? AND coalesce("end", start + 1) > ?', (t1, t0)
+        return "WHERE start >= ? AND start < ?", (t0, t1)
+    if "timestamp" in cols:
+        return "WHERE timestamp >= ? AND timestamp < ?", (t0, t1)
+    return "", ()
+
+
+def _keep_used_strings(db: sqlite_utils.Database, tables: dict, columns: dict, drop: set) -> None:
+    parts = []
+    for name in tables:
+        if name in drop or name == "StringIds" or name.startswith("ENUM_"):
+            continue
+        for col, typ in columns.get(name, {}).items():
+            if typ == "INTEGER" and _STRING_COLUMN.search(col):
+                parts.append(f'SELECT "{col}" AS id FROM main."{name}"')
+    if not parts:
+        db.execute("INSERT INTO main.StringIds SELECT * FROM src.StringIds")
+        return
+    used = " UNION ".join(parts)
+    db.execute(f"INSERT INTO main.StringIds SELECT * FROM src.StringIds WHERE id IN ({used})")
