@@ -1,0 +1,46 @@
+"""``python -m tracekit.capture -- COMMAND``: the capture command alone.
+
+Same as ``tracekit capture`` but imports nothing from the analysis layer, for machines
+where only the capture needs to run (polars not installed).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from tracekit.errors import TracekitError
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``capture`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    import click
+
+    from tracekit.capture.command import register
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    register(app)
+
+    @app.callback()
+    def _root() -> None:
+        """tracekit capture layer."""
+
+    args = ["capture", *(sys.argv[1:] if argv is None else argv)]
+    try:
+        app(args=args, standalone_mode=False)
+    except TracekitError as exc:
+        print(f"tracekit: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
