@@ -12,6 +12,7 @@ no traceback reaches the user.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -61,7 +62,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if isinstance(exc, click.exceptions.Exit):
             return exc.exit_code
-        raise
+        if os.environ.get("TRACEKIT_DEBUG"):
+            raise
+        print(
+            f"tracekit: internal error: {type(exc).__name__}: {exc} "
+            "(rerun with TRACEKIT_DEBUG=1 for the traceback, and please report it)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -164,6 +164,13 @@ class Export:
                 f"record it with `nsys profile {option}`"
             )
 
+    def capture_end(self) -> int | None:
+        """End of the capture in ns (``ANALYSIS_DETAILS.stopTime``), or None when not recorded."""
+        if "stopTime" not in self.tables.get("ANALYSIS_DETAILS", {}):
+            return None
+        row = self.conn.execute("SELECT max(stopTime) FROM ANALYSIS_DETAILS").fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
     # ------------------------------------------------------------------ loading
     def load(
         self,

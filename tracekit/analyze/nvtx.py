@@ -39,7 +39,7 @@ def load_ranges(export: Export, capture_end: int | None = None) -> pl.DataFrame:
 
     Returns a frame with :data:`RANGE_COLUMNS`, sorted by (global_tid, start, -end) so that a
     parent range precedes its children. ``capture_end`` (ns) closes unclosed ranges; by default
-    the latest timestamp in NVTX_EVENTS.
+    the capture's stop time (``ANALYSIS_DETAILS.stopTime``), else the latest NVTX timestamp.
     """
     cols = set(export.columns("NVTX_EVENTS"))
     if not cols:
@@ -69,6 +69,8 @@ def load_ranges(export: Export, capture_end: int | None = None) -> pl.DataFrame:
     ranges = raw.filter(pl.col("event_type") != enums.NVTX_DOMAIN_CREATE)
     ids = ranges.filter(pl.col("text").is_null())["text_id"].drop_nulls().unique().to_list()
     names = export.strings(ids)
+    if capture_end is None:
+        capture_end = export.capture_end()
     if capture_end is None:
         capture_end = int(max(raw["start"].max() or 0, raw["end"].max() or 0))
     ranges = ranges.with_columns(

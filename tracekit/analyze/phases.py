@@ -193,6 +193,7 @@ def build(
     """
     if not (export.has("CUPTI_ACTIVITY_KIND_KERNEL", 1) or export.has("CUPTI_ACTIVITY_KIND_MEMCPY", 1)):
         export.require("CUPTI_ACTIVITY_KIND_KERNEL", "phase attribution")
+    export.require("NVTX_EVENTS", "finding training phases (forward, backward, update)")
     pmap = parse_phase_map(phase_map)
     ops = load_gpu_ops(export)
     ranges = nvtx.load_ranges(export)
@@ -399,6 +400,8 @@ def _attribute(ops: pl.DataFrame, windows: pl.DataFrame, ranges: pl.DataFrame) -
         )
     starts = nested["start"].to_numpy()
     ok = sub >= 0
+    if nested.height == 0:
+        starts = np.zeros(1, dtype=np.int64)
     # only ranges opened inside the phase window count as its sub-phase
     w_start = o["w_start"].fill_null(np.iinfo(np.int64).max).to_numpy()
     ok &= np.where(ok, starts[np.maximum(sub, 0)] >= w_start, False)

@@ -72,6 +72,12 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
     )
     src = ", ".join(f"pid {pid}: {s}" for pid, s in result["phase_source"].items()) or "none"
     console.print(f"phases from: {src}")
+    for pid, s in result["phase_source"].items():
+        if s == "none":
+            console.print(
+                f"pid {pid}: no phase ranges (tracekit capture or DeepSpeed NVTX) in this trace, so all "
+                "its GPU work is 'other'; map your own NVTX ranges with --phase-map PHASE=REGEX"
+            )
     if not result["ranks"]:
         console.print("no process with GPU work in this trace")
     for rank in result["ranks"]:
