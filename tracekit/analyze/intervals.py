@@ -139,3 +139,160 @@ def grouped_union_length(frame, by: list[str], start: str = "start", end: str = 
     ).with_columns(piece=pl.col("new").cast(pl.Int64).cum_sum().over(by))
     pieces = f.group_by([*by, "piece"]).agg(s=pl.col(start).min(), e=pl.col(end).max())
     return pieces.group_by(by).agg(busy_ns=(pl.col("e") - pl.col("s")).sum().cast(pl.Int64))
+
+
+# ---------------------------------------------------------------------- sweeps (transfer analyses)
+
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+def subtract(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]):
+    """``union(a) - union(b)`` as sorted disjoint ``(starts, ends)``.
+
+    Used for *exposed* copy time: copy time during which no kernel runs.
+    """
+    a_s, a_e = union(*a)
+    b_s, b_e = union(*b)
+    if a_s.size == 0 or b_s.size == 0:
+        return a_s, a_e
+    pts = np.concatenate([a_s, a_e, b_s, b_e])
+    # membership weights: a counts +1, b counts -2; inside a and not b <=> running sum == 1
+    delta = np.concatenate(
+        [np.ones(a_s.size), -np.ones(a_e.size), -2 * np.ones(b_s.size), 2 * np.ones(b_e.size)]
+    ).astype(np.int64)
+    order = np.lexsort((delta, pts))
+    pts, delta = pts[order], delta[order]
+    depth = np.cumsum(delta)
+    inside = depth[:-1] == 1
+    s = pts[:-1][inside]
+    e = pts[1:][inside]
+    keep = e > s
+    return union(s[keep], e[keep])
+
+
+def depth_segments(starts, ends) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Piecewise-constant *in-flight count* of a set of intervals.
+
+    Returns ``(seg_starts, seg_ends, depth)``: consecutive non-empty segments between
+    boundary points, each with the number of intervals covering it (segments of depth 0
+    between intervals included). At equal times ends are processed before starts, so
+    touching intervals ([0,5) and [5,9)) are never counted as concurrent.
+    """
+    s, e = _as_arrays(starts, ends)
+    if s.size == 0:
+        return _EMPTY, _EMPTY, _EMPTY
+    pts = np.concatenate([s, e])
+    delta = np.concatenate([np.ones(s.size, np.int64), -np.ones(e.size, np.int64)])
+    order = np.lexsort((delta, pts))
+    pts, delta = pts[order], delta[order]
+    depth = np.cumsum(delta)
+    seg_s, seg_e, d = pts[:-1], pts[1:], depth[:-1]
+    keep = seg_e > seg_s
+    return seg_s[keep], seg_e[keep], d[keep]
+
+
+def at_least(starts, ends, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Maximal intervals where ``k`` or more of the intervals are in flight at once.
+
+    ``at_least(s, e, 1)`` is ``union(s, e)``; ``k=2`` gives the *contention windows* of one copy
+    direction. Returns sorted disjoint ``(starts, ends)``.
+    """
+    seg_s, seg_e, d = depth_segments(starts, ends)
+    keep = d >= k
+    return union(seg_s[keep], seg_e[keep])
+
+
+def covered_length(cover_starts, cover_ends, starts, ends) -> np.ndarray:
+    """For each interval [starts[i], ends[i]), the length of it covered by ``union(cover)``.
+
+    The query intervals may overlap each other. O((n + m) log n) by cumulative coverage at
+    the query edges (see :func:`busy_in_windows`). Returns int64 aligned with ``starts``.
+    """
+    s = np.asarray(starts, dtype=np.int64).ravel()
+    e = np.asarray(ends, dtype=np.int64).ravel()
+    if s.size == 0:
+        return _EMPTY.copy()
+    return np.maximum(busy_in_windows(cover_starts, cover_ends, s, np.maximum(e, s)), 0)
+
+
+def spread_cumulative(starts, ends, amounts, at) -> np.ndarray:
+    """Amount delivered before each time in ``at``, each interval's amount spread evenly.
+
+    Interval i delivers ``amounts[i]`` at the constant rate ``amounts[i] / (ends[i] -
+    starts[i])`` over [starts[i], ends[i]) (an empty interval is treated as 1 ns long). The
+    total is the piecewise-linear ``A(t) = sum_i amounts[i] * clip((t - s_i) / (e_i - s_i), 0, 1)``,
+    evaluated by a sweep over the sorted rate changes and a binary search per query:
+    ``A(t1) - A(t0)`` is what was delivered in [t0, t1). Used for bytes per bin and bytes per
+    contention window (amounts = bytes) and for in-flight copy time (amounts = durations).
+    Returns float64 aligned with ``at``.
+    """
+    s = np.asarray(starts, dtype=np.int64).ravel()
+    e = np.asarray(ends, dtype=np.int64).ravel()
+    a = np.asarray(amounts, dtype=np.float64).ravel()
+    t = np.asarray(at, dtype=np.int64).ravel()
+    if s.size == 0:
+        return np.zeros(t.size)
+    e = np.maximum(e, s + 1)
+    rate = a / (e - s)
+    pts = np.concatenate([s, e])
+    dr = np.concatenate([rate, -rate])
+    dn = np.concatenate([np.ones(s.size, np.int64), -np.ones(e.size, np.int64)])
+    order = np.argsort(pts, kind="stable")
+    pts, dr, dn = pts[order], dr[order], dn[order]
+    r_after = np.cumsum(dr)  # rate on [pts[j], pts[j+1])
+    r_after[np.cumsum(dn) == 0] = 0.0  # no interval open: drop float residue of the sum
+    area = np.concatenate([[0.0], np.cumsum(r_after[:-1] * np.diff(pts).astype(np.float64))])
+    j = np.searchsorted(pts, t, side="right") - 1
+    jj = np.maximum(j, 0)
+    out = area[jj] + r_after[jj] * (t - pts[jj]).astype(np.float64)
+    return np.where(j >= 0, out, 0.0)
+
+
+def grouped_union(frame, by: list[str], start: str = "start", end: str = "end"):
+    """Union of the [start, end) intervals of each group of a polars frame.
+
+    Returns a frame with the ``by`` columns and ``start``, ``end`` (Int64) of the maximal
+    merged intervals of each group (touching intervals merge), sorted by group and start.
+    Null keys form their own group.
+    """
+    import polars as pl
+
+    f = frame.select([*by, start, end]).filter(pl.col(end) > pl.col(start)).sort([*by, start])
+    if f.height == 0:
+        return f.rename({start: "start", end: "end"}) if start != "start" or end != "end" else f
+    if by:
+        f = f.with_columns(run_end=pl.col(end).cum_max().over(by))
+        f = f.with_columns(new=(pl.col(start) > pl.col("run_end").shift(1).over(by)).fill_null(True))
+        f = f.with_columns(piece=pl.col("new").cast(pl.Int64).cum_sum().over(by))
+    else:
+        f = f.with_columns(run_end=pl.col(end).cum_max())
+        f = f.with_columns(new=(pl.col(start) > pl.col("run_end").shift(1)).fill_null(True))
+        f = f.with_columns(piece=pl.col("new").cast(pl.Int64).cum_sum())
+    pieces = f.group_by([*by, "piece"]).agg(start=pl.col(start).min(), end=pl.col("run_end").max())
+    return pieces.sort([*by, "start"]).select([*by, "start", "end"])
+
+
+def grouped_at_least(frame, by: list[str], k: int, start: str = "start", end: str = "end"):
+    """Per group, the maximal intervals where ``k`` or more of its intervals are in flight.
+
+    ``frame`` holds intervals with the ``by`` columns; returns ``by`` + ``start``, ``end``
+    (sorted disjoint per group). A sweep: +1 at starts, -1 at ends (ends first at equal
+    times), cumulative sum per group, runs of depth >= k merged. Intersection of two unions
+    per group is ``grouped_at_least`` of their concatenated pieces with ``k=2``.
+    """
+    import polars as pl
+
+    f = frame.select([*by, start, end]).filter(pl.col(end) > pl.col(start))
+    ev = pl.concat(
+        [
+            f.select(*by, t=pl.col(start), d=pl.lit(1, pl.Int64)),
+            f.select(*by, t=pl.col(end), d=pl.lit(-1, pl.Int64)),
+        ]
+    ).sort([*by, "t", "d"])
+    if by:
+        ev = ev.with_columns(depth=pl.col("d").cum_sum().over(by), t_next=pl.col("t").shift(-1).over(by))
+    else:
+        ev = ev.with_columns(depth=pl.col("d").cum_sum(), t_next=pl.col("t").shift(-1))
+    seg = ev.filter((pl.col("depth") >= k) & (pl.col("t_next") > pl.col("t")))
+    seg = seg.select(*by, start="t", end="t_next")
+    return grouped_union(seg, by)
