@@ -186,8 +186,10 @@ def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_exp
     user_pairs = nsys_mod.normalize_options(nsys_mod.split_user_options(list(settings.user_options)))
     user_keys = {k for k, _ in user_pairs}
     metrics_note = None
+    metrics_devices: list[str] | None = None
     if settings.gpu_metrics and "--gpu-metrics-devices" not in user_keys:
         devices, raw = nsys_mod.gpu_metrics_devices(location.path)
+        metrics_devices = devices
         if not devices:
             settings.gpu_metrics = False
             last = raw.strip().splitlines()[-1] if raw.strip() else "no output"
@@ -259,6 +261,7 @@ def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_exp
                     "iterations": list(settings.iterations) if settings.iterations else None,
                     "nsys_options": list(settings.user_options), "force": settings.force},
         "gpu_metrics_note": metrics_note,
+        "gpu_metrics_devices": metrics_devices,
         "versions": {
             "python": platform.python_version(),
             "deepspeed": next((h.get("deepspeed_version") for h in hooks if h.get("deepspeed_version")), None),
