@@ -108,7 +108,7 @@ def trim(
             if name in drop_set or name == "StringIds":
                 continue
             cols = columns.get(name, {})
-            where, params = _filter(name, cols, t0, t1, keep_metrics)
+            where, params = _filter(name, cols, t0, t1, keep_metrics, set(tables))
             db.execute(f'INSERT INTO main."{name}" SELECT * FROM src."{name}" {where}', params)
         _keep_used_strings(db, tables, columns, drop_set)
         for sql in indexes:
@@ -142,18 +142,19 @@ def trim(
     return {"window_ns": (t0, t1), "rows": counts}
 
 
-def _filter(name: str, cols: dict, t0: int, t1: int, keep_metrics: str | None) -> tuple[str, tuple]:
+def _filter(name: str, cols: dict, t0: int, t1: int, keep_metrics: str | None, present: set) -> tuple[str, tuple]:
     if name == "CUDA_GPU_MEMORY_USAGE_EVENTS" and "start" in cols:
         return "WHERE start < ?", (t1,)
     if name == "CUPTI_ACTIVITY_KIND_RUNTIME" and {"start", "end", "correlationId"} <= set(cols):
         # calls that overlap the window, and those that launched kept GPU work
-        launched = " UNION ".join(
-            f'SELECT correlationId FROM src."{t}" WHERE start < ? AND "end" > ?'
-            for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
-        )
+        ops = [t for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                           "CUPTI_ACTIVITY_KIND_MEMSET") if t in present]
+        if not ops:
+            return 'WHERE start < ? AND "end" > ?', (t1, t0)
+        launched = " UNION ".join(f'SELECT correlationId FROM src."{t}" WHERE start < ? AND "end" > ?' for t in ops)
         return (
             f'WHERE (start < ? AND "end" > ?) OR (correlationId IN ({launched}) AND start < ?)',
-            (t1, t0, t1, t0, t1, t0, t1, t0, t1),
+            (t1, t0, *([t1, t0] * len(ops)), t1),
         )
     if name == "NVTX_EVENTS" and "start" in cols:
         return 'WHERE eventType = 75 OR (start < ? AND coalesce("end", start + 1) > ?)', (t1, t0)
