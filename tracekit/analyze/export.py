@@ -13,6 +13,7 @@ Schema version: ``META_DATA_EXPORT`` (nsys >= 2023.3) or ``EXPORT_META_DATA`` (o
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,11 +66,19 @@ class Export:
     nsys_version: str | None
     first_iteration: int = 0
     _cache: dict = field(default_factory=dict, repr=False)
+    #: Parquet cache of query results (:class:`tracekit.analyze.cache.TraceCache`), or None.
+    cache: object = field(default=None, repr=False)
+    _adbc: object = field(default=None, repr=False)
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def open(cls, path: str | Path) -> "Export":
-        """Open ``path`` read-only and recognise it as an nsys export (see class doc)."""
+    def open(cls, path: str | Path, cache: "bool | object" = False) -> "Export":
+        """Open ``path`` read-only and recognise it as an nsys export (see class doc).
+
+        ``cache``: True keeps a Parquet cache of every query beside the trace
+        (:mod:`tracekit.analyze.cache`); a :class:`~tracekit.analyze.cache.TraceCache` uses that
+        one; False (the default) reads the trace every time.
+        """
         path = Path(path)
         _check_file(path)
         uri = f"file:{quote(str(path.resolve()))}?mode=ro"
@@ -101,6 +110,11 @@ class Export:
         exp = cls(path=path, conn=conn, tables=tables, schema_version="pre-2022", nsys_version=None)
         exp._read_metadata()
         exp._check_readable()
+        if cache is True:
+            from tracekit.analyze.cache import TraceCache
+
+            cache = TraceCache(path)
+        exp.cache = cache or None
         return exp
 
     def _read_metadata(self) -> None:
@@ -127,8 +141,15 @@ class Export:
             ) from None
 
     def close(self) -> None:
-        """Close the SQLite connection."""
+        """Close the SQLite connection (and the Arrow reader's, when one was opened)."""
         self.conn.close()
+        if self._adbc is not None:
+            for handle in reversed(self._adbc):
+                try:
+                    handle.close()
+                except Exception:
+                    pass
+            self._adbc = None
 
     def __enter__(self) -> "Export":
         return self
@@ -209,7 +230,64 @@ class Export:
         return self.query(sql, params, schema)
 
     def query(self, sql: str, params: tuple = (), schema: dict | None = None) -> pl.DataFrame:
-        """Run ``sql`` on the export and return the rows as a polars frame with ``schema``."""
+        """Run ``sql`` on the export and return the rows as a polars frame with ``schema``.
+
+        ``schema`` ({name: polars dtype}) names the result columns in order and fixes their
+        types; without it, names come from the SQL and types are inferred. With a cache
+        (:attr:`cache`), a query already answered for this trace is read from Parquet.
+        Rows are fetched through the ADBC SQLite driver straight into Arrow when it is
+        installed (:func:`reader`), else through the standard library's ``sqlite3``; both
+        give equal frames. Raises :class:`TracekitError` when SQLite fails.
+        """
+        key = None
+        if self.cache is not None:
+            key = self.cache.query_key(sql, params, schema)
+            hit = self.cache.get_frame(key)
+            if hit is not None:
+                return hit
+        frame = None
+        if reader() == "adbc":
+            frame = self._query_adbc(sql, params, schema)
+        if frame is None:
+            frame = self._query_sqlite3(sql, params, schema)
+        if key is not None:
+            self.cache.put_frame(key, frame)
+        return frame
+
+    def _query_adbc(self, sql: str, params: tuple, schema: dict | None) -> pl.DataFrame | None:
+        """Fetch through ADBC (Arrow batches, no Python objects per row); None when it cannot
+        (driver missing, a parameter it cannot inline, a column whose values do not fit the
+        type ADBC inferred from the first rows): the caller then uses sqlite3."""
+        try:
+            literal_sql = _inline_params(sql, params)
+            if literal_sql is None:
+                return None
+            if self._adbc is None:
+                import adbc_driver_manager._lib as adbc
+                import adbc_driver_sqlite
+
+                uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+                db = adbc.AdbcDatabase(driver=adbc_driver_sqlite._driver_path(), uri=uri)
+                self._adbc = (db, adbc.AdbcConnection(db))
+            import adbc_driver_manager._lib as adbc
+
+            stmt = adbc.AdbcStatement(self._adbc[1])
+            try:
+                stmt.set_options(**{"adbc.sqlite.query.batch_rows": "65536"})
+                stmt.set_sql_query(literal_sql)
+                stream, _ = stmt.execute_query()
+                frame = pl.DataFrame(stream).rechunk()
+            finally:
+                stmt.close()
+            if schema is not None:
+                if frame.width != len(schema):
+                    return None
+                frame = frame.rename(dict(zip(frame.columns, schema))).cast(schema, strict=True)
+            return frame
+        except Exception:
+            return None
+
+    def _query_sqlite3(self, sql: str, params: tuple, schema: dict | None) -> pl.DataFrame:
         try:
             cur = self.conn.execute(sql, params)
             rows = cur.fetchall()
@@ -252,6 +330,58 @@ class Export:
             for id_, name in self.conn.execute(f"SELECT id, name FROM {table}"):
                 out[int(id_)] = by_name.get(name, str(name).lower())
         return out
+
+
+def reader() -> str:
+    """The row reader :meth:`Export.query` uses: ``"adbc"`` (ADBC SQLite driver, Arrow) when
+    ``adbc-driver-sqlite`` is installed, else ``"sqlite3"``. The environment variable
+    ``TRACEKIT_SQLITE_READER=sqlite3`` forces the standard library."""
+    global _READER
+    if _READER is None:
+        choice = os.environ.get("TRACEKIT_SQLITE_READER", "").strip().lower()
+        if choice == "sqlite3":
+            _READER = "sqlite3"
+        else:
+            try:
+                import importlib.util
+
+                ok = importlib.util.find_spec("adbc_driver_sqlite") is not None
+            except (ImportError, ValueError):
+                ok = False
+            _READER = "adbc" if ok else "sqlite3"
+    return _READER
+
+
+_READER: str | None = None
+
+
+def _inline_params(sql: str, params: tuple) -> str | None:
+    """``sql`` with each ``?`` replaced by the SQL literal of its parameter (ints, floats,
+    strings, None); None when a parameter has another type or the SQL quotes a ``?``."""
+    if not params:
+        return sql
+    if "'?" in sql or "?'" in sql or sql.count("?") != len(params):
+        return None
+    out = []
+    parts = sql.split("?")
+    for part, value in zip(parts, params):
+        if value is None:
+            lit = "NULL"
+        elif isinstance(value, bool):
+            lit = str(int(value))
+        elif isinstance(value, int):
+            lit = str(int(value))
+        elif isinstance(value, float):
+            lit = repr(value)
+            if lit in ("nan", "inf", "-inf"):
+                return None
+        elif isinstance(value, str):
+            lit = "'" + value.replace("'", "''") + "'"
+        else:
+            return None
+        out.append(part + lit)
+    out.append(parts[-1])
+    return "".join(out)
 
 
 def _is_plain_name(expr: str) -> bool:
