@@ -298,6 +298,21 @@ class Export:
             return pl.DataFrame(rows, schema=names, orient="row", infer_schema_length=None)
         return pl.DataFrame(rows, schema=schema, orient="row")
 
+    # ------------------------------------------------------------------ small info tables
+    def gpus(self) -> pl.DataFrame:
+        """``TARGET_INFO_GPU``: ``device`` (id), ``name``, ``total_memory`` (bytes),
+        ``bus_location``; empty when the export lacks the table."""
+        return self.load("TARGET_INFO_GPU", {"device": "id", "name": "name", "total_memory": "totalMemory",
+                                              "bus_location": "busLocation"})
+
+    def processes(self) -> pl.DataFrame:
+        """``PROCESSES``: ``global_pid``, ``pid``, ``name`` (the executable)."""
+        return self.load("PROCESSES", {"global_pid": "globalPid", "pid": "pid", "name": "name"})
+
+    def thread_names(self) -> pl.DataFrame:
+        """``ThreadNames``: ``global_tid`` and ``name_id`` (a StringIds id; resolve with :meth:`strings`)."""
+        return self.load("ThreadNames", {"global_tid": "globalTid", "name_id": "nameId"})
+
     # ------------------------------------------------------------------ strings and enums
     def strings(self, ids: list[int] | None = None) -> dict[int, str]:
         """``StringIds`` as {id: value}; only ``ids`` when given."""
