@@ -1,0 +1,618 @@
+"""The study's figures, one function each; every function returns ``(figure, frame)``.
+
+The frame is exactly what was drawn (in ns, bytes and GB/s; the axes show ms/s, GB, GB/s),
+so a test or a notebook can check or re-plot the numbers. Figures use the phase colours of
+:data:`tracekit.report.style.PHASE_COLORS` everywhere.
+
+1. :func:`iteration_breakdown` - per iteration, stacked phase wall time with the GPU-busy part;
+2. :func:`iteration_timeline` - one iteration: GPU memory, H2D and D2H throughput, PCIe metrics,
+   phase and update sub-phase bands;
+3. :func:`copy_size_distribution` - copies per power-of-two size bucket, pinned vs pageable;
+4. :func:`sub_phase_breakdown` - update sub-phases: time (GPU busy vs CPU only) and throughput;
+5. :func:`overlap_contention` - hidden vs exposed copy time per phase, contention windows;
+6. :func:`rank_summary` - per rank, mean phase time and copy volume per iteration.
+
+Errors: :class:`~tracekit.errors.TracekitError` for a rank or iteration the trace lacks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+from matplotlib.patches import Patch
+
+from tracekit.analyze import breakdown
+from tracekit.report import data as D
+from tracekit.report import style as S
+from tracekit.report.data import ReportData
+
+PHASE_SHORT = {"forward": "F", "backward": "B", "update": "U", "other": "gap"}
+
+
+def _segment_label(phase: str, micro_step, boundary: bool) -> str:
+    label = PHASE_SHORT.get(phase, phase)
+    if phase in ("forward", "backward") and micro_step is not None:
+        label += str(micro_step)
+    if boundary:
+        label += "*"
+    return label
+
+
+def _iteration_rows(data: ReportData, rank: dict) -> pl.DataFrame:
+    """Phase rows of a rank in drawing order (time order, merged gaps last)."""
+    t = data.rank_table(rank)
+    return t.sort("iteration", pl.col("phase") == "other", "start_ns")
+
+
+# ====================================================================== figure 1
+def iteration_breakdown(data: ReportData, rank: int = 0):
+    """Figure 1: per iteration, stacked bars of the phase wall times in time order (forward and
+    backward per micro-step, the accumulation boundary backward hatched, update, and the gaps
+    between them as ``gap``), each with its GPU-busy part drawn solid and the GPU-idle part light.
+
+    Frame (one row per drawn segment): ``iteration, phase, micro_step, boundary, label,
+    wall_ns, gpu_busy_ns, gpu_idle_ns, bottom_ns`` (stack offset), ``complete``.
+    Values come from :func:`tracekit.analyze.breakdown.phase_table`.
+    """
+    rk = data.rank(rank)
+    rows = _iteration_rows(data, rk)
+    frame = rows.select(
+        "iteration", "phase", "micro_step", "boundary", "complete", "wall_ns", "gpu_idle_ns",
+        gpu_busy_ns=pl.col("wall_ns") - pl.col("gpu_idle_ns"),
+    ).with_columns(
+        bottom_ns=(pl.col("wall_ns").cum_sum() - pl.col("wall_ns")).over("iteration"),
+        label=pl.struct("phase", "micro_step", "boundary").map_elements(
+            lambda s: _segment_label(s["phase"], s["micro_step"], s["boundary"]), return_dtype=pl.String
+        ),
+    ).select("iteration", "phase", "micro_step", "boundary", "label", "wall_ns", "gpu_busy_ns",
+             "gpu_idle_ns", "bottom_ns", "complete")
+    its = sorted(frame["iteration"].unique().to_list())
+    n = len(its)
+    fig, ax = S.new_figure(width=min(16, max(7, 1.0 + 0.7 * n)), height=5.2)
+    S.style_axes(ax)
+    if n == 0:
+        ax.text(0.5, 0.5, "no iterations in this trace", ha="center", va="center", transform=ax.transAxes)
+        return fig, frame
+    totals = frame.group_by("iteration").agg(pl.col("wall_ns").sum())
+    div, unit = S.time_unit(totals["wall_ns"].max())
+    pos = {it: i for i, it in enumerate(its)}
+    width = 0.8
+    label_ok = n <= 16
+    for r in frame.iter_rows(named=True):
+        x = pos[r["iteration"]]
+        color = S.phase_color(r["phase"])
+        bottom = r["bottom_ns"] / div
+        h = r["wall_ns"] / div
+        hatch = "///" if r["boundary"] else None
+        bar = ax.bar(x, h, width, bottom=bottom, color=color, alpha=0.35, edgecolor="white", linewidth=1.0)
+        bar[0].set_gid(f"wall:{r['iteration']}:{r['label']}")
+        busy = ax.bar(x, r["gpu_busy_ns"] / div, width * 0.45, bottom=bottom, color=color, alpha=1.0,
+                      edgecolor="none")
+        busy[0].set_gid(f"busy:{r['iteration']}:{r['label']}")
+        if hatch:
+            ax.bar(x, h, width, bottom=bottom, color="none", edgecolor="#333333", hatch=hatch, linewidth=0)
+        if label_ok and r["phase"] != "other" and h > 0.045 * (totals["wall_ns"].max() / div):
+            ax.text(x + width * 0.25, bottom + h / 2, r["label"], ha="center", va="center", fontsize=8, color="#222222")
+    for it in its:
+        tot = totals.filter(pl.col("iteration") == it)["wall_ns"][0] / div
+        if label_ok:
+            ax.text(pos[it], tot, f"{tot:,.0f}" if tot >= 100 else f"{tot:,.1f}", ha="center", va="bottom", fontsize=8)
+    incomplete = frame.filter(~pl.col("complete"))["iteration"].unique().to_list()
+    ticks = list(range(n))
+    labels = [f"{it}" + (" (no update)" if it in incomplete else "") for it in its]
+    if n > 25:
+        step = int(np.ceil(n / 20))
+        ticks, labels = ticks[::step], labels[::step]
+    ax.set_xticks(ticks, labels)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(f"wall time ({unit})")
+    S.tidy_axis(ax, "y")
+    ax.set_title(f"Iteration breakdown — pid {rk['pid']} GPU {rk['device']}", loc="left")
+    handles = [Patch(color=S.PHASE_COLORS[p], label=p if p != "other" else "gap (other)") for p in S.PHASES
+               if p in frame["phase"].unique().to_list()]
+    handles += [
+        Patch(facecolor="#777777", label="solid: GPU busy"),
+        Patch(facecolor="#777777", alpha=0.35, label="light: GPU idle"),
+        Patch(facecolor="white", edgecolor="#333333", hatch="///", label="accumulation boundary"),
+    ]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    ax.set_xlim(-0.6, n - 0.4)
+    ax.margins(y=0.08)
+    return fig, frame
+
+
+# ====================================================================== figure 2
+def _sub_phase_segments(data: ReportData, rk: dict, iteration: int, phase: str = "update") -> pl.DataFrame:
+    """Self-time segments of ``phase``'s sub-phases in one iteration: ``sub_phase, s, e``."""
+    wm = breakdown._rank_windows(data.model).filter(
+        (pl.col("phase") == phase) & (pl.col("global_pid") == rk["global_pid"])
+        & (pl.col("device") == rk["device"]) & (pl.col("iteration") == iteration)
+    )
+    if wm.height == 0:
+        return pl.DataFrame(schema={"sub_phase": pl.String, "s": pl.Int64, "e": pl.Int64})
+    seg = breakdown._self_segments(data.model, wm)
+    return seg.select("sub_phase", "s", "e").sort("s")
+
+
+def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = None,
+                       bin_ns: int | None = None, max_sub_phases: int = 6):
+    """Figure 2: one iteration (default: the median complete iteration) on a shared time axis.
+
+    Panels: phase bands (forward/backward per micro-step, update, gaps) with the update's
+    sub-phases (innermost NVTX range self time; the ``max_sub_phases`` longest coloured, the
+    rest grey); GPU memory in use (GB); H2D throughput and D2H throughput (GB/s, copy-derived,
+    bins of ``bin_ns``, default :func:`tracekit.report.data.nice_bin`), with the GPU-metrics
+    PCIe RX / TX throughput (% of link peak, mean per bin, right axis) when the trace has it.
+
+    Frame (long): ``series`` (``memory``, ``H2D``, ``D2H``, ``pcie_RX``, ``pcie_TX``, ``phase``,
+    ``sub_phase``), ``t_ns`` (absolute trace time), ``t_end_ns`` (bands and bins), ``value``
+    (bytes in use; GB/s; mean percent per bin; null for bands), ``label`` (band name),
+    ``phase`` (of a band).
+    """
+    rk = data.rank(rank)
+    it = data.pick_iteration(rk, iteration)
+    rows = _iteration_rows(data, rk).filter(pl.col("iteration") == it)
+    win = data.rank_windows(rk).filter(pl.col("iteration") == it).sort("start")
+    t0 = int(win["start"].min())
+    t1 = int(win["end"].max())
+    span = t1 - t0
+    div, unit = S.time_unit(span)
+    bin_ns = bin_ns or D.nice_bin(span)
+    ops = data.rank_ops(rk)
+    parts = []
+    # bands
+    bands = win.select(
+        series=pl.lit("phase"), t_ns="start", t_end_ns="end", value=pl.lit(None, pl.Float64),
+        label=pl.struct("phase", "micro_step", "boundary").map_elements(
+            lambda s: _segment_label(s["phase"], s["micro_step"], s["boundary"]), return_dtype=pl.String),
+        phase="phase",
+    )
+    segs = _sub_phase_segments(data, rk, it)
+    sub = segs.select(series=pl.lit("sub_phase"), t_ns="s", t_end_ns="e", value=pl.lit(None, pl.Float64),
+                      label="sub_phase", phase=pl.lit("update"))
+    # memory
+    tl = D.memory_timeline(data, rk)
+    inside = tl.filter((pl.col("t_ns") > t0) & (pl.col("t_ns") < t1))
+    mem = pl.concat([
+        pl.DataFrame({"t_ns": [t0], "in_use_bytes": [int(D.level_at(tl, np.array([t0]))[0])]}),
+        inside,
+        pl.DataFrame({"t_ns": [t1], "in_use_bytes": [int(D.level_at(tl, np.array([t1 - 1]))[0])]}),
+    ]) if tl.height else pl.DataFrame(schema={"t_ns": pl.Int64, "in_use_bytes": pl.Int64})
+    mem_f = mem.select(series=pl.lit("memory"), t_ns="t_ns", t_end_ns=pl.lit(None, pl.Int64),
+                       value=pl.col("in_use_bytes").cast(pl.Float64), label=pl.lit(None, pl.String), phase=pl.lit(None, pl.String))
+    thr = D.throughput_timeline(ops, t0, t1, bin_ns)
+    thr_f = thr.select(series="direction", t_ns="bin_start_ns", t_end_ns=pl.col("bin_start_ns") + bin_ns,
+                       value="gbps", label=pl.lit(None, pl.String), phase=pl.lit(None, pl.String))
+    # PCIe samples (nsys samples at 10 kHz by default) averaged over the same bins as the copies
+    pm = D.pcie_metrics(data.export, t0, t1).with_columns(
+        t_ns=t0 + (pl.col("t_ns") - t0) // bin_ns * bin_ns
+    ).group_by("metric", "t_ns").agg(pl.col("percent").mean()).sort("metric", "t_ns")
+    pm_f = pm.select(series=pl.lit("pcie_") + pl.col("metric"), t_ns="t_ns", t_end_ns=pl.col("t_ns") + bin_ns,
+                     value="percent", label=pl.lit(None, pl.String), phase=pl.lit(None, pl.String))
+    for p in (bands, sub, mem_f, thr_f, pm_f):
+        parts.append(p.cast({"t_ns": pl.Int64, "t_end_ns": pl.Int64, "value": pl.Float64}))
+    frame = pl.concat(parts, how="vertical_relaxed")
+
+    fig, axes = S.new_figure(4, 1, width=13, height=8.6, sharex=True,
+                             gridspec_kw={"height_ratios": [0.9, 1.4, 1.4, 1.4]})
+    ax_b, ax_m, ax_h, ax_d = axes
+    x = lambda t: (np.asarray(t, dtype=np.float64) - t0) / div  # noqa: E731
+
+    # band strip: row 1 phases, row 0 update sub-phases
+    top_subs = (segs.with_columns(d=pl.col("e") - pl.col("s")).group_by("sub_phase").agg(pl.col("d").sum())
+                .sort("d", descending=True))
+    named = [s for s in top_subs["sub_phase"].to_list() if s != "(none)"][:max_sub_phases]
+    sub_colors = {s: S.SUB_PHASE_CYCLE[i % len(S.SUB_PHASE_CYCLE)] for i, s in enumerate(named)}
+    for r in bands.iter_rows(named=True):
+        c = S.phase_color(r["phase"])
+        ax_b.broken_barh([(x(r["t_ns"]), (r["t_end_ns"] - r["t_ns"]) / div)], (1.05, 0.9), facecolors=c,
+                         edgecolors="white", linewidth=0.5)
+        w = (r["t_end_ns"] - r["t_ns"]) / span
+        if r["phase"] != "other" and w > 0.03:
+            ax_b.text(x((r["t_ns"] + r["t_end_ns"]) / 2), 1.5, r["label"], ha="center", va="center", fontsize=8,
+                      color="white", fontweight="bold")
+        for a in (ax_m, ax_h, ax_d):
+            if r["phase"] != "other":
+                a.axvspan(x(r["t_ns"]), x(r["t_end_ns"]), color=c, alpha=0.09, linewidth=0)
+    if segs.height:
+        for r in segs.iter_rows(named=True):
+            c = sub_colors.get(r["sub_phase"], "#C8C8C8")
+            ax_b.broken_barh([(x(r["s"]), (r["e"] - r["s"]) / div)], (0.05, 0.9), facecolors=c, linewidth=0)
+        ax_b.set_yticks([0.5, 1.5], ["update\nsub-phases", "phase"], fontsize=8)
+    else:
+        ax_b.set_yticks([1.5], ["phase"], fontsize=8)
+    ax_b.set_ylim(0, 2)
+    for side in ("top", "right", "left"):
+        ax_b.spines[side].set_visible(False)
+    ax_b.tick_params(axis="y", length=0)
+    ax_b.set_title(f"Iteration {it} in time — pid {rk['pid']} GPU {rk['device']} "
+                   f"({span / 1e6:,.0f} ms; throughput in {bin_ns / 1e6:g} ms bins)", loc="left")
+    handles = [Patch(color=S.PHASE_COLORS[p], label=p if p != "other" else "gap") for p in S.PHASES]
+    handles += [Patch(color=c, label=S.shorten(s, 34)) for s, c in sub_colors.items()]
+    if segs.height and len(top_subs) > len(named):
+        handles.append(Patch(color="#C8C8C8", label="other sub-phases / (none)"))
+    ax_b.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.25), frameon=False, fontsize=7)
+
+    # memory
+    S.style_axes(ax_m)
+    if mem.height:
+        ax_m.step(x(mem["t_ns"]), mem["in_use_bytes"].to_numpy() / 1e9, where="post", color=S.MEMORY_COLOR, lw=1.4)
+        lo, hi = mem["in_use_bytes"].min() / 1e9, mem["in_use_bytes"].max() / 1e9
+        ax_m.set_ylim(0, max(hi * 1.15, 0.1))
+        if hi - lo < 0.01 * max(hi, 1e-9):
+            ax_m.text(0.01, 0.45, f"flat at {hi:,.2f} GB in this iteration (allocator cache)", transform=ax_m.transAxes,
+                      fontsize=8, va="top")
+    else:
+        ax_m.text(0.5, 0.5, "no CUDA memory events (nsys --cuda-memory-usage=true)", ha="center", va="center",
+                  transform=ax_m.transAxes, fontsize=9)
+    ax_m.set_ylabel("GPU memory\nin use (GB)")
+    S.tidy_axis(ax_m, "y", 4)
+
+    for a, d, metric in ((ax_h, "H2D", "RX"), (ax_d, "D2H", "TX")):
+        S.style_axes(a)
+        t = thr.filter(pl.col("direction") == d)
+        xs = x(t["bin_start_ns"])
+        a.fill_between(np.append(xs, x(t1)), np.append(t["gbps"].to_numpy(), 0), step="post",
+                       color=S.DIRECTION_COLORS[d], alpha=0.75, linewidth=0, label=f"{d} copies (GB/s)")
+        a.set_ylabel(f"{d} (GB/s)")
+        ymax = float(t["gbps"].max() or 0)
+        a.set_ylim(0, max(ymax * 1.15, 1.0))
+        S.tidy_axis(a, "y", 4)
+        m = pm.filter(pl.col("metric") == metric)
+        if m.height:
+            a2 = a.twinx()
+            a2.step(x(m["t_ns"]), m["percent"].to_numpy(), where="post", color="#222222", lw=0.7, alpha=0.75,
+                    label=f"PCIe {metric} from GPU metrics (% of peak, bin mean)")
+            a2.set_ylim(0, 105)
+            a2.set_ylabel(f"PCIe {metric}\n(% of peak)", fontsize=8)
+            a2.spines["top"].set_visible(False)
+            h1, l1 = a.get_legend_handles_labels()
+            h2, l2 = a2.get_legend_handles_labels()
+            a.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=7, frameon=False)
+        else:
+            a.legend(loc="upper left", fontsize=7, frameon=False)
+    ax_d.set_xlim(0, span / div)
+    ax_d.set_xlabel(f"time since iteration start ({unit})")
+    S.tidy_axis(ax_d, "x", 10)
+    return fig, frame
+
+
+# ====================================================================== figure 3
+def copy_size_distribution(data: ReportData, rank: int = 0, iterations_only: bool = True):
+    """Figure 3: H2D and D2H memcpy count and bytes per power-of-two size bucket, pinned solid and
+    pageable hatched. With ``iterations_only`` (default), copies outside the iterations
+    (start-up, model loading) are left out.
+
+    Frame: :func:`tracekit.report.data.copy_sizes` (``direction, host_kind, bucket,
+    bucket_bytes, count, bytes, busy_ns``).
+    """
+    rk = data.rank(rank)
+    frame = D.copy_sizes(data, rk, iterations_only)
+    fig, axes = S.new_figure(2, 2, width=13, height=7, sharex=True)
+    scope = "copies inside iterations" if iterations_only else "all copies"
+    fig.suptitle(f"Copy sizes — pid {rk['pid']} GPU {rk['device']}, {scope}", x=0.01, ha="left")
+    if frame.height == 0:
+        for a in axes.ravel():
+            a.text(0.5, 0.5, "no H2D/D2H copies", ha="center", va="center", transform=a.transAxes)
+        return fig, frame
+    b_lo, b_hi = int(frame["bucket"].min()), int(frame["bucket"].max())
+    buckets = list(range(b_lo, b_hi + 1))
+    kinds = [k for k in ("pinned", "pageable") if k in frame["host_kind"].unique().to_list()]
+    kinds += [k for k in frame["host_kind"].unique().to_list() if k not in kinds]
+    for j, d in enumerate(D.COPY_DIRECTIONS):
+        for i, (col, ylabel, scale) in enumerate((("count", "copies", 1.0), ("bytes", "bytes (GB)", 1e9))):
+            a = axes[i, j]
+            S.style_axes(a)
+            bottom = np.zeros(len(buckets))
+            for k in kinds:
+                f = frame.filter((pl.col("direction") == d) & (pl.col("host_kind") == k))
+                vals = np.zeros(len(buckets))
+                for r in f.iter_rows(named=True):
+                    vals[r["bucket"] - b_lo] = r[col] / scale
+                bars = a.bar(buckets, vals, 0.8, bottom=bottom, color=S.DIRECTION_COLORS[d],
+                             alpha=1.0 if k == "pinned" else 0.45, hatch=S.HOST_KIND_HATCH.get(k, ".."),
+                             edgecolor="white", linewidth=0.5, label=k)
+                for b, p in zip(buckets, bars):
+                    p.set_gid(f"{d}:{k}:{col}:{b}")
+                bottom += vals
+            if col == "bytes":
+                for b, v in zip(buckets, bottom):
+                    if 0 < v < 0.01 * bottom.max():  # tiny next to the largest: say so
+                        a.text(b, bottom.max() * 0.01, "▲", ha="center", va="bottom", fontsize=6, color="#666666")
+                a.text(0.01, 0.97, "▲ bytes present, under 1% of the tallest bar", transform=a.transAxes,
+                       fontsize=7, color="#666666", va="top")
+            a.set_ylabel(ylabel)
+            S.tidy_axis(a, "y", 5)
+            if i == 0:
+                a.set_title(f"{d}", loc="left")
+                a.legend(title="host memory", fontsize=8, title_fontsize=8, frameon=False)
+    step = max(1, int(np.ceil(len(buckets) / 32)))
+    for a in axes[1]:
+        a.set_xticks(buckets[::step], [S.size_label(2**b) for b in buckets[::step]], rotation=60, ha="right", fontsize=7)
+        a.set_xlabel("copy size bucket [2^k, 2^(k+1)) bytes")
+    return fig, frame
+
+
+# ====================================================================== figure 4
+def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", top: int = 10):
+    """Figure 4: ``phase``'s sub-phases (innermost NVTX range, self time), mean per complete
+    iteration: time split into GPU busy and CPU only (no GPU activity), and H2D / D2H
+    throughput of the copies launched in the sub-phase (bytes / copy busy time). The ``top``
+    longest sub-phases are shown; the rest are summed into ``(other sub-phases)``.
+
+    Frame: ``sub_phase, iterations, wall_ns, gpu_busy_ns, cpu_only_ns`` (means per iteration),
+    ``h2d_bytes, d2h_bytes`` (means per iteration), ``h2d_gbps, d2h_gbps`` (null without
+    copies), from :func:`tracekit.analyze.breakdown.sub_phase_table`.
+    """
+    rk = data.rank(rank)
+    st = breakdown.sub_phase_table(data.model, phase)
+    complete = data.iteration_spans(rk).filter(pl.col("complete"))["iteration"].to_list()
+    if st.height:
+        st = st.filter((pl.col("global_pid") == rk["global_pid"]) & (pl.col("device") == rk["device"])
+                       & pl.col("iteration").is_in(complete))
+    n = max(len(complete), 1)
+    sums = ["wall_ns", "gpu_busy_ns", "gpu_idle_ns", "h2d_bytes", "h2d_busy_ns", "d2h_bytes", "d2h_busy_ns"]
+    schema = {"sub_phase": pl.String, "iterations": pl.Int64, "wall_ns": pl.Float64, "gpu_busy_ns": pl.Float64,
+              "cpu_only_ns": pl.Float64, "h2d_bytes": pl.Float64, "d2h_bytes": pl.Float64,
+              "h2d_gbps": pl.Float64, "d2h_gbps": pl.Float64}
+    if st.height == 0:
+        frame = pl.DataFrame(schema=schema)
+    else:
+        agg = st.group_by("sub_phase").agg(*[pl.col(c).sum() for c in sums]).sort("wall_ns", descending=True)
+        if agg.height > top:
+            head, rest = agg.head(top), agg.tail(agg.height - top)
+            rest = rest.select(*[pl.col(c).sum() for c in sums]).with_columns(sub_phase=pl.lit("(other sub-phases)"))
+            agg = pl.concat([head, rest.select(head.columns)])
+        frame = agg.select(
+            "sub_phase", iterations=pl.lit(n, pl.Int64),
+            wall_ns=pl.col("wall_ns") / n, gpu_busy_ns=pl.col("gpu_busy_ns") / n, cpu_only_ns=pl.col("gpu_idle_ns") / n,
+            h2d_bytes=pl.col("h2d_bytes") / n, d2h_bytes=pl.col("d2h_bytes") / n,
+            h2d_gbps=pl.when(pl.col("h2d_busy_ns") > 0).then(pl.col("h2d_bytes") / pl.col("h2d_busy_ns")),
+            d2h_gbps=pl.when(pl.col("d2h_busy_ns") > 0).then(pl.col("d2h_bytes") / pl.col("d2h_busy_ns")),
+        ).cast(schema)
+    k = frame.height
+    fig, (ax_t, ax_r) = S.new_figure(1, 2, width=14, height=max(3.5, 1.2 + 0.42 * k), sharey=True,
+                                     gridspec_kw={"width_ratios": [1.5, 1]})
+    fig.suptitle(f"{phase.capitalize()} sub-phases — pid {rk['pid']} GPU {rk['device']}, mean per iteration "
+                 f"over {len(complete)} complete iteration(s)", x=0.01, ha="left")
+    if k == 0:
+        ax_t.text(0.5, 0.5, f"no {phase} windows with NVTX sub-ranges", ha="center", va="center", transform=ax_t.transAxes)
+        return fig, frame
+    y = np.arange(k)
+    div, unit = S.time_unit(frame["wall_ns"].max())
+    c = S.phase_color(phase)
+    busy = frame["gpu_busy_ns"].to_numpy() / div
+    cpu = frame["cpu_only_ns"].to_numpy() / div
+    b1 = ax_t.barh(y, busy, 0.7, color=c, label="GPU busy")
+    b2 = ax_t.barh(y, cpu, 0.7, left=busy, color=c, alpha=0.35, hatch="..", edgecolor="white", linewidth=0,
+                   label="CPU only (GPU idle)")
+    for i, (p1, p2) in enumerate(zip(b1, b2)):
+        p1.set_gid(f"busy:{i}")
+        p2.set_gid(f"cpu:{i}")
+    total = frame["wall_ns"].sum()
+    for i, r in enumerate(frame.iter_rows(named=True)):
+        share = r["cpu_only_ns"] / r["wall_ns"] if r["wall_ns"] else 0
+        ax_t.text(r["wall_ns"] / div, i, f"  {r['wall_ns'] / div:,.1f} ({100 * r['wall_ns'] / total:.0f}%, "
+                  f"{100 * share:.0f}% CPU only)", va="center", fontsize=7)
+    ax_t.set_yticks(y, [S.shorten(s, 44) for s in frame["sub_phase"].to_list()], fontsize=8)
+    ax_t.invert_yaxis()
+    ax_t.set_xlabel(f"time per iteration ({unit})")
+    ax_t.set_xlim(0, frame["wall_ns"].max() / div * 1.45)
+    S.tidy_axis(ax_t, "x")
+    ax_t.grid(True, axis="x", color="#E5E5E5")
+    ax_t.set_axisbelow(True)
+    ax_t.legend(loc="lower right", fontsize=8, frameon=False)
+    for side in ("top", "right"):
+        ax_t.spines[side].set_visible(False)
+    h = 0.38
+    for off, d in ((-h / 2, "H2D"), (h / 2, "D2H")):
+        col = f"{d.lower()}_gbps"
+        vals = frame[col].fill_null(0).to_numpy()
+        bars = ax_r.barh(y + off, vals, h, color=S.DIRECTION_COLORS[d], label=f"{d}")
+        for i, (p, r) in enumerate(zip(bars, frame.iter_rows(named=True))):
+            p.set_gid(f"{d}:{i}")
+            mb = r[f"{d.lower()}_bytes"] / 1e6
+            if r[col] is not None and mb > 0:
+                txt = f" {mb:,.1f} MB" if mb >= 0.1 else f" {r[f'{d.lower()}_bytes']:,.0f} B"
+                ax_r.text(vals[i], i + off, txt, va="center", fontsize=7)
+    gmax = float(np.nanmax([frame["h2d_gbps"].fill_null(0).max() or 0, frame["d2h_gbps"].fill_null(0).max() or 0]))
+    ax_r.set_xlim(0, max(gmax * 1.4, 1))
+    ax_r.set_xlabel("copy throughput (GB/s = bytes / copy busy time)")
+    S.tidy_axis(ax_r, "x")
+    ax_r.grid(True, axis="x", color="#E5E5E5")
+    ax_r.set_axisbelow(True)
+    ax_r.legend(loc="lower right", fontsize=8, frameon=False, title="MB per iteration beside bars", title_fontsize=7)
+    for side in ("top", "right"):
+        ax_r.spines[side].set_visible(False)
+    return fig, frame
+
+
+# ====================================================================== figure 5
+def overlap_contention(data: ReportData, rank: int = 0, iteration: int | None = None):
+    """Figure 5: per phase, hidden (overlapped by kernels) and exposed copy time per direction,
+    mean per complete iteration; and the copies and PCIe contention windows on the timeline of
+    one iteration (default: the median one).
+
+    Frame (long): rows with ``section = overlap``: ``phase, direction, copy_ns, hidden_ns,
+    exposed_ns`` (means per complete iteration), ``iterations``; rows with ``section =
+    contention``: ``start_ns, end_ns, kind`` (``same-direction`` / ``bidirectional``) of the
+    windows in the shown iteration. See :func:`tracekit.report.data.overlap_by_phase` and
+    :func:`tracekit.report.data.contention_windows`.
+    """
+    rk = data.rank(rank)
+    it = data.pick_iteration(rk, iteration)
+    ops = data.rank_ops(rk)
+    complete = data.iteration_spans(rk).filter(pl.col("complete"))["iteration"].to_list()
+    n = max(len(complete), 1)
+    ov = D.overlap_by_phase(data, rk, by=("phase",), iterations=complete)
+    ov = ov.with_columns(
+        pl.col("copy_ns") / n, pl.col("hidden_ns") / n, pl.col("exposed_ns") / n,
+    )
+    win = data.rank_windows(rk).filter(pl.col("iteration") == it)
+    t0, t1 = int(win["start"].min()), int(win["end"].max())
+    it_ops = ops.filter((pl.col("end") > t0) & (pl.col("start") < t1))
+    cw = D.contention_windows(data, rk)
+    cw = cw.filter((pl.col("end_ns") > t0) & (pl.col("start_ns") < t1))
+    frame = pl.concat([
+        ov.select(section=pl.lit("overlap"), phase="phase", direction="direction",
+                  copy_ns=pl.col("copy_ns").cast(pl.Float64), hidden_ns=pl.col("hidden_ns").cast(pl.Float64),
+                  exposed_ns=pl.col("exposed_ns").cast(pl.Float64), iterations=pl.lit(n, pl.Int64),
+                  start_ns=pl.lit(None, pl.Int64), end_ns=pl.lit(None, pl.Int64), kind=pl.lit(None, pl.String)),
+        cw.select(section=pl.lit("contention"), phase=pl.lit(None, pl.String), direction=pl.lit(None, pl.String),
+                  copy_ns=pl.lit(None, pl.Float64), hidden_ns=pl.lit(None, pl.Float64),
+                  exposed_ns=pl.lit(None, pl.Float64), iterations=pl.lit(None, pl.Int64),
+                  start_ns="start_ns", end_ns="end_ns", kind="kind"),
+    ])
+    fig, (ax_o, ax_t) = S.new_figure(2, 1, width=13, height=8, gridspec_kw={"height_ratios": [1.2, 1]})
+    # --- overlap bars
+    S.style_axes(ax_o)
+    phases_present = [p for p in S.PHASES if p in ov["phase"].to_list()]
+    ax_o.set_title(f"Copy time hidden behind kernels vs exposed — pid {rk['pid']} GPU {rk['device']}, "
+                   f"mean per iteration over {len(complete)} complete iteration(s)", loc="left")
+    if ov.height:
+        div, unit = S.time_unit(ov["copy_ns"].max())
+        w = 0.38
+        for j, p in enumerate(phases_present):
+            for off, d in ((-w / 2, "H2D"), (w / 2, "D2H")):
+                r = ov.filter((pl.col("phase") == p) & (pl.col("direction") == d))
+                hid = float(r["hidden_ns"][0]) / div if r.height else 0.0
+                exp = float(r["exposed_ns"][0]) / div if r.height else 0.0
+                b1 = ax_o.bar(j + off, hid, w, color=S.DIRECTION_COLORS[d], edgecolor=S.phase_color(p), linewidth=1.5)
+                b2 = ax_o.bar(j + off, exp, w, bottom=hid, color=S.DIRECTION_COLORS[d], alpha=0.35, hatch="//",
+                              edgecolor=S.phase_color(p), linewidth=1.5)
+                b1[0].set_gid(f"hidden:{p}:{d}")
+                b2[0].set_gid(f"exposed:{p}:{d}")
+                if hid + exp > 0:
+                    share = hid / (hid + exp)
+                    ax_o.text(j + off, hid + exp, f"{d}\n{100 * share:.0f}% hidden", ha="center", va="bottom", fontsize=7)
+        ax_o.set_xticks(range(len(phases_present)), phases_present)
+        for lab, p in zip(ax_o.get_xticklabels(), phases_present):
+            lab.set_color(S.phase_color(p))
+            lab.set_fontweight("bold")
+        ax_o.set_ylabel(f"copy busy time per iteration ({unit})")
+        ax_o.margins(y=0.25)
+        S.tidy_axis(ax_o, "y")
+        ax_o.legend(handles=[
+            Patch(color=S.DIRECTION_COLORS["H2D"], label="H2D"), Patch(color=S.DIRECTION_COLORS["D2H"], label="D2H"),
+            Patch(facecolor="#999999", label="solid: hidden (a kernel runs)"),
+            Patch(facecolor="#999999", alpha=0.35, hatch="//", label="hatched: exposed"),
+        ], loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=8)
+    else:
+        ax_o.text(0.5, 0.5, "no H2D/D2H copies in the iterations", ha="center", va="center", transform=ax_o.transAxes)
+    # --- timeline
+    span = t1 - t0
+    div, unit = S.time_unit(span)
+    x = lambda t: (np.asarray(t, dtype=np.float64) - t0) / div  # noqa: E731
+    for r in win.iter_rows(named=True):
+        if r["phase"] != "other":
+            ax_t.axvspan(x(r["start"]), x(r["end"]), color=S.phase_color(r["phase"]), alpha=0.12, linewidth=0)
+            if (r["end"] - r["start"]) / span > 0.03:
+                ax_t.text(x((r["start"] + r["end"]) / 2), 3.55,
+                          _segment_label(r["phase"], r["micro_step"], r["boundary"]), ha="center", fontsize=8,
+                          color=S.phase_color(r["phase"]), fontweight="bold")
+    rows = {"kernels": 2.5, "H2D": 1.5, "D2H": 0.5}
+    k = it_ops.filter(pl.col("kind") == "kernel")
+    ku_s, ku_e = D.union(k["start"].to_numpy(), k["end"].to_numpy())
+    wmin = span * 0.0015 / div  # keep short operations visible at any zoom: at least 0.15% of the span
+    ax_t.broken_barh(list(zip(x(ku_s), np.maximum((ku_e - ku_s) / div, wmin))), (2.1, 0.8), facecolors="#555555")
+    for d in D.COPY_DIRECTIONS:
+        c = it_ops.filter((pl.col("kind") == "memcpy") & (pl.col("direction") == d))
+        us, ue = D.union(c["start"].to_numpy(), c["end"].to_numpy())
+        ax_t.broken_barh(list(zip(x(us), np.maximum((ue - us) / div, wmin))), (rows[d] - 0.4, 0.8),
+                         facecolors=S.DIRECTION_COLORS[d])
+    for r in cw.iter_rows(named=True):
+        ax_t.axvspan(x(max(r["start_ns"], t0)), x(min(r["end_ns"], t1)), ymin=0, ymax=0.75,
+                     color=S.CONTENTION_COLORS[r["kind"]], alpha=0.6, linewidth=0)
+    ax_t.set_yticks(list(rows.values()), list(rows))
+    ax_t.set_ylim(0, 4)
+    ax_t.set_xlim(0, span / div)
+    ax_t.set_xlabel(f"time since iteration {it} start ({unit})")
+    S.tidy_axis(ax_t, "x", 10)
+    for side in ("top", "right"):
+        ax_t.spines[side].set_visible(False)
+    n_cw = cw.height
+    tot_cw = int(cw["duration_ns"].sum()) if n_cw else 0
+    title = (f"Iteration {it}: copies, kernels and PCIe contention windows — {n_cw} window(s), "
+             f"{tot_cw / 1e6:,.2f} ms")
+    if n_cw == 0:
+        title += " (copies never overlapped each other)"
+    ax_t.set_title(title, loc="left", fontsize=10)
+    ax_t.legend(handles=[Patch(color=S.CONTENTION_COLORS[k], alpha=0.6, label=f"contention: {k}")
+                         for k in S.CONTENTION_COLORS],
+                loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=8)
+    return fig, frame
+
+
+# ====================================================================== rank summary
+def rank_summary(data: ReportData):
+    """Per-rank summary: mean phase wall time per complete iteration (stacked) and H2D / D2H
+    bytes per iteration, one bar per rank, so a slow or copy-heavy rank stands out.
+
+    Frame: ``rank, pid, device, phase, iterations, wall_ns, h2d_bytes, d2h_bytes`` (means per
+    complete iteration of that rank).
+    """
+    rows = []
+    for i in range(data.ranks.height):
+        rk = data.rank(i)
+        t = data.rank_table(rk).filter(pl.col("complete"))
+        n = t["iteration"].n_unique()
+        if n == 0:
+            continue
+        g = t.group_by("phase").agg(pl.col("wall_ns").sum() / n, pl.col("h2d_bytes").sum() / n,
+                                    pl.col("d2h_bytes").sum() / n)
+        rows.append(g.with_columns(rank=pl.lit(i, pl.Int64), pid=pl.lit(rk["pid"], pl.Int64),
+                                   device=pl.lit(rk["device"], pl.Int64), iterations=pl.lit(n, pl.Int64)))
+    schema = {"rank": pl.Int64, "pid": pl.Int64, "device": pl.Int64, "phase": pl.String, "iterations": pl.Int64,
+              "wall_ns": pl.Float64, "h2d_bytes": pl.Float64, "d2h_bytes": pl.Float64}
+    frame = (pl.concat(rows).select(list(schema)).cast(schema) if rows else pl.DataFrame(schema=schema))
+    frame = frame.sort("rank", pl.col("phase").replace_strict({p: i for i, p in enumerate(S.PHASES)}, default=9))
+    nr = frame["rank"].n_unique()
+    fig, (ax_w, ax_b) = S.new_figure(1, 2, width=13, height=max(3.2, 1.4 + 0.45 * nr))
+    fig.suptitle(f"Per rank — mean per complete iteration ({nr} rank(s))", x=0.01, ha="left")
+    if frame.height == 0:
+        ax_w.text(0.5, 0.5, "no complete iteration", ha="center", va="center", transform=ax_w.transAxes)
+        return fig, frame
+    ranks = frame.select("rank", "pid", "device").unique().sort("rank")
+    labels = [f"rank {r['rank']}\npid {r['pid']} GPU {r['device']}" for r in ranks.iter_rows(named=True)]
+    tot = frame.group_by("rank").agg(pl.col("wall_ns").sum())
+    div, unit = S.time_unit(tot["wall_ns"].max())
+    for y, rk in enumerate(ranks["rank"].to_list()):
+        left = 0.0
+        for r in frame.filter(pl.col("rank") == rk).iter_rows(named=True):
+            b = ax_w.barh(y, r["wall_ns"] / div, 0.6, left=left, color=S.phase_color(r["phase"]), edgecolor="white")
+            b[0].set_gid(f"wall:{rk}:{r['phase']}")
+            left += r["wall_ns"] / div
+        ax_w.text(left, y, f" {left:,.1f}", va="center", fontsize=8)
+    ax_w.set_yticks(range(nr), labels, fontsize=8)
+    ax_w.invert_yaxis()
+    ax_w.set_xlabel(f"wall time per iteration ({unit})")
+    ax_w.legend(handles=[Patch(color=S.PHASE_COLORS[p], label=p if p != "other" else "gap") for p in S.PHASES],
+                loc="lower right", fontsize=8, frameon=False)
+    S.tidy_axis(ax_w, "x")
+    h = 0.35
+    byr = frame.group_by("rank").agg(pl.col("h2d_bytes").sum(), pl.col("d2h_bytes").sum()).sort("rank")
+    for off, d in ((-h / 2, "H2D"), (h / 2, "D2H")):
+        vals = byr[f"{d.lower()}_bytes"].to_numpy() / 1e9
+        bars = ax_b.barh(np.arange(nr) + off, vals, h, color=S.DIRECTION_COLORS[d], label=d)
+        for rk, p in zip(byr["rank"].to_list(), bars):
+            p.set_gid(f"{d}:{rk}")
+    ax_b.set_yticks(range(nr), labels, fontsize=8)
+    ax_b.invert_yaxis()
+    ax_b.set_xlabel("copied per iteration (GB)")
+    ax_b.legend(loc="lower right", fontsize=8, frameon=False)
+    S.tidy_axis(ax_b, "x")
+    for a in (ax_w, ax_b):
+        for side in ("top", "right"):
+            a.spines[side].set_visible(False)
+    return fig, frame
+
+
+#: Figure name (file stem) -> (function, title), in report order.
+FIGURES = {
+    "1_iteration_breakdown": (iteration_breakdown, "Iteration breakdown"),
+    "2_iteration_timeline": (iteration_timeline, "One iteration in time"),
+    "3_copy_sizes": (copy_size_distribution, "Copy-size distributions"),
+    "4_update_sub_phases": (sub_phase_breakdown, "Update sub-phases"),
+    "5_overlap_contention": (overlap_contention, "Overlap and contention"),
+    "6_ranks": (rank_summary, "Per-rank summary"),
+}

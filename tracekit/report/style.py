@@ -1,0 +1,116 @@
+"""One look for every figure: phase colours, direction colours, unit choice and tick formats.
+
+Units: time in ns internally; axes show ns/µs/ms/s picked from the span (:func:`time_unit`);
+sizes in GB (1e9 B) or MB (1e6 B); rates in GB/s (1e9 B/s). Copy-size buckets are powers of
+two and are labelled in binary units (KiB, MiB, GiB) because that is what they are.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # figures are written to files; never open a window
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+
+#: Phase -> colour, the same in every figure.
+PHASE_COLORS = {
+    "forward": "#4C72B0",
+    "backward": "#DD8452",
+    "update": "#55A868",
+    "other": "#A0A0A0",
+}
+PHASES = tuple(PHASE_COLORS)
+#: Copy direction -> colour (distinct from the phase colours).
+DIRECTION_COLORS = {"H2D": "#8172B3", "D2H": "#C44E52"}
+#: Host memory kind -> hatch (pinned plain, pageable hatched).
+HOST_KIND_HATCH = {"pinned": "", "pageable": "xx"}
+MEMORY_COLOR = "#222222"
+CONTENTION_COLORS = {"same-direction": "#E377C2", "bidirectional": "#BCBD22"}
+#: Colours for update sub-phases (categorical, after the phase colours are taken).
+SUB_PHASE_CYCLE = [
+    "#1B9E77", "#D95F02", "#7570B3", "#E7298A", "#66A61E", "#E6AB02", "#A6761D", "#17BECF",
+]
+
+DPI = 150
+
+
+def phase_color(phase: str) -> str:
+    """Colour of ``phase`` (grey for anything unknown)."""
+    return PHASE_COLORS.get(phase, PHASE_COLORS["other"])
+
+
+def time_unit(span_ns: float) -> tuple[float, str]:
+    """``(divisor, label)`` for showing a time span of ``span_ns``: µs below 2 ms, ms below
+    20 s, else s. A 1 s iteration reads in ms, a 60 s one in s."""
+    span_ns = abs(float(span_ns or 0))
+    if span_ns < 2e6:
+        return 1e3, "µs"
+    if span_ns < 20e9:
+        return 1e6, "ms"
+    return 1e9, "s"
+
+
+def number_formatter(decimals: int | None = None) -> FuncFormatter:
+    """Tick labels with thousands separators and as few decimals as the tick step needs."""
+
+    def fmt(v, _pos=None):
+        if decimals is not None:
+            return f"{v:,.{decimals}f}"
+        a = abs(v)
+        if a == 0:
+            return "0"
+        if a >= 100 or float(v).is_integer():
+            return f"{v:,.0f}"
+        if a >= 1:
+            return f"{v:,.1f}".rstrip("0").rstrip(".")
+        return f"{v:.3g}"
+
+    return FuncFormatter(fmt)
+
+
+def tidy_axis(ax, which: str = "y", nbins: int = 6) -> None:
+    """Readable ticks on one axis: at most ``nbins`` intervals and compact labels."""
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    axis.set_major_locator(MaxNLocator(nbins=nbins, steps=[1, 2, 2.5, 5, 10]))
+    axis.set_major_formatter(number_formatter())
+
+
+def size_label(nbytes: float) -> str:
+    """Binary size label of a power-of-two bucket start: ``512 B``, ``4 KiB``, ``256 MiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            v = nbytes / scale
+            return f"{v:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, *, width: float = 10, height: float = 5, **kw):
+    """A figure of ``nrows`` x ``ncols`` axes with the house style (constrained layout)."""
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), layout="constrained", **kw)
+    return fig, axes
+
+
+def style_axes(ax) -> None:
+    """Light grid behind the data, no top/right spines."""
+    ax.set_axisbelow(True)
+    ax.grid(True, axis="y", color="#E5E5E5", linewidth=0.8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def shorten(name: str, width: int = 38) -> str:
+    """A short label for an NVTX range name: the part after the last ``.`` (the method), cut to
+    ``width`` characters with an ellipsis."""
+    if name is None:
+        return "(none)"
+    short = name.rsplit(".", 1)[-1] if "." in name and not name.startswith("(") else name
+    if len(short) > width:
+        short = short[: width - 1] + "…"
+    return short
+
+
+def close(fig) -> None:
+    """Free a figure's memory (pyplot keeps every figure until closed)."""
+    plt.close(fig)
