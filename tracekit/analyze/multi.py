@@ -1,0 +1,406 @@
+"""Many traces at once: one nsys export per rank or node, analyzed in parallel, then compared.
+
+``tracekit analyze runs/*.sqlite`` (or ``tracekit analyze runs/``) runs the single-trace
+analysis of :mod:`tracekit.analyze.result` on every export, in worker processes
+(``--jobs N``) or on an existing Dask cluster (``--dask ADDRESS``), and adds a summary
+across ranks (:func:`summarize_ranks`): the slowest rank, the spread of phase times, and ranks
+missing from the numbering of the file names.
+
+A *rank* here is one (trace, process, device) row of a result's ``ranks`` list: a per-rank
+export holds one, a per-node export one per GPU process.
+
+Dask workers must see the traces at the same absolute paths as the client (a shared file
+system); each worker opens its traces read-only and keeps their Parquet caches beside them
+like a local run (:mod:`tracekit.analyze.cache`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+from pathlib import Path
+
+from tracekit.errors import TracekitError
+
+PHASES = ("forward", "backward", "update", "other")
+#: How long ``--dask`` waits for the scheduler before giving up, seconds
+#: (environment variable ``TRACEKIT_DASK_TIMEOUT`` overrides).
+DASK_CONNECT_TIMEOUT_S = 10.0
+
+_RANK_WORD = re.compile(r"(?i)(?:^|[^a-z])(?:rank|node|proc|process|worker|host)[-_.]?(\d+)")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+# ---------------------------------------------------------------------- inputs
+def expand_inputs(items: list[str | Path]) -> list[Path]:
+    """Turn command-line inputs into the list of traces to analyze, in a stable order.
+
+    Each item is a trace file, a directory (its ``*.sqlite`` files, sorted by name, not
+    recursive) or a glob pattern the shell did not expand (``'runs/*.sqlite'``). Duplicates
+    (same resolved path) are kept once. Raises :class:`TracekitError` naming every item that
+    is missing, a directory without ``.sqlite`` files, or a pattern matching nothing.
+    """
+    out: list[Path] = []
+    bad: list[str] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(q for q in p.glob("*.sqlite") if q.is_file())
+            if not found:
+                bad.append(f"{p} (directory without .sqlite files)")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        elif _GLOB_CHARS.search(str(item)):
+            found = sorted(Path(q) for q in glob.glob(str(item)) if Path(q).is_file())
+            if not found:
+                bad.append(f"{item} (no file matches)")
+            out.extend(found)
+        else:
+            bad.append(f"{p} (no such file)")
+    if bad:
+        raise TracekitError(f"trace{'s' if len(bad) > 1 else ''} not found: {'; '.join(bad)}")
+    seen: set[Path] = set()
+    unique = []
+    for p in out:
+        r = p.resolve()
+        if r not in seen:
+            seen.add(r)
+            unique.append(p)
+    return unique
+
+
+def rank_numbers(paths: list[Path]) -> list[int | None]:
+    """Rank (or node) number of each trace read from its file name, or None.
+
+    A number after ``rank``, ``node``, ``proc``, ``process``, ``worker`` or ``host`` counts
+    (``rank3.sqlite``, ``node_12.sqlite``); failing that, when two or more names differ only
+    in their last number (``report_0``, ``report_1``, ``report_3``), that number.
+    """
+    stems = [p.name.split(".")[0] for p in paths]
+    words = [_RANK_WORD.findall(s) for s in stems]
+    if all(words):
+        return [int(w[-1]) for w in words]
+    if len(stems) >= 2:
+        shapes = {re.sub(r"\d+(?=\D*$)", "#", s) for s in stems}
+        nums = [re.findall(r"\d+", s) for s in stems]
+        if len(shapes) == 1 and "#" in next(iter(shapes)) and all(nums):
+            return [int(n[-1]) for n in nums]
+    return [None] * len(paths)
+
+
+# ---------------------------------------------------------------------- one trace
+def _options_dict(options) -> dict:
+    if options is None:
+        return {}
+    if dataclasses.is_dataclass(options):
+        return dataclasses.asdict(options)
+    return dict(options)
+
+
+def analyze_one(path: str | Path, options=None, cache: bool = True) -> dict:
+    """Analyze one trace: the dict of :func:`tracekit.analyze.result.analyze_export`.
+
+    ``options`` is a :class:`tracekit.analyze.result.Options` or a dict of its fields.
+    With ``cache`` (default), a result computed before for the same trace, options and
+    tracekit code is read from the trace's cache directory, and on a miss the queries go
+    through the Parquet cache (:mod:`tracekit.analyze.cache`); a cache that cannot be written
+    is silently skipped. Raises :class:`TracekitError` for a trace that cannot be analyzed.
+    """
+    path = Path(path)
+    opts = _options_dict(options)
+    tc = key = None
+    if cache and path.is_file():
+        from tracekit.analyze.cache import TraceCache
+
+        try:
+            tc = TraceCache(path)
+        except OSError:
+            tc = None
+        if tc is not None and tc.enabled:
+            key = tc.result_key(opts)
+            hit = tc.get_result(key)
+            if hit is not None:
+                hit["trace"] = str(path)
+                return hit
+    from tracekit.analyze.export import Export
+    from tracekit.analyze.result import Options, analyze_export
+
+    with Export.open(path, cache=tc if tc is not None and tc.enabled else False) as export:
+        result = analyze_export(export, Options(**opts))
+    if key is not None:
+        tc.put_result(key, result)
+    return result
+
+
+def _analyze_one_checked(path: str, options: dict, cache: bool) -> dict:
+    """:func:`analyze_one` for a worker: any failure comes back as a TracekitError naming the trace."""
+    try:
+        return analyze_one(path, options, cache)
+    except TracekitError:
+        raise
+    except Exception as exc:  # a bug or an unexpected trace: name the trace, one line
+        raise TracekitError(f"{path}: analysis failed ({type(exc).__name__}: {exc})", exit_code=1) from None
+
+
+# ---------------------------------------------------------------------- many traces
+def analyze_many(
+    items: list[str | Path],
+    options=None,
+    jobs: int | None = None,
+    dask: str | None = None,
+    cache: bool = True,
+    expected_ranks: int | None = None,
+) -> dict:
+    """Analyze every trace of ``items`` (see :func:`expand_inputs`) and compare their ranks.
+
+    Args:
+        options: :class:`tracekit.analyze.result.Options` (or a dict of its fields), the same
+            for every trace.
+        jobs: worker processes (default: CPU count, at most one per trace); 1 runs in this
+            process. Ignored with ``dask``.
+        dask: address of a running Dask scheduler (``tcp://host:8786``); the per-trace work
+            runs there.
+        cache: use the per-trace Parquet / result cache.
+        expected_ranks: how many ranks the run had (numbered 0..N-1), to report missing ones.
+
+    Returns ``{"traces": [result per trace, in input order], "summary": summarize_ranks(...)}``
+    (times in ns).
+
+    Raises :class:`TracekitError` (one line, naming the trace or address): a trace missing or
+    not an nsys export, a trace whose analysis failed, an unreachable Dask scheduler.
+    """
+    paths = expand_inputs(items)
+    opts = _options_dict(options)
+    if dask:
+        results = _run_dask(dask, paths, opts, cache)
+    else:
+        n = min(jobs or os.cpu_count() or 1, len(paths))
+        if n <= 1:
+            results = [_analyze_one_checked(str(p), opts, cache) for p in paths]
+        else:
+            results = _run_processes(paths, opts, cache, n)
+    return {"traces": results, "summary": summarize_ranks(results, paths, expected_ranks)}
+
+
+def _run_processes(paths: list[Path], opts: dict, cache: bool, jobs: int) -> list[dict]:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: polars' thread pool does not survive a fork
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(_analyze_one_checked, str(p), opts, cache) for p in paths]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+
+
+def _run_dask(address: str, paths: list[Path], opts: dict, cache: bool) -> list[dict]:
+    try:
+        from distributed import Client
+    except ImportError:
+        raise TracekitError(
+            "--dask needs the dask extra: pip install 'tracekit[dask]'"
+        ) from None
+    timeout = float(os.environ.get("TRACEKIT_DASK_TIMEOUT", DASK_CONNECT_TIMEOUT_S))
+    try:
+        client = Client(address, timeout=timeout, set_as_default=False)
+    except Exception as exc:  # OSError/TimeoutError (unreachable), ValueError (bad address)
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TracekitError(f"--dask {address}: cannot reach the Dask scheduler ({reason})") from None
+    try:
+        futures = client.map(
+            _analyze_one_checked,
+            [str(p.resolve()) for p in paths],
+            options=opts,
+            cache=cache,
+            pure=False,
+        )
+        results = client.gather(futures)
+    finally:
+        client.close()
+    for p, r in zip(paths, results):
+        r["trace"] = str(p)
+    return list(results)
+
+
+# ---------------------------------------------------------------------- summary
+def rank_rows(results: list[dict], paths: list[Path] | None = None) -> list[dict]:
+    """One row per rank of every result: ``{"trace", "rank" (from the file name or None),
+    "pid", "device", "iterations" (count), "complete_iterations", "iteration_ns" (sum of the
+    iterations' phase wall times), "mean_iteration_ns", "phase_ns": {phase: sum over the
+    iterations of that phase's wall time}, "per_iteration": [{"index", "wall_ns"}]}`` (ns)."""
+    paths = paths or [Path(r["trace"]) for r in results]
+    numbers = rank_numbers(list(paths))
+    rows = []
+    for result, number in zip(results, numbers):
+        ranks = result.get("ranks", [])
+        for r in ranks:
+            phase_ns = {p: 0 for p in PHASES}
+            per_it = {}
+            complete = 0
+            for it in r.get("iterations", []):
+                wall = 0
+                for ph in it["phases"]:
+                    phase_ns[ph["phase"]] = phase_ns.get(ph["phase"], 0) + int(ph["wall_ns"])
+                    wall += int(ph["wall_ns"])
+                per_it[int(it["index"])] = wall
+                complete += bool(it.get("complete"))
+            total = sum(per_it.values())
+            rows.append(
+                {
+                    "trace": result.get("trace"),
+                    "rank": number if len(ranks) == 1 else None,
+                    "node": number if len(ranks) > 1 else None,
+                    "pid": r["pid"],
+                    "device": r["device"],
+                    "iterations": len(per_it),
+                    "complete_iterations": complete,
+                    "iteration_ns": total,
+                    "mean_iteration_ns": total / len(per_it) if per_it else None,
+                    "phase_ns": phase_ns,
+                    "per_iteration": [{"index": i, "wall_ns": w} for i, w in sorted(per_it.items())],
+                }
+            )
+    return rows
+
+
+def _who(row: dict) -> dict:
+    return {k: row[k] for k in ("trace", "rank", "pid", "device")}
+
+
+def summarize_ranks(
+    results: list[dict], paths: list[Path] | None = None, expected_ranks: int | None = None
+) -> dict:
+    """Compare the ranks of several results (times in ns).
+
+    Returns::
+
+        {"traces": int, "ranks": int, "rank_rows": rank_rows(...),
+         "iterations": {"min": int, "max": int},
+         "slowest_rank": {"trace", "rank", "pid", "device", "mean_iteration_ns"} | None,
+         "per_phase": {PHASE: {"min_ns", "max_ns", "mean_ns", "spread_ns", "spread_share",
+                               "slowest": {"trace", "rank", "pid", "device"}}},
+         "per_iteration": [{"index", "ranks", "min_ns", "max_ns", "spread_ns", "slowest"}],
+         "missing_ranks": [int], "ranks_without_iterations": [{"trace", "rank", "pid", "device"}]}
+
+    ``per_phase`` compares each rank's phase time summed over its iterations; ``spread_ns`` is
+    max - min and ``spread_share`` spread / mean (None when the mean is 0). The slowest rank
+    has the longest mean iteration. ``per_iteration`` compares ranks at equal iteration
+    indices. ``missing_ranks``: numbers absent from 0..max of the ranks read from file names
+    (:func:`rank_numbers`), or from 0..expected_ranks-1 when given.
+    """
+    rows = rank_rows(results, paths)
+    timed = [r for r in rows if r["iterations"]]
+    per_phase = {}
+    for phase in PHASES:
+        vals = [(r["phase_ns"].get(phase, 0), i) for i, r in enumerate(timed)]
+        if not vals or not any(v for v, _ in vals):
+            continue
+        walls = [v for v, _ in vals]
+        mx = max(vals, key=lambda t: t[0])
+        mean = sum(walls) / len(walls)
+        spread = max(walls) - min(walls)
+        per_phase[phase] = {
+            "min_ns": min(walls),
+            "max_ns": mx[0],
+            "mean_ns": mean,
+            "spread_ns": spread,
+            "spread_share": spread / mean if mean else None,
+            "slowest": _who(timed[mx[1]]),
+        }
+    per_iteration = []
+    walls_of = [{d["index"]: d["wall_ns"] for d in r["per_iteration"]} for r in timed]
+    indices = sorted({i for w in walls_of for i in w})
+    for idx in indices:
+        vals = [(w[idx], k) for k, w in enumerate(walls_of) if idx in w]
+        mx = max(vals, key=lambda t: t[0])
+        per_iteration.append(
+            {
+                "index": idx,
+                "ranks": len(vals),
+                "min_ns": min(v for v, _ in vals),
+                "max_ns": mx[0],
+                "spread_ns": mx[0] - min(v for v, _ in vals),
+                "slowest": _who(timed[mx[1]]),
+            }
+        )
+    slowest = None
+    if timed:
+        s = max(timed, key=lambda r: r["mean_iteration_ns"])
+        slowest = _who(s) | {"mean_iteration_ns": s["mean_iteration_ns"]}
+    numbers = {r["rank"] if r["rank"] is not None else r["node"] for r in rows} - {None}
+    if expected_ranks:
+        missing = sorted(set(range(expected_ranks)) - numbers)
+    else:
+        missing = sorted(set(range(max(numbers) + 1)) - numbers) if numbers else []
+    counts = [r["iterations"] for r in rows]
+    return {
+        "traces": len(results),
+        "ranks": len(rows),
+        "rank_rows": rows,
+        "iterations": {"min": min(counts, default=0), "max": max(counts, default=0)},
+        "slowest_rank": slowest,
+        "per_phase": per_phase,
+        "per_iteration": per_iteration,
+        "missing_ranks": missing,
+        "ranks_without_iterations": [_who(r) for r in rows if not r["iterations"]],
+    }
+
+
+# ---------------------------------------------------------------------- terminal
+def render_many(out: dict, console=None) -> None:
+    """Print the per-rank table and the summary across ranks of :func:`analyze_many`'s dict
+    (rich tables; ms = 1e6 ns)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    s = out["summary"]
+
+    def ms(v):
+        return "" if v is None else f"{v / 1e6:,.1f}"
+
+    t = Table(title=f"{s['ranks']} ranks in {s['traces']} traces (phase times summed over iterations, ms)")
+    for col in ("trace", "rank", "pid", "dev", "iters", "mean iter", *PHASES):
+        t.add_column(col, justify="left" if col == "trace" else "right")
+    for r in s["rank_rows"]:
+        label = r["rank"] if r["rank"] is not None else r["node"]
+        t.add_row(
+            Path(r["trace"]).name,
+            "" if label is None else str(label),
+            str(r["pid"]),
+            str(r["device"]),
+            str(r["iterations"]),
+            ms(r["mean_iteration_ns"]),
+            *(ms(r["phase_ns"].get(p)) for p in PHASES),
+        )
+    console.print(t)
+    if s["per_phase"]:
+        t = Table(title="Across ranks (ms)")
+        for col in ("phase", "min", "mean", "max", "spread", "spread %", "slowest"):
+            t.add_column(col, justify="left" if col in ("phase", "slowest") else "right")
+        for phase, v in s["per_phase"].items():
+            who = v["slowest"]
+            t.add_row(
+                phase, ms(v["min_ns"]), ms(v["mean_ns"]), ms(v["max_ns"]), ms(v["spread_ns"]),
+                "" if v["spread_share"] is None else f"{100 * v['spread_share']:.1f}%",
+                f"{Path(who['trace']).name} pid {who['pid']}",
+            )
+        console.print(t)
+    if s["slowest_rank"]:
+        w = s["slowest_rank"]
+        console.print(
+            f"slowest rank: {Path(w['trace']).name} pid {w['pid']} device {w['device']} "
+            f"({ms(w['mean_iteration_ns'])} ms per iteration)"
+        )
+    if s["missing_ranks"]:
+        console.print(f"[bold red]missing ranks:[/] {', '.join(map(str, s['missing_ranks']))}")
+    for w in s["ranks_without_iterations"]:
+        console.print(f"[yellow]no iterations:[/] {Path(w['trace']).name} pid {w['pid']}")
