@@ -20,3 +20,21 @@ def zero3_cut() -> Path:
 
 def public_exports():
     return sorted(PUBLIC.glob("*.sqlite")) if PUBLIC.exists() else []
+
+
+FULL_TRACE_XZ = SHARED / "ds-zero3-offload-134m-bf16-gas2-h200.sqlite.xz"
+
+
+@pytest.fixture(scope="session")
+def full_trace(tmp_path_factory) -> Path:
+    """The full shared DeepSpeed trace (624 MB), decompressed once per test session into a
+    temporary folder; skips when ../shared is not beside the checkout."""
+    import lzma
+    import shutil
+
+    if not FULL_TRACE_XZ.exists():
+        pytest.skip("full shared trace not present")
+    out = tmp_path_factory.mktemp("full") / "ds-zero3-offload-134m-bf16-gas2-h200.sqlite"
+    with lzma.open(FULL_TRACE_XZ) as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst, 16 << 20)
+    return out
