@@ -19,7 +19,14 @@ def register(app: typer.Typer) -> None:
 
     @app.command("analyze")
     def analyze(
-        trace: Annotated[Path, typer.Argument(help="nsys SQLite export (nsys export --type sqlite)")],
+        traces: Annotated[
+            list[Path],
+            typer.Argument(
+                help="nsys SQLite export (nsys export --type sqlite); several, or a directory of "
+                "them, for per-rank results and a summary across ranks",
+                show_default=False,
+            ),
+        ],
         phase: Annotated[
             Optional[str],
             typer.Option(help="narrow to one phase (forward|backward|update|other) and break it down by sub-phase"),
@@ -34,15 +41,41 @@ def register(app: typer.Typer) -> None:
             Optional[int],
             typer.Option(help="gradient accumulation steps, used only when updates must be inferred"),
         ] = None,
+        jobs: Annotated[
+            Optional[int], typer.Option(help="worker processes for several traces (default: CPU count)")
+        ] = None,
+        dask: Annotated[
+            Optional[str],
+            typer.Option("--dask", help="run the per-trace work on this Dask scheduler (tcp://HOST:8786)"),
+        ] = None,
+        cache: Annotated[
+            bool,
+            typer.Option("--cache/--no-cache", help="keep a Parquet cache beside each trace (TRACE.tracekit-cache/)"),
+        ] = True,
+        ranks: Annotated[
+            Optional[int], typer.Option("--ranks", help="ranks in the run (0..N-1), to report missing ones")
+        ] = None,
     ) -> None:
         """Break a DeepSpeed run into iterations and phases: time, GPU busy/idle, H2D/D2H copies."""
-        from tracekit.analyze.result import Options, analyze_path
+        from tracekit.analyze import multi
 
         if phase is not None and phase not in PHASE_CHOICES:
             raise TracekitError(f"--phase {phase!r}: choose one of {', '.join(PHASE_CHOICES)}")
         if gas is not None and gas < 1:
             raise TracekitError("--gas must be a positive integer")
-        result = analyze_path(trace, Options(phase=phase, iteration=iteration, phase_map=phase_map, gas=gas))
+        if jobs is not None and jobs < 1:
+            raise TracekitError("--jobs must be a positive integer")
+        # fields of tracekit.analyze.result.Options (a dict: a cached result needs no polars)
+        options = dict(phase=phase, iteration=iteration, phase_map=phase_map, gas=gas)
+        if len(traces) > 1 or traces[0].is_dir() or dask or not traces[0].exists() and "*" in str(traces[0]):
+            many = multi.analyze_many(traces, options, jobs=jobs, dask=dask, cache=cache, expected_ranks=ranks)
+            if as_json:
+                json.dump(many, sys.stdout, indent=1)
+                sys.stdout.write("\n")
+                return
+            multi.render_many(many)
+            return
+        result = multi.analyze_one(traces[0], options, cache=cache)
         if as_json:
             json.dump(result, sys.stdout, indent=1)
             sys.stdout.write("\n")
