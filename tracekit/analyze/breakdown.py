@@ -59,7 +59,15 @@ def _rank_windows(model: PhaseModel) -> pl.DataFrame:
 
 def window_metrics(model: PhaseModel) -> pl.DataFrame:
     """Metrics of every window of every rank: the window columns plus ``device`` and
-    :data:`METRICS` (ns and bytes)."""
+    :data:`METRICS` (ns and bytes). Computed once per model and kept on it."""
+    cached = model.cache.get("window_metrics")
+    if cached is not None:
+        return cached
+    model.cache["window_metrics"] = _window_metrics(model)
+    return model.cache["window_metrics"]
+
+
+def _window_metrics(model: PhaseModel) -> pl.DataFrame:
     win = _rank_windows(model)
     ops = model.ops.filter(pl.col("window_id").is_not_null())
     k = ops.filter(pl.col("kind") == "kernel")

@@ -89,7 +89,8 @@ class PhaseModel:
     ranges: pl.DataFrame
     source: dict[int, str]
     anomalies: dict[str, int]
-    notes: list[str] = field(default_factory=list)
+    #: results derived from this model by other modules (e.g. per-window metrics), computed once
+    cache: dict = field(default_factory=dict, repr=False)
 
 
 def _match(names: pl.Expr, patterns: dict[str, str]) -> pl.Expr:
@@ -214,7 +215,6 @@ def build(
     pids = span["global_pid"].to_list()
     cand = cand.filter(pl.col("global_pid").is_in(pids))
 
-    notes: list[str] = []
     parts = []
     for pid in pids:
         c = cand.filter(pl.col("global_pid") == pid)
@@ -225,16 +225,16 @@ def build(
         parts.append(_iterations(w, ranges, pid, export.first_iteration))
     phase_windows = pl.concat(parts) if parts else pl.DataFrame()
     windows = _tile(phase_windows, span)
-    ops = _attribute(ops, windows, ranges)
+    nested = _nested(ranges)
+    ops = _attribute(ops, windows, nested)
     for pid in pids:
         source.setdefault(int(pid), "none")
     return PhaseModel(
         windows=windows,
         ops=ops,
-        ranges=_nested(ranges),
+        ranges=nested,
         source=source,
         anomalies=anomalies,
-        notes=notes,
     )
 
 
@@ -373,8 +373,9 @@ def _nested(ranges: pl.DataFrame) -> pl.DataFrame:
     return nvtx.nest(pp)
 
 
-def _attribute(ops: pl.DataFrame, windows: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
-    """Join each op to the window containing its launch, and find its sub-phase."""
+def _attribute(ops: pl.DataFrame, windows: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
+    """Join each op to the window containing its launch, and find its sub-phase among the
+    ``nested`` push/pop ranges (from :func:`_nested`)."""
     w = windows.select(
         "window_id", "global_pid", "iteration", "phase", "micro_step", "boundary", "inferred",
         w_start="start", w_end="end",
@@ -385,7 +386,6 @@ def _attribute(ops: pl.DataFrame, windows: pl.DataFrame, ranges: pl.DataFrame) -
         check_sortedness=False,
     )
     # a launch before the first window (cannot happen: windows start at the span start) stays null
-    nested = _nested(ranges)
     phase_ranges = windows["range_index"].drop_nulls().to_numpy()
     iter_mask = nested["domain"].eq(TRACEKIT_DOMAIN) & nested["name"].str.contains(TRACEKIT_ITERATION)
     exclude = np.isin(nested["range_index"].to_numpy(), phase_ranges) | iter_mask.to_numpy()
