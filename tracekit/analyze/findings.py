@@ -1,0 +1,174 @@
+"""The findings summary: the largest transfer problems of a run, each a sentence with numbers.
+
+Built only from the frames of the transfer analyses (no new measurement), per rank:
+
+- ``exposed-copies``: the phase with the most copy time not hidden behind kernels
+  (:func:`tracekit.analyze.overlap.overlap` by phase);
+- ``pageable``: each phase/sub-phase whose pageable copies could save at least 1 ms
+  with pinned memory (:mod:`tracekit.analyze.pageable`);
+- ``contention``: contention windows per phase, or that there were none;
+- ``gradient-round-trip`` and ``update``: the two offload opportunities
+  (:mod:`tracekit.analyze.opportunities`);
+- ``pcie``: time at or above the saturation threshold per phase, when the series was read.
+
+Each finding is a dict ``{"topic", "pid", "device", "phase", "text", "values"}``; ``values``
+holds the numbers of the sentence in base units (ns, bytes, GB/s). Per-iteration figures
+divide by the number of iterations that have the phase.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+MIN_SAVING_NS = 1_000_000
+
+
+def _ms(ns) -> str:
+    return f"{ns / 1e6:,.1f} ms"
+
+
+def _mb(b) -> str:
+    return f"{b / 1e6:,.0f} MB" if b >= 1e6 else f"{b / 1e3:,.1f} kB"
+
+
+def _gb(b) -> str:
+    return f"{b / 1e9:,.1f} GB"
+
+
+def _short(name: str | None) -> str:
+    if not name or name == "(none)":
+        return ""
+    return name.rsplit(".", 1)[-1] if len(name) > 40 else name
+
+
+def _rank_filter(frame: pl.DataFrame | None, gpid: int, dev: int) -> pl.DataFrame | None:
+    if frame is None or frame.height == 0:
+        return frame
+    return frame.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
+
+
+def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, int], dict[str, int]],
+                   pcie_threshold: float = 80.0) -> list[dict]:
+    """Findings from ``frames`` (keys as in :func:`tracekit.analyze.transfers.analyze_transfers`).
+
+    ``iterations[(global_pid, device)][phase]`` is the number of iterations with that phase
+    (for per-iteration figures). Returns the list of finding dicts, most costly first per rank.
+    """
+    ranks = set(iterations)
+    for name in ("overlap_phase", "pageable_phase", "contention_phase"):
+        f = frames.get(name)
+        if f is not None and f.height:
+            ranks |= set(f.select("global_pid", "device").unique().iter_rows())
+    out: list[dict] = []
+    for gpid, dev in sorted(ranks):
+        pid = (gpid >> 24) & 0xFFFFFF  # OS pid of the globalPid
+        its = iterations.get((gpid, dev), {})
+        rank_out: list[tuple[float, dict]] = []
+
+        def add(topic, phase, text, cost, **values):
+            rank_out.append((cost, {"topic": topic, "pid": pid, "device": dev, "phase": phase, "text": text,
+                                    "values": values}))
+
+        def per_it(ns, phase, paren=True):
+            n = its.get(phase, 0)
+            if n <= 1:
+                return ""
+            return f" ({_ms(ns / n)} per iteration)" if paren else f", {_ms(ns / n)} per iteration"
+
+        def copies(n):
+            return f"{n} cop{'y' if n == 1 else 'ies'}"
+
+        ov = _rank_filter(frames.get("overlap_phase"), gpid, dev)
+        if ov is not None and ov.height:
+            top = ov.filter(pl.col("phase") != "other").sort("copy_exposed_ns", descending=True)
+            if top.height == 0:
+                top = ov.sort("copy_exposed_ns", descending=True)
+            for r in top.head(2).iter_rows(named=True):
+                if r["copy_exposed_ns"] < MIN_SAVING_NS:
+                    continue
+                share = r["copy_exposed_ns"] / r["copy_busy_ns"]
+                text = (f"{r['phase']}: {_ms(r['copy_exposed_ns'])} of host<->device copy time{per_it(r['copy_exposed_ns'], r['phase'])} "
+                        f"is exposed ({100 * share:.0f}% of its {_ms(r['copy_busy_ns'])} copy time runs with no kernel "
+                        f"on the GPU; H2D {_mb(r['h2d_bytes'])}, D2H {_mb(r['d2h_bytes'])})")
+                add("exposed-copies", r["phase"], text, r["copy_exposed_ns"], exposed_ns=r["copy_exposed_ns"],
+                    copy_busy_ns=r["copy_busy_ns"], overlap_ratio=r["overlap_ratio"])
+
+        pg = _rank_filter(frames.get("pageable_phase"), gpid, dev)
+        if pg is not None and pg.height:
+            for r in pg.filter(pl.col("saving_ns").fill_null(0) >= MIN_SAVING_NS).sort("saving_ns", descending=True).iter_rows(named=True):
+                where = r["phase"] if r["phase"] != "other" else "outside the training phases (start-up/other)"
+                sub = _short(r.get("sub_phase"))
+                sub = f" in {sub}" if sub else ""
+                text = (f"{where}: {_mb(r['bytes'])} of pageable {r['direction']}{sub} in {copies(r['count'])} at "
+                        f"{r['gbps']:.1f} GB/s vs {r['pinned_gbps']:.1f} GB/s for pinned copies of that size in this trace; "
+                        f"pinning would save ~{_ms(r['saving_ns'])}{per_it(r['saving_ns'], r['phase']) if r['phase'] != 'other' else ''}")
+                if r["host_ns"]:
+                    text += f"; the launching thread spent {_ms(r['host_ns'])} inside the copy calls"
+                    if r["blocking_count"]:
+                        text += f" ({r['blocking_count']} blocking: synchronous or pageable D2H)"
+                add("pageable", r["phase"], text, r["saving_ns"], bytes=r["bytes"], gbps=r["gbps"],
+                    pinned_gbps=r["pinned_gbps"], saving_ns=r["saving_ns"], host_ns=r["host_ns"],
+                    sub_phase=r.get("sub_phase"), direction=r["direction"])
+
+        ct = _rank_filter(frames.get("contention_phase"), gpid, dev)
+        if ct is not None and ct.height:
+            hit = ct.filter(pl.col("windows") > 0).sort("contention_ns", descending=True)
+            if hit.height == 0:
+                busy = ct["copy_busy_ns"].sum()
+                add("contention", None, f"no PCIe contention: no two H2D/D2H copies were ever in flight at the same time "
+                    f"on this device ({_ms(busy)} of copy time, all serialized)", 0, contention_ns=0, copy_busy_ns=busy)
+            for r in hit.iter_rows(named=True):
+                slow = f"; copies ran {r['median_slowdown']:.1f}x slower than uncontended (median)" \
+                    if r["median_slowdown"] is not None else ""
+                add("contention", r["phase"],
+                    f"{r['phase']}: {r['windows']} PCIe contention windows, {_ms(r['contention_ns'])} "
+                    f"({100 * (r['contention_share'] or 0):.0f}% of its copy time; same-direction "
+                    f"{_ms(r['same_direction_ns'])}, bidirectional {_ms(r['bidirectional_ns'])}){slow}",
+                    r["contention_ns"], windows=r["windows"], contention_ns=r["contention_ns"],
+                    contention_share=r["contention_share"], median_slowdown=r["median_slowdown"])
+
+        rt = _rank_filter(frames.get("round_trip_summary"), gpid, dev)
+        if rt is not None and rt.height:
+            r = rt.row(0, named=True)
+            if r["h2d_bytes"] or r["d2h_bytes"]:
+                text = (f"gradient accumulation round trip: {r['micro_steps']} non-boundary backward micro-steps move "
+                        f"{_mb(r['h2d_bytes'])} H2D + {_mb(r['d2h_bytes'])} D2H ({_ms(r['round_trip_ns'])} of copy time"
+                        f"{per_it(r['round_trip_ns'], 'backward', paren=False)})")
+                if r["backward_headroom_bytes"] is not None:
+                    verdict = "could" if r["fits"] else "could not"
+                    text += (f"; the backward headroom of {_gb(r['backward_headroom_bytes'])} (device {_gb(r['total_memory'])}, "
+                             f"peak in use {_gb(r['backward_peak_bytes'])}) {verdict} hold the {_mb(r['grad_bytes'])} of "
+                             f"gradients per micro-step on the GPU instead")
+                else:
+                    text += "; GPU memory headroom unknown (record with --cuda-memory-usage=true)"
+                add("gradient-round-trip", "backward", text, r["round_trip_ns"], **{k: r[k] for k in (
+                    "micro_steps", "h2d_bytes", "d2h_bytes", "round_trip_ns", "grad_bytes", "backward_headroom_bytes", "fits")})
+
+        up = _rank_filter(frames.get("update_opportunity"), gpid, dev)
+        if up is not None and up.height:
+            n = up.height
+            idle = up["gpu_idle_ns"].sum()
+            wall = up["wall_ns"].sum()
+            h2d = up["h2d_bytes"].sum()
+            text = (f"update: the GPU is idle {_ms(idle / n)} of {_ms(wall / n)} per update ({100 * idle / wall:.0f}%, "
+                    f"{n} updates) while the CPU runs the optimizer step")
+            free = up["free_bytes"].min() if up["free_bytes"].null_count() < n else None
+            if free is not None:
+                text += (f"; {_gb(free)} of GPU memory stays free at the update's peak, room for the optimizer state "
+                         f"of {free / 16 / 1e9:,.1f} B parameters at 16 B/parameter (a GPU-side update)")
+            if h2d:
+                text += (f"; the update copies {_mb(h2d / n)} back to the GPU per iteration"
+                         f" (= {h2d / n / 2 / 1e6:,.0f} M parameters if 2-byte fp16/bf16)")
+            add("update", "update", text, idle, gpu_idle_ns=idle, wall_ns=wall, updates=n, free_bytes=free,
+                h2d_bytes=h2d)
+
+        pc = _rank_filter(frames.get("pcie_saturation"), gpid, dev)
+        if pc is not None and pc.height:
+            for (phase, d), g in pc.group_by(["phase", "direction"]):
+                add("pcie", phase, f"{phase}: PCIe {'RX (H2D)' if d == 'H2D' else 'TX (D2H)'} at or above "
+                    f"{pcie_threshold:.0f}% of the link for {_ms(g['duration_ns'].sum())} in {g.height} windows "
+                    f"(peak {g['peak_pct'].max():.0f}%)", g["duration_ns"].sum() / 10, saturated_ns=g["duration_ns"].sum(),
+                    windows=g.height, direction=d)
+        rank_out.sort(key=lambda x: -x[0])
+        out.extend(f for _, f in rank_out)
+    return out

@@ -1,0 +1,206 @@
+"""Run the transfer analyses for ``tracekit analyze``: sections, JSON rows, findings, files.
+
+Sections (``--section``; ``--all`` selects every one):
+
+==============  ======================================================================
+overlap         :func:`tracekit.analyze.overlap.overlap`
+contention      :mod:`tracekit.analyze.contention` (windows, summaries, uncontended GB/s)
+sizes           :func:`tracekit.analyze.copy_sizes.copy_sizes`
+pageable        :mod:`tracekit.analyze.pageable`
+memory          :mod:`tracekit.analyze.memory` (peaks; the event timeline goes to --out)
+timeline        :func:`tracekit.analyze.throughput.throughput_timeline`
+pcie            :mod:`tracekit.analyze.pcie_metrics` (reads GPU_METRICS: slower)
+opportunities   :mod:`tracekit.analyze.opportunities`
+==============  ======================================================================
+
+The findings summary always needs overlap, contention, pageable, memory peaks and the
+opportunities at phase level; those are computed for every run (they are cheap). A section
+whose data the trace lacks is skipped with a note naming the nsys option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from tracekit.analyze import contention, copy_sizes, memory, opportunities, overlap, pageable, pcie_metrics, throughput
+from tracekit.analyze.export import Export
+from tracekit.analyze.findings import build_findings
+from tracekit.analyze.phases import PhaseModel
+from tracekit.errors import MissingDataError, TracekitError
+
+SECTIONS = ("overlap", "contention", "sizes", "pageable", "memory", "timeline", "pcie", "opportunities")
+#: frames shown/serialized per section (the first is the main table)
+SECTION_FRAMES = {
+    "overlap": ["overlap", "overlap_phase"],
+    "contention": ["contention", "contention_phase", "contention_windows", "uncontended_bandwidth"],
+    "sizes": ["copy_sizes"],
+    "pageable": ["pageable", "pageable_phase", "pageable_copies", "pinned_bandwidth"],
+    "memory": ["memory_peaks", "memory_phase", "memory_timeline"],
+    "timeline": ["throughput_timeline"],
+    "pcie": ["pcie", "pcie_phase", "pcie_saturation", "pcie_series"],
+    "opportunities": ["round_trips", "round_trip_summary", "update_opportunity"],
+}
+#: frames too long for --json (one row per event/sample); written with --out only
+FILE_ONLY = {"memory_timeline", "pcie_series"}
+PER_WINDOW = ("iteration", "phase", "micro_step")
+
+
+def parse_sections(text: list[str] | str | None, all_: bool = False) -> tuple[str, ...]:
+    """``"overlap,pageable"`` (or a list of such) -> sections; raises TracekitError for unknown."""
+    if all_:
+        return SECTIONS
+    if not text:
+        return ()
+    items = [text] if isinstance(text, str) else list(text)
+    out = []
+    for item in items:
+        for s in str(item).split(","):
+            s = s.strip()
+            if not s:
+                continue
+            if s == "all":
+                return SECTIONS
+            if s not in SECTIONS:
+                raise TracekitError(f"--section {s!r}: choose from {', '.join(SECTIONS)} (or all)")
+            if s not in out:
+                out.append(s)
+    return tuple(out)
+
+
+@dataclass
+class TransferResult:
+    """Frames of the run (name -> polars frame), notes on skipped sections, findings."""
+
+    frames: dict[str, pl.DataFrame]
+    sections: tuple[str, ...]
+    notes: list[str] = field(default_factory=list)
+    findings: list[dict] = field(default_factory=list)
+
+    def rank_sections(self, global_pid: int, device: int, phase: str | None = None,
+                      iteration: int | None = None) -> dict:
+        """``{section: {frame name: [row dicts]}}`` of one rank for the selected sections, rows
+        narrowed to ``phase``/``iteration`` where the frame has those columns."""
+        out: dict[str, dict] = {}
+        for sec in self.sections:
+            d = {}
+            for name in SECTION_FRAMES[sec]:
+                f = self.frames.get(name)
+                if f is None or name in FILE_ONLY:
+                    continue
+                if "global_pid" in f.columns:
+                    f = f.filter((pl.col("global_pid") == global_pid) & (pl.col("device") == device))
+                    f = f.drop("global_pid", "device")
+                if phase and "phase" in f.columns:
+                    f = f.filter(pl.col("phase") == phase)
+                if iteration is not None and "iteration" in f.columns:
+                    f = f.filter(pl.col("iteration") == iteration)
+                d[name] = [_clean(r) for r in f.iter_rows(named=True)]
+            if d:
+                out[sec] = d
+        return out
+
+
+def _clean(row: dict) -> dict:
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, float):
+            v = None if v != v else round(v, 6)
+        out[k] = v
+    return out
+
+
+def analyze_transfers(
+    export: Export,
+    model: PhaseModel,
+    sections: tuple[str, ...] = (),
+    pcie_threshold: float = 80.0,
+    bin_ns: int = 1_000_000,
+) -> TransferResult:
+    """Compute the selected ``sections`` plus what the findings need; see module doc.
+
+    Frame names: overlap (per phase window), overlap_phase (whole trace per phase),
+    contention, contention_phase, contention_windows, uncontended_bandwidth, copy_sizes,
+    pageable, pageable_phase (per phase and sub-phase), pageable_copies, pinned_bandwidth,
+    memory_peaks, memory_phase, memory_timeline, throughput_timeline, pcie, pcie_phase,
+    pcie_saturation, pcie_series, round_trips, round_trip_summary, update_opportunity.
+    """
+    frames: dict[str, pl.DataFrame] = {}
+    notes: list[str] = []
+    sel = set(sections)
+    frames["overlap_phase"] = overlap.overlap(model, by=("phase",))
+    if "overlap" in sel:
+        frames["overlap"] = overlap.overlap(model, by=PER_WINDOW)
+    windows = contention.contention_windows(model)
+    frames["contention_phase"] = contention.contention_summary(model, by=("phase",), windows=windows)
+    if "contention" in sel:
+        frames["contention"] = contention.contention_summary(model, by=PER_WINDOW, windows=windows)
+        frames["contention_windows"] = windows
+        frames["uncontended_bandwidth"] = contention.uncontended_bandwidth(model)
+    copies = pageable.pageable_copies(model, export)
+    frames["pageable_phase"] = pageable.pageable_summary(model, by=("phase", "sub_phase"), copies=copies)
+    if "pageable" in sel:
+        frames["pageable"] = pageable.pageable_summary(model, by=PER_WINDOW, copies=copies)
+        frames["pageable_copies"] = copies
+        frames["pinned_bandwidth"] = pageable.pinned_bandwidth(model, by_size=True)
+    if "sizes" in sel:
+        frames["copy_sizes"] = copy_sizes.copy_sizes(model, by=("phase",))
+    try:
+        if "memory" in sel:
+            frames["memory_peaks"] = memory.memory_peaks(export, model, by=PER_WINDOW)
+            frames["memory_phase"] = memory.memory_peaks(export, model, by=("phase",))
+            frames["memory_timeline"] = memory.memory_timeline(export, model)
+        else:
+            memory.memory_timeline  # noqa: B018  (opportunities read the peaks themselves)
+    except MissingDataError as exc:
+        notes.append(f"memory: skipped, {exc}")
+    trips = opportunities.gradient_round_trips(model)
+    frames["round_trips"] = trips
+    frames["round_trip_summary"] = opportunities.gradient_round_trip_summary(export, model, trips)
+    frames["update_opportunity"] = opportunities.update_opportunity(export, model)
+    if not export.has(memory.TABLE, 1) and "memory" not in sel:
+        notes.append("GPU memory headroom unknown: CUDA_GPU_MEMORY_USAGE_EVENTS is missing; record it with "
+                     "`nsys profile --cuda-memory-usage=true`")
+    if "timeline" in sel:
+        frames["throughput_timeline"] = throughput.throughput_timeline(model, bin_ns=bin_ns)
+    if "pcie" in sel:
+        try:
+            series = pcie_metrics.pcie_series(export, model)
+            frames["pcie_series"] = series
+            frames["pcie"] = pcie_metrics.pcie_phase_stats(export, model, by=PER_WINDOW, series=series)
+            frames["pcie_phase"] = pcie_metrics.pcie_phase_stats(export, model, by=("phase",), series=series)
+            frames["pcie_saturation"] = pcie_metrics.pcie_saturation(export, model, pcie_threshold, series=series)
+        except MissingDataError as exc:
+            notes.append(f"pcie: skipped, {exc}")
+    iters: dict[tuple[int, int], dict[str, int]] = {}
+    win = model.windows.filter(pl.col("iteration").is_not_null())
+    ranks = model.ops.select("global_pid", "device").unique().drop_nulls()
+    for (gpid, dev) in ranks.iter_rows():
+        w = win.filter(pl.col("global_pid") == gpid)
+        iters[(gpid, dev)] = {p: int(g["iteration"].n_unique()) for (p,), g in w.group_by(["phase"])}
+    findings = build_findings(frames, iters, pcie_threshold)
+    kept = {k: v for k, v in frames.items() if any(k in SECTION_FRAMES[s] for s in sections)}
+    return TransferResult(frames=kept, sections=tuple(sections), notes=notes, findings=findings)
+
+
+def write_frames(frames: dict[str, pl.DataFrame], out_dir: str | Path, fmt: str = "csv") -> list[Path]:
+    """Write each frame to ``out_dir/NAME.csv`` or ``.parquet``; returns the paths written.
+
+    Raises :class:`TracekitError` for an unknown format or an ``out_dir`` that is a file."""
+    if fmt not in ("csv", "parquet"):
+        raise TracekitError(f"--format {fmt!r}: choose csv or parquet")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise TracekitError(f"--out {out}: exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, f in frames.items():
+        p = out / f"{name}.{fmt}"
+        if fmt == "csv":
+            f.write_csv(p)
+        else:
+            f.write_parquet(p)
+        paths.append(p)
+    return paths
