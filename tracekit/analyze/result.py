@@ -20,6 +20,12 @@ Shape (times in ns, sizes in bytes, rates in GB/s = 1e9 B/s)::
 
 ``totals`` covers the whole trace, so its ``other`` holds start-up and anything outside
 iterations. ``sub_phases`` is present for the phase asked with ``--phase``.
+
+Transfer analyses (docs/transfers.md): each rank gets ``"transfers": {SECTION: {FRAME: [rows]}}``
+for the sections selected in :class:`Options` (frames of
+:func:`tracekit.analyze.transfers.analyze_transfers`, without ``global_pid``/``device``), and
+the top level ``"findings": [{"topic", "pid", "device", "phase", "text", "values"}]`` and
+``"transfer_notes": [str]`` (sections skipped for missing data, with the nsys option).
 """
 
 from __future__ import annotations
@@ -45,6 +51,11 @@ class Options:
     iteration: int | None = None
     phase_map: list[str] | None = None
     gas: int | None = None
+    #: transfer sections shown in detail (:data:`tracekit.analyze.transfers.SECTIONS`); the
+    #: findings are computed whatever is selected
+    sections: tuple[str, ...] = ()
+    pcie_threshold: float = 80.0
+    bin_ms: float = 1.0
 
 
 def _clean(row: dict) -> dict:
@@ -74,6 +85,10 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
     table = breakdown.phase_table(model)
     tot = breakdown.totals(model)
     sub = breakdown.sub_phase_table(model, options.phase) if options.phase else pl.DataFrame()
+    from tracekit.analyze import transfers
+
+    tr = transfers.analyze_transfers(export, model, tuple(options.sections or ()), options.pcie_threshold,
+                                     max(1, int(round(options.bin_ms * 1e6))))
     if options.phase:
         table = table.filter(pl.col("phase") == options.phase)
     if options.iteration is not None:
@@ -105,6 +120,8 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
             entry["sub_phases"] = {
                 options.phase: [_clean({k: row[k] for k in SUB_KEYS}) for row in rs.iter_rows(named=True)]
             }
+        if tr.sections:
+            entry["transfers"] = tr.rank_sections(r["global_pid"], r["device"], options.phase, options.iteration)
         ranks.append(entry)
     return {
         "trace": str(export.path),
@@ -117,6 +134,8 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
         "nvtx_anomalies": model.anomalies,
         "ranks": ranks,
         "summary": summarize(ranks),
+        "findings": tr.findings,
+        "transfer_notes": tr.notes,
     }
 
 
