@@ -61,29 +61,80 @@ def iteration_window(export: Export, first: int, last: int, **build_args) -> tup
     return int(w["start"].min()), int(w["end"].max())
 
 
+def parse_time_range(export: Export, text: str) -> tuple[int, int]:
+    """``"A:B"`` -> [t0, t1) in ns. A and B are seconds on the trace's timeline (``41.5``) or
+    percentages of the capture (``50%``; the capture spans ``ANALYSIS_DETAILS`` startTime to
+    stopTime, else the first to the last CUDA/NVTX timestamp); an empty side means the
+    capture's start or end. Raises TracekitError for anything else or an empty range."""
+    m = re.fullmatch(r"\s*([0-9.]*)\s*(%?)\s*:\s*([0-9.]*)\s*(%?)\s*", text or "")
+    if not m:
+        raise TracekitError(f"--time-range {text!r}: expected A:B in seconds (41.5:82) or percent (50%:100%)")
+    lo, hi = capture_span(export)
+
+    def point(num: str, pct: str, default: int) -> int:
+        if not num:
+            return default
+        try:
+            v = float(num)
+        except ValueError:
+            raise TracekitError(f"--time-range {text!r}: {num!r} is not a number") from None
+        return int(lo + (hi - lo) * v / 100) if pct else int(v * 1e9)
+
+    t0, t1 = point(m.group(1), m.group(2), lo), point(m.group(3), m.group(4), hi + 1)
+    if t1 <= t0:
+        raise TracekitError(f"--time-range {text!r}: the end comes before the start")
+    return t0, t1
+
+
+def capture_span(export: Export) -> tuple[int, int]:
+    """(start, stop) of the capture in ns: ``ANALYSIS_DETAILS`` when recorded, else the first
+    and last timestamps of the CUDA and NVTX tables."""
+    if {"startTime", "stopTime"} <= set(export.tables.get("ANALYSIS_DETAILS", {})):
+        row = export.conn.execute("SELECT min(startTime), max(stopTime) FROM ANALYSIS_DETAILS").fetchone()
+        if row and row[0] is not None and row[1] is not None:
+            return int(row[0]), int(row[1])
+    lo, hi = None, None
+    for table in ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS"):
+        if {"start", "end"} <= set(export.tables.get(table, {})):
+            a, b = export.conn.execute(f'SELECT min(start), max("end") FROM {table}').fetchone()
+            lo = a if lo is None or (a is not None and a < lo) else lo
+            hi = b if hi is None or (b is not None and b > hi) else hi
+    if lo is None or hi is None:
+        raise TracekitError(f"{export.path.name}: no timestamps to measure the capture by")
+    return int(lo), int(hi)
+
+
 def trim(
     src: str | Path,
     dst: str | Path,
-    iterations: str,
+    iterations: str | None = None,
     drop: list[str] | None = None,
     keep_metrics: str | None = None,
     force: bool = False,
+    time_range: str | None = None,
     **build_args,
 ) -> dict:
     """Write the cut of ``src`` to ``dst``; returns {table: rows kept} and the window.
 
-    Raises TracekitError when ``dst`` exists (without ``force``), equals ``src``, or the
-    iterations are not in the trace.
+    The window is that of ``iterations`` (``"A-B"``) or, instead, ``time_range`` (``"A:B"``,
+    see :func:`parse_time_range`); a time cut numbers its iterations from 0 again.
+    Raises TracekitError when ``dst`` exists (without ``force``), equals ``src``, the
+    iterations are not in the trace, or not exactly one of the two windows is given.
     """
     src, dst = Path(src), Path(dst)
     if dst.exists() and dst.resolve() == src.resolve():
         raise TracekitError(f"{dst}: output would overwrite the input trace; choose another name")
     if dst.exists() and not force:
         raise TracekitError(f"{dst}: already exists; pass --force to overwrite it")
-    first, last = parse_range(iterations)
+    if (iterations is None) == (time_range is None):
+        raise TracekitError("trim: pass either --iterations A-B or --time-range A:B")
     drop_set = {d for d in (drop or [])}
     with Export.open(src) as export:
-        t0, t1 = iteration_window(export, first, last, **build_args)
+        if time_range is not None:
+            t0, t1 = parse_time_range(export, time_range)
+        else:
+            first, last = parse_range(iterations)
+            t0, t1 = iteration_window(export, first, last, **build_args)
         tables = dict(export.conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall())
         indexes = [r[0] for r in export.conn.execute(
             "SELECT sql FROM sqlite_master WHERE type='index' AND sql IS NOT NULL").fetchall()]
@@ -121,7 +172,8 @@ def trim(
         db["TRACEKIT_TRIM"].insert_all(
             [
                 {"name": "source", "value": src.name},
-                {"name": "iterations", "value": f"{first}-{last}"},
+                {"name": "iterations", "value": f"{first}-{last}" if time_range is None else ""},
+                {"name": "time_range", "value": time_range or ""},
                 {"name": "window_start_ns", "value": str(t0)},
                 {"name": "window_end_ns", "value": str(t1)},
                 {"name": "dropped", "value": ",".join(sorted(drop_set))},
