@@ -55,6 +55,20 @@ def register(app: typer.Typer) -> None:
         ranks: Annotated[
             Optional[int], typer.Option("--ranks", help="ranks in the run (0..N-1), to report missing ones")
         ] = None,
+        section: Annotated[
+            Optional[list[str]],
+            typer.Option("--section", help="transfer sections in detail, comma-separated: overlap, contention, "
+                         "sizes, pageable, memory, timeline, pcie, opportunities (docs/transfers.md)"),
+        ] = None,
+        all_sections: Annotated[bool, typer.Option("--all", help="every transfer section")] = False,
+        pcie_threshold: Annotated[
+            float, typer.Option("--pcie-threshold", help="PCIe saturation threshold, % of the link (pcie section)")
+        ] = 80.0,
+        bin_ms: Annotated[float, typer.Option("--bin-ms", help="bin width of the copy throughput timeline, ms")] = 1.0,
+        out: Annotated[
+            Optional[Path], typer.Option("--out", help="write the frames of the selected sections to this directory")
+        ] = None,
+        out_format: Annotated[str, typer.Option("--format", help="file format for --out: csv or parquet")] = "csv",
     ) -> None:
         """Break a DeepSpeed run into iterations and phases: time, GPU busy/idle, H2D/D2H copies."""
         from tracekit.analyze import multi
@@ -66,7 +80,25 @@ def register(app: typer.Typer) -> None:
         if jobs is not None and jobs < 1:
             raise TracekitError("--jobs must be a positive integer")
         # fields of tracekit.analyze.result.Options (a dict: a cached result needs no polars)
-        options = dict(phase=phase, iteration=iteration, phase_map=phase_map, gas=gas)
+        from tracekit.analyze import transfers
+
+        sections = transfers.parse_sections(section, all_sections)
+        if as_json and not sections:  # --json carries every section but the (long) timeline
+            sections = tuple(s for s in transfers.SECTIONS if s != "timeline")
+        if out is not None and not sections:
+            sections = transfers.SECTIONS
+        if not 0 < pcie_threshold <= 100:
+            raise TracekitError("--pcie-threshold must be in (0, 100]")
+        if bin_ms <= 0:
+            raise TracekitError("--bin-ms must be positive")
+        options = dict(phase=phase, iteration=iteration, phase_map=phase_map, gas=gas, sections=sections,
+                       pcie_threshold=pcie_threshold, bin_ms=bin_ms)
+        if out is not None:
+            paths = multi.expand_inputs(traces)
+            for path in paths:
+                dest = out if len(paths) == 1 else out / Path(path).stem
+                written = transfers.write_trace_frames(path, options, dest, out_format)
+                print(f"wrote {len(written)} files to {dest}", file=sys.stderr)
         if len(traces) > 1 or traces[0].is_dir() or dask or not traces[0].exists() and "*" in str(traces[0]):
             many = multi.analyze_many(traces, options, jobs=jobs, dask=dask, cache=cache, expected_ranks=ranks)
             if as_json:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from tracekit.analyze.render_transfers import render_findings, render_rank_transfers
+
 
 def _ms(ns) -> str:
     return "" if ns is None else f"{ns / 1e6:,.2f}"
@@ -100,6 +102,7 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
         console.print(tt)
         for ph, rows in rank.get("sub_phases", {}).items():
             _render_sub_phases(console, head, ph, rows)
+        render_rank_transfers(console, head, rank)
     if len(result["ranks"]) > 1:
         s = Table(title="across ranks (whole-trace wall time per phase)", title_justify="left")
         for c in ("phase", "mean ms", "max ms", "slowest rank pid", "spread ms"):
@@ -115,6 +118,7 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
             "NVTX records set aside: "
             + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in a.items() if v)
         )
+    render_findings(console, result)
 
 
 def _render_sub_phases(console: Console, head: str, phase: str, rows: list[dict]) -> None:

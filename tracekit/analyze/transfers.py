@@ -204,3 +204,18 @@ def write_frames(frames: dict[str, pl.DataFrame], out_dir: str | Path, fmt: str 
             f.write_parquet(p)
         paths.append(p)
     return paths
+
+
+def write_trace_frames(path: str | Path, options: dict, out_dir: str | Path, fmt: str = "csv") -> list[Path]:
+    """Open ``path``, compute the transfer sections of ``options`` (the fields of
+    :class:`tracekit.analyze.result.Options`) and write their frames with :func:`write_frames`."""
+    from tracekit.analyze import phases
+
+    with Export.open(path) as export:
+        model = phases.build(export, phase_map=options.get("phase_map"), gas=options.get("gas"))
+        tr = analyze_transfers(export, model, tuple(options.get("sections") or SECTIONS),
+                               options.get("pcie_threshold", 80.0),
+                               max(1, int(round(options.get("bin_ms", 1.0) * 1e6))))
+    for note in tr.notes:
+        print(f"note: {note}")
+    return write_frames(tr.frames, out_dir, fmt)
