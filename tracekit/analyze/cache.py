@@ -48,15 +48,23 @@ _code_fingerprint: str | None = None
 
 
 def code_fingerprint() -> str:
-    """sha1 (hex, 16 chars) over path, size and mtime of every ``.py`` file of the tracekit package.
+    """sha1 (hex, 16 chars) over path, size and mtime of every ``.py`` file of the tracekit
+    package and the versions of polars and numpy.
 
     Part of every result key, so that a cached result is never served after tracekit's code
     changed (editable installs, development checkouts).
     """
     global _code_fingerprint
     if _code_fingerprint is None:
+        from importlib.metadata import PackageNotFoundError, version
+
         root = Path(tracekit.__file__).parent
         h = hashlib.sha1(tracekit.__version__.encode())
+        for dist in ("polars", "numpy"):  # results depend on them too
+            try:
+                h.update(f"{dist}={version(dist)}\n".encode())
+            except PackageNotFoundError:
+                pass
         for p in sorted(root.rglob("*.py")):
             st = p.stat()
             h.update(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
