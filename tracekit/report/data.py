@@ -32,6 +32,7 @@ from tracekit.analyze import copy_sizes as _copy_sizes
 from tracekit.analyze import memory as _memory
 from tracekit.analyze import overlap as _overlap
 from tracekit.analyze import pageable as _pageable
+from tracekit.analyze import pcie_metrics as _pcie
 from tracekit.analyze.intervals import spread_cumulative, union
 from tracekit.errors import MissingDataError, TracekitError
 
@@ -141,6 +142,17 @@ class ReportData:
         full = full.sort("wall_ns")
         return int(full["iteration"][(full.height - 1) // 2])
 
+    def steady_iterations(self, rank: dict) -> list[int]:
+        """Iterations averaged over by the figures: the complete iterations of ``rank`` (those
+        with an update), leaving out iteration 0 (the warm-up step: allocator growth, first
+        offload of the optimizer state) when another complete iteration exists. Falls back to
+        all iterations when none is complete."""
+        spans = self.iteration_spans(rank)
+        full = spans.filter(pl.col("complete"))["iteration"].to_list() or spans["iteration"].to_list()
+        if len(full) > 1 and 0 in full:
+            full = [i for i in full if i != 0]
+        return sorted(full)
+
     def rank_ops(self, rank: dict) -> pl.DataFrame:
         """GPU operations of ``rank`` (its process, on its device)."""
         return self.model.ops.filter(
@@ -226,30 +238,28 @@ def nice_bin(span_ns: int, target_bins: int = 800, min_ns: int = 100_000) -> int
     return int(10 * k)
 
 
-def pcie_metrics(export: Export, t0: int, t1: int) -> pl.DataFrame:
-    """GPU-metrics PCIe samples in [t0, t1): ``t_ns``, ``metric`` (``RX`` = into the GPU, the
-    H2D side; ``TX`` = out of the GPU, the D2H side), ``percent`` (of the link's peak, as nsys
-    reports it). Empty frame when the trace has no PCIe metrics (recorded with
-    ``nsys profile --gpu-metrics-devices=all``). Only the two metric ids and the time range
-    are read (GPU_METRICS can hold tens of millions of rows)."""
-    schema = {"t_ns": pl.Int64, "metric": pl.String, "percent": pl.Float64}
-    if not (export.has("GPU_METRICS") and export.has("TARGET_INFO_GPU_METRICS")):
-        return pl.DataFrame(schema=schema)
-    ids = export.conn.execute(
-        "SELECT DISTINCT metricId, metricName FROM TARGET_INFO_GPU_METRICS WHERE metricName LIKE 'PCIe %X Throughput%'"
-    ).fetchall()
-    if not ids:
-        return pl.DataFrame(schema=schema)
-    label = {int(i): ("RX" if " RX " in n else "TX") for i, n in ids}
-    marks = ",".join(str(i) for i in label)
-    rows = export.query(
-        f"SELECT timestamp, metricId, value FROM GPU_METRICS WHERE metricId IN ({marks}) "
-        "AND timestamp >= ? AND timestamp < ? ORDER BY timestamp",
-        (int(t0), int(t1)),
-        schema={"t_ns": pl.Int64, "metric_id": pl.Int64, "percent": pl.Float64},
-    )
-    return rows.select(
-        "t_ns", metric=pl.col("metric_id").replace_strict(label, return_dtype=pl.String), percent="percent"
+def pcie_metrics(data: ReportData, rank: dict, t0: int, t1: int) -> pl.DataFrame:
+    """GPU-metrics PCIe samples of ``rank``'s GPU whose time lies in [t0, t1), from
+    :func:`tracekit.analyze.pcie_metrics.pcie_series`: ``t_ns`` (end of the sample interval),
+    ``metric`` (``RX`` = into the GPU, the H2D side; ``TX`` = out of the GPU, the D2H side),
+    ``percent`` (of the link's peak, as nsys reports it). Empty frame when the trace has no
+    PCIe metrics (recorded with ``nsys profile --gpu-metrics-devices=all``); a series whose
+    GPU cannot be mapped to a device is used only when it is the trace's only one."""
+    def whole():
+        try:
+            return _pcie.pcie_series(data.export)
+        except MissingDataError:
+            return pl.DataFrame(schema={"device": pl.Int64, "type_id": pl.Int64, "direction": pl.String,
+                                        "start": pl.Int64, "time": pl.Int64, "value_pct": pl.Float64})
+    s = data.cached("pcie_series", whole)
+    single = s["type_id"].n_unique() == 1
+    mine = pl.col("device") == rank["device"]
+    if single:
+        mine = mine | pl.col("device").is_null()
+    s = s.filter(mine.fill_null(False) & (pl.col("time") >= t0) & (pl.col("time") < t1))
+    return s.sort("time").select(
+        t_ns="time", metric=pl.when(pl.col("direction") == "H2D").then(pl.lit("RX")).otherwise(pl.lit("TX")),
+        percent="value_pct",
     )
 
 

@@ -22,6 +22,7 @@ import polars as pl
 from matplotlib.patches import Patch
 
 from tracekit.analyze import breakdown
+from tracekit.analyze.intervals import busy_in_windows
 from tracekit.report import data as D
 from tracekit.report import style as S
 from tracekit.report.data import ReportData
@@ -36,6 +37,17 @@ def _segment_label(phase: str, micro_step, boundary: bool) -> str:
     if boundary:
         label += "*"
     return label
+
+
+def iterations_note(its: list[int]) -> str:
+    """``iterations 1-3`` / ``iteration 2`` / ``iterations 1, 3, 4`` for titles."""
+    if not its:
+        return "no iteration"
+    if len(its) == 1:
+        return f"iteration {its[0]}"
+    if its == list(range(its[0], its[-1] + 1)):
+        return f"iterations {its[0]}–{its[-1]}"
+    return "iterations " + ", ".join(str(i) for i in its)
 
 
 def _iteration_rows(data: ReportData, rank: dict) -> pl.DataFrame:
@@ -184,7 +196,7 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
     thr_f = thr.select(series="direction", t_ns="bin_start_ns", t_end_ns=pl.col("bin_start_ns") + bin_ns,
                        value="gbps", label=pl.lit(None, pl.String), phase=pl.lit(None, pl.String))
     # PCIe samples (nsys samples at 10 kHz by default) averaged over the same bins as the copies
-    pm = D.pcie_metrics(data.export, t0, t1).with_columns(
+    pm = D.pcie_metrics(data, rk, t0, t1).with_columns(
         t_ns=t0 + (pl.col("t_ns") - t0) // bin_ns * bin_ns
     ).group_by("metric", "t_ns").agg(pl.col("percent").mean()).sort("metric", "t_ns")
     pm_f = pm.select(series=pl.lit("pcie_") + pl.col("metric"), t_ns="t_ns", t_end_ns=pl.col("t_ns") + bin_ns,
@@ -335,8 +347,8 @@ def copy_size_distribution(data: ReportData, rank: int = 0, iterations_only: boo
 
 # ====================================================================== figure 4
 def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", top: int = 10):
-    """Figure 4: ``phase``'s sub-phases (innermost NVTX range, self time), mean per complete
-    iteration: time split into GPU busy and CPU only (no GPU activity), and H2D / D2H
+    """Figure 4: ``phase``'s sub-phases (innermost NVTX range, self time), mean per steady
+    iteration (:meth:`ReportData.steady_iterations`): time split into GPU busy and CPU only (no GPU activity), and H2D / D2H
     throughput of the copies launched in the sub-phase (bytes / copy busy time). The ``top``
     longest sub-phases are shown; the rest are summed into ``(other sub-phases)``.
 
@@ -346,7 +358,7 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
     """
     rk = data.rank(rank)
     st = breakdown.sub_phase_table(data.model, phase)
-    complete = data.iteration_spans(rk).filter(pl.col("complete"))["iteration"].to_list()
+    complete = data.steady_iterations(rk)
     if st.height:
         st = st.filter((pl.col("global_pid") == rk["global_pid"]) & (pl.col("device") == rk["device"])
                        & pl.col("iteration").is_in(complete))
@@ -374,7 +386,7 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
     fig, (ax_t, ax_r) = S.new_figure(1, 2, width=14, height=max(3.5, 1.2 + 0.42 * k), sharey=True,
                                      gridspec_kw={"width_ratios": [1.5, 1]})
     fig.suptitle(f"{phase.capitalize()} sub-phases — pid {rk['pid']} GPU {rk['device']}, mean per iteration "
-                 f"over {len(complete)} complete iteration(s)", x=0.01, ha="left")
+                 f"over {iterations_note(complete)}", x=0.01, ha="left")
     if k == 0:
         ax_t.text(0.5, 0.5, f"no {phase} windows with NVTX sub-ranges", ha="center", va="center", transform=ax_t.transAxes)
         return fig, frame
@@ -430,19 +442,21 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
 # ====================================================================== figure 5
 def overlap_contention(data: ReportData, rank: int = 0, iteration: int | None = None):
     """Figure 5: per phase, hidden (overlapped by kernels) and exposed copy time per direction,
-    mean per complete iteration; and the copies and PCIe contention windows on the timeline of
-    one iteration (default: the median one).
+    mean per steady iteration (:meth:`ReportData.steady_iterations`); and, on the timeline of one
+    iteration (default: the median one), the share of each time bin in which kernels, H2D and D2H
+    copies run, with the PCIe contention windows.
 
     Frame (long): rows with ``section = overlap``: ``phase, direction, copy_ns, hidden_ns,
-    exposed_ns`` (means per complete iteration), ``iterations``; rows with ``section =
+    exposed_ns`` (means per steady iteration), ``iterations``; rows with ``section =
     contention``: ``start_ns, end_ns, kind`` (``same-direction`` / ``bidirectional``) of the
-    windows in the shown iteration. See :func:`tracekit.report.data.overlap_by_phase` and
+    windows in the shown iteration; rows with ``section = busy``: ``direction`` (``kernels``,
+    ``H2D``, ``D2H``), ``start_ns, end_ns`` (bin), ``copy_ns`` (busy share of the bin, 0..1). See :func:`tracekit.report.data.overlap_by_phase` and
     :func:`tracekit.report.data.contention_windows`.
     """
     rk = data.rank(rank)
     it = data.pick_iteration(rk, iteration)
     ops = data.rank_ops(rk)
-    complete = data.iteration_spans(rk).filter(pl.col("complete"))["iteration"].to_list()
+    complete = data.steady_iterations(rk)
     n = max(len(complete), 1)
     ov = D.overlap_by_phase(data, rk, by=("phase",), iterations=complete)
     ov = ov.with_columns(
@@ -453,6 +467,10 @@ def overlap_contention(data: ReportData, rank: int = 0, iteration: int | None = 
     it_ops = ops.filter((pl.col("end") > t0) & (pl.col("start") < t1))
     cw = D.contention_windows(data, rk)
     cw = cw.filter((pl.col("end_ns") > t0) & (pl.col("start_ns") < t1))
+    span = t1 - t0
+    bin_ns = D.nice_bin(span)
+    edges = np.arange(t0, t1 + bin_ns, bin_ns, dtype=np.int64)
+    busy_rows: list[pl.DataFrame] = []
     frame = pl.concat([
         ov.select(section=pl.lit("overlap"), phase="phase", direction="direction",
                   copy_ns=pl.col("copy_ns").cast(pl.Float64), hidden_ns=pl.col("hidden_ns").cast(pl.Float64),
@@ -468,7 +486,7 @@ def overlap_contention(data: ReportData, rank: int = 0, iteration: int | None = 
     S.style_axes(ax_o)
     phases_present = [p for p in S.PHASES if p in ov["phase"].to_list()]
     ax_o.set_title(f"Copy time hidden behind kernels vs exposed — pid {rk['pid']} GPU {rk['device']}, "
-                   f"mean per iteration over {len(complete)} complete iteration(s)", loc="left")
+                   f"mean per iteration over {iterations_note(complete)}", loc="left")
     if ov.height:
         div, unit = S.time_unit(ov["copy_ns"].max())
         w = 0.38
@@ -500,7 +518,6 @@ def overlap_contention(data: ReportData, rank: int = 0, iteration: int | None = 
     else:
         ax_o.text(0.5, 0.5, "no H2D/D2H copies in the iterations", ha="center", va="center", transform=ax_o.transAxes)
     # --- timeline
-    span = t1 - t0
     div, unit = S.time_unit(span)
     x = lambda t: (np.asarray(t, dtype=np.float64) - t0) / div  # noqa: E731
     for r in win.iter_rows(named=True):
@@ -511,19 +528,26 @@ def overlap_contention(data: ReportData, rank: int = 0, iteration: int | None = 
                           _segment_label(r["phase"], r["micro_step"], r["boundary"]), ha="center", fontsize=8,
                           color=S.phase_color(r["phase"]), fontweight="bold")
     rows = {"kernels": 2.5, "H2D": 1.5, "D2H": 0.5}
-    k = it_ops.filter(pl.col("kind") == "kernel")
-    ku_s, ku_e = D.union(k["start"].to_numpy(), k["end"].to_numpy())
-    wmin = span * 0.0015 / div  # keep short operations visible at any zoom: at least 0.15% of the span
-    ax_t.broken_barh(list(zip(x(ku_s), np.maximum((ku_e - ku_s) / div, wmin))), (2.1, 0.8), facecolors="#555555")
-    for d in D.COPY_DIRECTIONS:
-        c = it_ops.filter((pl.col("kind") == "memcpy") & (pl.col("direction") == d))
-        us, ue = D.union(c["start"].to_numpy(), c["end"].to_numpy())
-        ax_t.broken_barh(list(zip(x(us), np.maximum((ue - us) / div, wmin))), (rows[d] - 0.4, 0.8),
-                         facecolors=S.DIRECTION_COLORS[d])
+    colors = {"kernels": "#555555", **S.DIRECTION_COLORS}
+    for name, sel in (("kernels", pl.col("kind") == "kernel"),
+                      ("H2D", (pl.col("kind") == "memcpy") & (pl.col("direction") == "H2D")),
+                      ("D2H", (pl.col("kind") == "memcpy") & (pl.col("direction") == "D2H"))):
+        c = it_ops.filter(sel)
+        share = busy_share(c, edges)
+        busy_rows.append(pl.DataFrame({"direction": name, "start_ns": edges[:-1], "end_ns": edges[1:], "share": share}))
+        base = rows[name] - 0.4
+        ax_t.fill_between(np.append(x(edges[:-1]), x(t1)), base, base + 0.8 * np.append(share, 0), step="post",
+                          color=colors[name], linewidth=0)
+        ax_t.axhline(base, color="#DDDDDD", lw=0.6)
     for r in cw.iter_rows(named=True):
         ax_t.axvspan(x(max(r["start_ns"], t0)), x(min(r["end_ns"], t1)), ymin=0, ymax=0.75,
                      color=S.CONTENTION_COLORS[r["kind"]], alpha=0.6, linewidth=0)
-    ax_t.set_yticks(list(rows.values()), list(rows))
+    ax_t.set_yticks(list(rows.values()), [f"{k}\n(busy share\nper {bin_ns / 1e6:g} ms)" for k in rows], fontsize=8)
+    busy = pl.concat(busy_rows).select(
+        section=pl.lit("busy"), phase=pl.lit(None, pl.String), direction="direction", copy_ns="share",
+        hidden_ns=pl.lit(None, pl.Float64), exposed_ns=pl.lit(None, pl.Float64), iterations=pl.lit(None, pl.Int64),
+        start_ns="start_ns", end_ns="end_ns", kind=pl.lit(None, pl.String))
+    frame = pl.concat([frame, busy])
     ax_t.set_ylim(0, 4)
     ax_t.set_xlim(0, span / div)
     ax_t.set_xlabel(f"time since iteration {it} start ({unit})")
@@ -543,19 +567,26 @@ def overlap_contention(data: ReportData, rank: int = 0, iteration: int | None = 
     return fig, frame
 
 
+def busy_share(ops: pl.DataFrame, edges: np.ndarray) -> np.ndarray:
+    """Share (0..1) of each bin [edges[i], edges[i+1]) covered by the union of ``ops``."""
+    busy = busy_in_windows(ops["start"].to_numpy(), ops["end"].to_numpy(), edges[:-1], edges[1:])
+    return busy / np.diff(edges)
+
+
 # ====================================================================== rank summary
 def rank_summary(data: ReportData):
-    """Per-rank summary: mean phase wall time per complete iteration (stacked) and H2D / D2H
+    """Per-rank summary: mean phase wall time per steady iteration (stacked) and H2D / D2H
     bytes per iteration, one bar per rank, so a slow or copy-heavy rank stands out.
 
     Frame: ``rank, pid, device, phase, iterations, wall_ns, h2d_bytes, d2h_bytes`` (means per
-    complete iteration of that rank).
+    steady iteration of that rank, :meth:`ReportData.steady_iterations`).
     """
     rows = []
     for i in range(data.ranks.height):
         rk = data.rank(i)
-        t = data.rank_table(rk).filter(pl.col("complete"))
-        n = t["iteration"].n_unique()
+        steady = data.steady_iterations(rk)
+        t = data.rank_table(rk).filter(pl.col("iteration").is_in(steady))
+        n = len(steady)
         if n == 0:
             continue
         g = t.group_by("phase").agg(pl.col("wall_ns").sum() / n, pl.col("h2d_bytes").sum() / n,
@@ -568,7 +599,8 @@ def rank_summary(data: ReportData):
     frame = frame.sort("rank", pl.col("phase").replace_strict({p: i for i, p in enumerate(S.PHASES)}, default=9))
     nr = frame["rank"].n_unique()
     fig, (ax_w, ax_b) = S.new_figure(1, 2, width=13, height=max(3.2, 1.4 + 0.45 * nr))
-    fig.suptitle(f"Per rank — mean per complete iteration ({nr} rank(s))", x=0.01, ha="left")
+    fig.suptitle(f"Per rank — mean per iteration ({nr} rank(s); iteration 0 warm-up left out when others "
+                 "are complete)", x=0.01, ha="left")
     if frame.height == 0:
         ax_w.text(0.5, 0.5, "no complete iteration", ha="center", va="center", transform=ax_w.transAxes)
         return fig, frame

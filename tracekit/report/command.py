@@ -1,0 +1,111 @@
+"""``tracekit report`` and ``tracekit compare``: the figure layer's commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tracekit.errors import TracekitError
+
+
+def _check(rank: int, gas: int | None) -> None:
+    if rank < 0:
+        raise TracekitError("--rank must be 0 or more (ranks are numbered by pid, then device)")
+    if gas is not None and gas < 1:
+        raise TracekitError("--gas must be a positive integer")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``report`` and ``compare`` to ``app``."""
+
+    @app.command("report")
+    def report_cmd(
+        trace: Annotated[Path, typer.Argument(help="nsys SQLite export (nsys export --type sqlite)")],
+        out: Annotated[Path, typer.Option("-o", "--out", help="output directory (created when missing)")] = Path(
+            "tracekit-report"),
+        rank: Annotated[int, typer.Option(help="rank to draw: 0-based index by pid, then device")] = 0,
+        iteration: Annotated[
+            Optional[int], typer.Option(help="iteration shown in time (figures 2 and 5); default: the median one")
+        ] = None,
+        fmt: Annotated[str, typer.Option("--format", help="vector format written beside each PNG: svg or pdf")] = "svg",
+        phase_map: Annotated[
+            Optional[list[str]],
+            typer.Option("--phase-map", help="PHASE=REGEX on NVTX range names (repeatable); overrides built-in names"),
+        ] = None,
+        gas: Annotated[
+            Optional[int], typer.Option(help="gradient accumulation steps, used only when updates must be inferred")
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
+    ) -> None:
+        """Write the five figures (PNG + SVG/PDF), a per-rank figure, their data (CSV) and report.md."""
+        from tracekit.report.report import progress, write_report
+
+        _check(rank, gas)
+        with progress(not as_json) as step:
+            res = write_report(trace, out, rank=rank, iteration=iteration, fmt=fmt, phase_map=phase_map, gas=gas,
+                               step=step)
+        if as_json:
+            json.dump({"out_dir": str(res.out_dir), "report": str(res.out_dir / "report.md"),
+                       "figures": {k: str(v) for k, v in res.figures.items()},
+                       "files": [str(p) for p in res.files], "iteration": res.iteration,
+                       "rank": {k: res.rank[k] for k in ("index", "pid", "device")}, "notes": res.notes},
+                      sys.stdout, indent=1)
+            sys.stdout.write("\n")
+            return
+        for note in res.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(f"wrote {res.out_dir / 'report.md'} and {len(res.figures)} figures "
+              f"({len(res.files)} files) for pid {res.rank['pid']} GPU {res.rank['device']}, "
+              f"iteration {res.iteration} shown in time")
+
+    @app.command("compare")
+    def compare_cmd(
+        a: Annotated[Path, typer.Argument(help="first nsys SQLite export (A, the baseline)")],
+        b: Annotated[Path, typer.Argument(help="second nsys SQLite export (B)")],
+        out: Annotated[
+            Optional[Path], typer.Option("-o", "--out", help="also write compare.png/.svg/.json into this directory")
+        ] = None,
+        rank: Annotated[int, typer.Option(help="rank to compare in both: 0-based index by pid, then device")] = 0,
+        fmt: Annotated[str, typer.Option("--format", help="vector format beside the PNG: svg or pdf")] = "svg",
+        phase_map: Annotated[
+            Optional[list[str]],
+            typer.Option("--phase-map", help="PHASE=REGEX on NVTX range names (repeatable), for both traces"),
+        ] = None,
+        gas: Annotated[
+            Optional[int], typer.Option(help="gradient accumulation steps, used only when updates must be inferred")
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
+    ) -> None:
+        """Compare two runs per phase and iteration: time, bytes, overlap, pageable copies, memory peak."""
+        from tracekit.report import compare as C
+        from tracekit.report import style as S
+        from tracekit.report.report import FORMATS, prepare_dir, progress
+
+        _check(rank, gas)
+        if fmt not in FORMATS:
+            raise TracekitError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
+        with progress(not as_json) as step:
+            result = C.compare_paths(a, b, rank=rank, phase_map=phase_map, gas=gas, step=step)
+        written = []
+        if out is not None:
+            d = prepare_dir(out, with_data=False)
+            fig, _ = C.compare_figure(result)
+            for ext in ("png", fmt):
+                p = d / f"compare.{ext}"
+                fig.savefig(p, dpi=S.DPI if ext == "png" else None)
+                written.append(p)
+            S.close(fig)
+            p = d / "compare.json"
+            p.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+            written.append(p)
+        if as_json:
+            json.dump(result, sys.stdout, indent=1)
+            sys.stdout.write("\n")
+            return
+        C.render(result)
+        if written:
+            print("wrote " + ", ".join(str(p) for p in written))

@@ -1,0 +1,285 @@
+"""``tracekit report``: the figures of one trace and a ``report.md`` that puts them beside the
+key numbers.
+
+Layout of the output directory (created when missing; files of the same names are replaced,
+nothing else is touched)::
+
+    DIR/report.md                    key numbers, findings, the figures with captions
+    DIR/N_name.png, DIR/N_name.svg   each figure (``.pdf`` instead of ``.svg`` with fmt="pdf")
+    DIR/data/N_name.csv              the frame each figure plotted
+    DIR/data/key_numbers.csv         per iteration and phase (:func:`summary.iteration_metrics`)
+
+Units in the report: ms (1e6 ns), MB / GB (1e6 / 1e9 bytes), GB/s (1e9 B/s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import polars as pl
+
+from tracekit.errors import TracekitError
+from tracekit.report import figures as F
+from tracekit.report import style as S
+from tracekit.report import summary
+from tracekit.report.data import ReportData
+
+FORMATS = ("svg", "pdf")
+
+
+@dataclass
+class ReportResult:
+    """What :func:`write_report` wrote: ``out_dir``, ``files`` (paths), ``figures`` (name ->
+    png path), ``iteration`` (shown in the timeline figures), ``rank`` (dict) and ``notes``."""
+
+    out_dir: Path
+    files: list[Path] = field(default_factory=list)
+    figures: dict[str, Path] = field(default_factory=dict)
+    iteration: int | None = None
+    rank: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def prepare_dir(out_dir: str | Path, with_data: bool = True) -> Path:
+    """Create ``out_dir`` (and parents, and ``data/`` with ``with_data``) when missing; raises
+    :class:`TracekitError` when it is a file or cannot be created."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise TracekitError(f"-o {out}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if with_data:
+            (out / "data").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise TracekitError(f"-o {out}: cannot create the directory ({exc.strerror})") from None
+    return out
+
+
+@contextlib.contextmanager
+def progress(enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """A spinner with the current step on stderr (rich), yielding ``step(message)``; silent
+    when ``enabled`` is false or stderr is not a terminal."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not enabled or not console.is_terminal:
+        yield lambda _m: None
+        return
+    with console.status("loading", spinner="dots") as status:
+        yield lambda m: status.update(f"[bold]tracekit report[/bold]: {m}")
+
+
+def _ms(ns) -> str:
+    return "–" if ns is None else f"{ns / 1e6:,.1f}"
+
+
+def _gb(b) -> str:
+    return "–" if b is None else f"{b / 1e9:,.2f}"
+
+
+def _mb(b) -> str:
+    return "–" if b is None else f"{b / 1e6:,.1f}"
+
+
+def _gbps(v) -> str:
+    return "–" if v is None else f"{v:,.1f}"
+
+
+def _pct(v) -> str:
+    return "–" if v is None else f"{100 * v:.0f}%"
+
+
+def write_report(
+    trace: str | Path,
+    out_dir: str | Path,
+    rank: int = 0,
+    iteration: int | None = None,
+    fmt: str = "svg",
+    phase_map: list[str] | None = None,
+    gas: int | None = None,
+    step: Callable[[str], None] | None = None,
+    dpi: int = S.DPI,
+) -> ReportResult:
+    """Write the figures, their data and ``report.md`` for ``trace`` into ``out_dir``.
+
+    ``rank``: index of the rank to draw (0-based, by pid then device); ``iteration``: the one
+    shown in the timeline figures (default: the median complete iteration); ``fmt``: ``svg``
+    or ``pdf``, written beside each PNG; ``phase_map``/``gas`` as for ``tracekit analyze``.
+
+    Raises :class:`TracekitError` for an unreadable trace, a missing rank or iteration, an
+    unknown format or an output path that is a file.
+    """
+    if fmt not in FORMATS:
+        raise TracekitError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
+    step = step or (lambda _m: None)
+    data = ReportData.load(trace, phase_map=phase_map, gas=gas, step=step)
+    try:
+        rk = data.rank(rank)
+        it = data.pick_iteration(rk, iteration)
+        out = prepare_dir(out_dir)
+        res = ReportResult(out_dir=out, iteration=it, rank=rk)
+        frames: dict[str, pl.DataFrame] = {}
+        n = len(F.FIGURES)
+        for i, (name, (fn, title)) in enumerate(F.FIGURES.items(), 1):
+            step(f"figure {i}/{n}: {title.lower()}")
+            if name == "6_ranks":
+                fig, frame = fn(data)
+            elif name in ("2_iteration_timeline", "5_overlap_contention"):
+                fig, frame = fn(data, rank=rank, iteration=it)
+            else:
+                fig, frame = fn(data, rank=rank)
+            for ext in ("png", fmt):
+                p = out / f"{name}.{ext}"
+                fig.savefig(p, dpi=dpi if ext == "png" else None)
+                res.files.append(p)
+            S.close(fig)
+            res.figures[name] = out / f"{name}.png"
+            frames[name] = frame
+            p = out / "data" / f"{name}.csv"
+            frame.write_csv(p)
+            res.files.append(p)
+        step("key numbers and findings")
+        metrics = summary.iteration_metrics(data, rk)
+        p = out / "data" / "key_numbers.csv"
+        metrics.write_csv(p)
+        res.files.append(p)
+        findings = _findings(data, rk, res.notes)
+        md = render_markdown(data, rk, it, metrics, frames, findings, fmt)
+        p = out / "report.md"
+        p.write_text(md, encoding="utf-8")
+        res.files.append(p)
+        return res
+    finally:
+        data.close()
+
+
+def _findings(data: ReportData, rk: dict, notes: list[str]) -> list[dict]:
+    """Findings of :mod:`tracekit.analyze.findings` for the rank (empty when unavailable)."""
+    try:
+        from tracekit.analyze.transfers import analyze_transfers
+    except ImportError:  # pragma: no cover - analysis layer without transfers
+        return []
+    try:
+        tr = analyze_transfers(data.export, data.model, sections=())
+    except TracekitError as exc:
+        notes.append(f"findings skipped: {exc}")
+        return []
+    notes.extend(tr.notes)
+    return [f for f in tr.findings if f.get("pid") == rk["pid"] and f.get("device") == rk["device"]]
+
+
+def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, frames: dict[str, pl.DataFrame],
+                    findings: list[dict], fmt: str = "svg") -> str:
+    """The text of ``report.md`` (see module doc)."""
+    exp = data.export
+    steady = data.steady_iterations(rk)
+    spans = data.iteration_spans(rk)
+    means = summary.phase_means(metrics, steady)
+    L: list[str] = []
+    L.append(f"# tracekit report: {data.path.name}\n")
+    src = ", ".join(f"pid {(gp >> 24) & 0xFFFFFF}: {s}" for gp, s in sorted(data.model.source.items()))
+    L.append(f"- trace: `{data.path}` (nsys {exp.nsys_version or '?'}, export schema {exp.schema_version})")
+    L.append(f"- phases from: {src or 'none'}")
+    ranks = ", ".join(f"{i}: pid {r['pid']} GPU {r['device']}" for i, r in enumerate(data.ranks.iter_rows(named=True)))
+    L.append(f"- ranks: {ranks}; shown: rank {rk['index']} (pid {rk['pid']} GPU {rk['device']})")
+    if spans.height:
+        its = spans["iteration"].to_list()
+        L.append(f"- iterations in the trace: {its[0]}–{its[-1]} ({spans.filter(pl.col('complete')).height} complete); "
+                 f"means below are per iteration over {F.iterations_note(steady)}"
+                 + (" (iteration 0, the warm-up step, is left out)" if 0 in its and 0 not in steady else ""))
+        L.append(f"- iteration shown in time (figures 2 and 5): {it}")
+    L.append("- units: ms = 1e6 ns, MB = 1e6 B, GB = 1e9 B, GB/s = 1e9 B/s\n")
+
+    L.append("## Key numbers (mean per iteration)\n")
+    total_wall = float(means["wall_ns"].sum()) if means.height else 0.0
+    L.append("| phase | wall ms | share | GPU idle | H2D MB | H2D GB/s | H2D exposed ms | D2H MB | D2H GB/s | "
+             "D2H exposed ms | copy time hidden | pageable copies | pageable MB | GPU memory peak GB |")
+    L.append("|---|" + "---:|" * 13)
+    for r in means.iter_rows(named=True):
+        L.append(
+            f"| {r['phase']} | {_ms(r['wall_ns'])} | {_pct(r['wall_ns'] / total_wall if total_wall else None)} | "
+            f"{_pct(r['gpu_idle_ns'] / r['wall_ns'] if r['wall_ns'] else None)} | {_mb(r['h2d_bytes'])} | "
+            f"{_gbps(r['h2d_gbps'])} | {_ms(r['h2d_exposed_ns'])} | {_mb(r['d2h_bytes'])} | {_gbps(r['d2h_gbps'])} | "
+            f"{_ms(r['d2h_exposed_ns'])} | {_pct(r['overlap_ratio'])} | {r['pageable_count']:,.1f} | "
+            f"{_mb(r['pageable_bytes'])} | {_gb(r['peak_bytes'])} |"
+        )
+    if total_wall:
+        L.append(f"| **iteration** | **{_ms(total_wall)}** | 100% | | | | | | | | | | | |")
+    L.append("")
+    L.append("GPU idle: share of the phase with no kernel, copy or memset running (in `update`, the CPU-bound "
+             "time). Exposed: copy busy time with no kernel running. Per-iteration rows are in "
+             "`data/key_numbers.csv`.\n")
+
+    if findings:
+        L.append("## Findings\n")
+        for f in findings:
+            L.append(f"- **{f['topic']}**" + (f" ({f['phase']})" if f.get("phase") else "") + f": {f['text']}")
+        L.append("")
+
+    L.append("## Figures\n")
+    captions = _captions(data, rk, it, frames, means)
+    for name, (_fn, title) in F.FIGURES.items():
+        L.append(f"### {title}\n")
+        L.append(f"![{title}]({name}.png)\n")
+        L.append(captions.get(name, ""))
+        L.append(f"\nVector version: [`{name}.{fmt}`]({name}.{fmt}); data: [`data/{name}.csv`](data/{name}.csv).\n")
+    return "\n".join(L) + "\n"
+
+
+def _captions(data: ReportData, rk: dict, it: int, frames: dict[str, pl.DataFrame], means: pl.DataFrame) -> dict:
+    out = {}
+    m = {r["phase"]: r for r in means.iter_rows(named=True)}
+    tot = sum(r["wall_ns"] for r in m.values()) or 0
+    if tot:
+        parts = [f"{p} {_ms(m[p]['wall_ns'])} ms ({_pct(m[p]['wall_ns'] / tot)})" for p in summary.PHASE_ORDER if p in m]
+        out["1_iteration_breakdown"] = (
+            f"Wall time per iteration by phase, in time order (F = forward, B = backward with micro-step index, "
+            f"* = accumulation boundary, U = update). Solid inner bars: GPU busy; light: GPU idle. Mean iteration "
+            f"{_ms(tot)} ms: " + ", ".join(parts) + "."
+        )
+    tl = frames.get("2_iteration_timeline")
+    if tl is not None and tl.height:
+        peak = tl.filter(pl.col("series") == "memory")["value"].max()
+        h = tl.filter(pl.col("series") == "H2D")["value"].max()
+        d = tl.filter(pl.col("series") == "D2H")["value"].max()
+        out["2_iteration_timeline"] = (
+            f"Iteration {it} on one time axis: phases and update sub-phases (top), GPU memory in use, and H2D / D2H "
+            f"copy throughput per bin (right axis: PCIe RX / TX from GPU metrics when recorded). Peak memory "
+            f"{_gb(peak)} GB; peak binned throughput H2D {_gbps(h)} GB/s, D2H {_gbps(d)} GB/s."
+        )
+    cs = frames.get("3_copy_sizes")
+    if cs is not None and cs.height:
+        pg = cs.filter(pl.col("host_kind") == "pageable")
+        top = cs.sort("bytes", descending=True).row(0, named=True)
+        out["3_copy_sizes"] = (
+            f"Copies inside iterations per power-of-two size bucket; pageable host memory hatched. The most bytes "
+            f"move in {top['direction']} copies of {S.size_label(top['bucket_bytes'])}–"
+            f"{S.size_label(2 * top['bucket_bytes'])} ({top['host_kind']}, {_mb(top['bytes'])} MB). "
+            f"Pageable: {int(pg['count'].sum())} copies, {_mb(pg['bytes'].sum())} MB."
+        )
+    sp = frames.get("4_update_sub_phases")
+    if sp is not None and sp.height:
+        r = sp.row(0, named=True)
+        out["4_update_sub_phases"] = (
+            f"Update sub-phases (innermost NVTX range, self time), mean per iteration: GPU busy vs CPU only, and "
+            f"copy throughput per direction. Longest: `{r['sub_phase']}` {_ms(r['wall_ns'])} ms "
+            f"({_pct(r['cpu_only_ns'] / r['wall_ns'] if r['wall_ns'] else None)} CPU only"
+            + (f", H2D {_gbps(r['h2d_gbps'])} GB/s" if r["h2d_gbps"] is not None else "") + ")."
+        )
+    oc = frames.get("5_overlap_contention")
+    if oc is not None:
+        ov = oc.filter(pl.col("section") == "overlap")
+        cw = oc.filter(pl.col("section") == "contention")
+        exp_ms = ov["exposed_ns"].sum() if ov.height else 0
+        cp_ms = ov["copy_ns"].sum() if ov.height else 0
+        out["5_overlap_contention"] = (
+            f"Copy time hidden behind kernels (solid) and exposed (hatched) per phase, mean per iteration: "
+            f"{_ms(exp_ms)} of {_ms(cp_ms)} ms exposed. Bottom: iteration {it}, share of each bin with kernels / "
+            f"H2D / D2H running, and {cw.height} PCIe contention window(s)"
+            + (f" ({_ms((cw['end_ns'] - cw['start_ns']).sum())} ms)." if cw.height else ".")
+        )
+    out["6_ranks"] = "Per rank: mean phase wall time and bytes copied per iteration; a slow or copy-heavy rank stands out."
+    return out
