@@ -128,6 +128,10 @@ def frame(result: dict, section: str = "per_phase") -> pl.DataFrame:
 
 
 # ---------------------------------------------------------------------- terminal
+def _pct_text(pct: float) -> str:
+    return "±0%" if abs(pct) < 0.5 else f"{pct:+.0f}%"
+
+
 def _fmt(metric: str, v) -> str:
     if v is None:
         return "–"
@@ -135,16 +139,19 @@ def _fmt(metric: str, v) -> str:
     x = v / div
     if unit == "count":
         return f"{x:,.1f}" if x != int(x) else f"{int(x):,}"
-    return f"{x:,.1f}"
+    digits = 2 if unit == "GB" else 1
+    if abs(x) < 0.5 * 10 ** -digits:
+        x = 0.0  # no "-0.0"
+    return f"{x:,.{digits}f}"
 
 
 def _fmt_delta(metric: str, d: dict) -> tuple[str, str]:
     if d["delta"] is None:
         return "–", "–"
     s = _fmt(metric, d["delta"])
-    if d["delta"] > 0:
+    if d["delta"] > 0 and s.strip("0.,") != "":
         s = "+" + s
-    pct = "–" if d["pct"] is None else f"{d['pct']:+.0f}%"
+    pct = "–" if d["pct"] is None else _pct_text(d["pct"])
     return s, pct
 
 
@@ -167,6 +174,8 @@ def render(result: dict, console=None) -> None:
     for r in result["per_phase"]:
         first = True
         for m, d in r["metrics"].items():
+            if not d["a"] and not d["b"]:
+                continue  # zero (or absent) in both runs
             label, _div, unit = METRICS[m]
             delta, pct = _fmt_delta(m, d)
             style = ""
@@ -194,12 +203,12 @@ def render(result: dict, console=None) -> None:
         cells = []
         for m in cols:
             delta, pct = _fmt_delta(m, r["metrics"][m])
-            cells.append(delta if pct in ("–", "+0%", "-0%") else f"{delta} ({pct})")
+            cells.append(delta if pct in ("–", "±0%") else f"{delta} ({pct})")
         it.add_row(str(r["position"]) if new else "", str(r["a_iteration"]) if new else "",
                    str(r["b_iteration"]) if new else "", r["phase"], *cells)
     console.print(it)
-    console.print("Δ = B - A; change = Δ / A; exposed = copy busy time with no kernel running; "
-                  "MB = 1e6 B, GB = 1e9 B")
+    console.print("Δ = B - A; change = Δ / A; exposed = copy busy time with no kernel running; metrics that "
+                  "are 0 in both runs are not listed; MB = 1e6 B, GB = 1e9 B")
 
 
 # ---------------------------------------------------------------------- figure
@@ -229,13 +238,21 @@ def compare_figure(result: dict, labels: tuple[str, str] = ("A", "B")):
         for p, pa, pb in zip(phases, ba, bb):
             pa.set_gid(f"a:{m}:{p}")
             pb.set_gid(f"b:{m}:{p}")
+        top = max(max(va, default=0), max(vb, default=0))
         for i, p in enumerate(phases):
             pct = g.filter(pl.col("phase") == p)["pct"]
-            if pct.len() and pct[0] is not None and (va[i] or vb[i]):
-                ax.text(x[i] + w / 2, vb[i], f"{pct[0]:+.0f}%", ha="center", va="bottom", fontsize=7)
+            # annotate only bars one can see (>= 2% of the panel's tallest)
+            if pct.len() and pct[0] is not None and top > 0 and max(va[i], vb[i]) >= 0.02 * top:
+                ax.text(x[i] + w / 2, vb[i], _pct_text(pct[0]), ha="center", va="bottom", fontsize=7)
         ax.set_xticks(x, phases, fontsize=8)
         ax.set_title(f"{label} ({unit})", loc="left", fontsize=9)
         ax.margins(y=0.18)
+        if unit == "%":
+            ax.set_ylim(0, 110)
+        elif top == 0:
+            ax.set_ylim(0, 1)
+            ax.text(0.5, 0.5, "0 in both runs", ha="center", va="center", transform=ax.transAxes, fontsize=8,
+                    color="#666666")
         S.tidy_axis(ax, "y", 4)
     from matplotlib.patches import Patch
 

@@ -88,6 +88,10 @@ def _gbps(v) -> str:
     return "–" if v is None else f"{v:,.1f}"
 
 
+def _count(v) -> str:
+    return "–" if v is None else (f"{int(v):,}" if float(v).is_integer() else f"{v:,.1f}")
+
+
 def _pct(v) -> str:
     return "–" if v is None else f"{100 * v:.0f}%"
 
@@ -203,7 +207,7 @@ def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, 
             f"| {r['phase']} | {_ms(r['wall_ns'])} | {_pct(r['wall_ns'] / total_wall if total_wall else None)} | "
             f"{_pct(r['gpu_idle_ns'] / r['wall_ns'] if r['wall_ns'] else None)} | {_mb(r['h2d_bytes'])} | "
             f"{_gbps(r['h2d_gbps'])} | {_ms(r['h2d_exposed_ns'])} | {_mb(r['d2h_bytes'])} | {_gbps(r['d2h_gbps'])} | "
-            f"{_ms(r['d2h_exposed_ns'])} | {_pct(r['overlap_ratio'])} | {r['pageable_count']:,.1f} | "
+            f"{_ms(r['d2h_exposed_ns'])} | {_pct(r['overlap_ratio'])} | {_count(r['pageable_count'])} | "
             f"{_mb(r['pageable_bytes'])} | {_gb(r['peak_bytes'])} |"
         )
     if total_wall:
