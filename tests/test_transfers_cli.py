@@ -1,0 +1,82 @@
+"""The transfer sections from the command line: default findings, --section/--all, --json,
+--out, and one-line notes (not crashes) when the trace lacks memory events or GPU metrics."""
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+
+import polars as pl
+from conftest import ZERO3_CUT
+
+
+def run(*args):
+    p = subprocess.run([sys.executable, "-m", "tracekit.cli", *map(str, args)], capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_default_output_ends_with_findings():
+    rc, out, err = run("analyze", ZERO3_CUT, "--no-cache")
+    assert rc == 0, err
+    tail = out[out.index("findings"):]
+    assert "pageable H2D" in tail and "GB/s" in tail and "pinning would save" in tail
+    assert "gradient accumulation round trip" in tail and "no PCIe contention" in tail
+    assert "copy/compute overlap per phase window" not in out  # sections only when selected
+
+
+def test_all_sections_render_and_update_sub_phases():
+    rc, out, err = run("analyze", ZERO3_CUT, "--no-cache", "--all", "--phase", "update", "--bin-ms", "2")
+    assert rc == 0, err
+    for title in ("copy/compute overlap", "PCIe contention", "copy sizes", "pageable copies per phase and sub-phase",
+                  "GPU memory in use", "copy throughput timeline", "PCIe RX (H2D)", "gradient round trips",
+                  "update: idle GPU"):
+        assert title in out, title
+    assert "_reassign_or_swap_out_partitioned_param" in out
+    assert "bins of 2.00 ms" in out
+
+
+def test_json_carries_sections_and_findings():
+    rc, out, err = run("analyze", ZERO3_CUT, "--no-cache", "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    tr = res["ranks"][0]["transfers"]
+    assert set(tr) == {"overlap", "contention", "sizes", "pageable", "memory", "pcie", "opportunities"}
+    con = sqlite3.connect(f"file:{ZERO3_CUT}?mode=ro", uri=True)
+    n = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE (copyKind = 1 AND srcKind = 0) "
+                    "OR (copyKind = 2 AND dstKind = 0)").fetchone()[0]
+    con.close()
+    assert len(tr["pageable"]["pageable_copies"]) == n
+    assert res["findings"] and all(f["text"] for f in res["findings"])
+    rc, out, _ = run("analyze", ZERO3_CUT, "--no-cache", "--json", "--section", "timeline", "--bin-ms", "5")
+    bins = json.loads(out)["ranks"][0]["transfers"]["timeline"]["throughput_timeline"]
+    assert all(b["bin_end"] - b["bin_start"] == 5_000_000 for b in bins)
+
+
+def test_out_writes_frames(tmp_path):
+    rc, out, err = run("analyze", ZERO3_CUT, "--no-cache", "--section", "pageable,memory", "--out", tmp_path / "o",
+                       "--format", "parquet")
+    assert rc == 0, err
+    f = pl.read_parquet(tmp_path / "o" / "pageable_copies.parquet")
+    assert f.height > 0 and {"saving_ns", "host_ns", "blocking"} <= set(f.columns)
+    assert (tmp_path / "o" / "memory_timeline.parquet").exists()
+
+
+def test_missing_memory_and_metrics_are_notes(tmp_path):
+    p = tmp_path / "cut.sqlite"
+    shutil.copy(ZERO3_CUT, p)
+    con = sqlite3.connect(p)
+    con.execute("DROP TABLE CUDA_GPU_MEMORY_USAGE_EVENTS")
+    con.execute("DROP TABLE GPU_METRICS")
+    con.commit()
+    con.close()
+    rc, out, err = run("analyze", p, "--no-cache", "--all")
+    assert rc == 0, err
+    assert "Traceback" not in err
+    assert "--cuda-memory-usage=true" in out and "--gpu-metrics-devices=all" in out
+    assert "findings" in out
+
+
+def test_bad_section_is_one_line_error():
+    rc, out, err = run("analyze", ZERO3_CUT, "--section", "nope")
+    assert rc == 2 and err.strip().startswith("tracekit: error:") and "--section" in err
