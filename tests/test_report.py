@@ -1,0 +1,167 @@
+"""``tracekit report``: files written, report.md numbers, multi-rank and long iterations, bad input."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+from conftest import ZERO3_CUT
+
+from tracekit.report import figures as F
+from tracekit.report import style as S
+from tracekit.report import summary
+from tracekit.report.data import ReportData
+
+FIGURES = list(F.FIGURES)
+
+
+def run(*args):
+    p = subprocess.run([sys.executable, "-m", "tracekit.cli", *map(str, args)], capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def assert_one_line_error(rc, out, err, pattern):
+    assert rc == 2, (rc, out, err)
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tracekit: error:"), err
+    assert pattern in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rep") / "nested" / "report"
+    rc, stdout, err = run("report", ZERO3_CUT, "-o", out)
+    assert rc == 0, err
+    assert "Traceback" not in err
+    return out
+
+
+def test_report_writes_figures_data_and_markdown(report_dir):
+    for name in FIGURES:
+        png = report_dir / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (report_dir / f"{name}.svg").read_text().lstrip().startswith("<?xml")
+        assert (report_dir / "data" / f"{name}.csv").stat().st_size > 0
+    md = (report_dir / "report.md").read_text()
+    for name in FIGURES:
+        assert f"]({name}.png)" in md
+    assert "## Key numbers" in md and "## Findings" in md
+
+
+def test_report_key_numbers_equal_sql(report_dir):
+    """The update row of report.md: mean wall time and H2D MB per iteration from the NVTX step
+    ranges and the copies launched inside them (plain SQL)."""
+    con = sqlite3.connect(f"file:{ZERO3_CUT}?mode=ro", uri=True)
+    steps = con.execute(
+        """SELECT e.start, e."end" FROM NVTX_EVENTS e JOIN StringIds s ON s.id = e.textId
+           WHERE s.value = 'DeepSpeedZeroOptimizer_Stage3.step'""").fetchall()
+    h2d = 0
+    for lo, hi in steps:
+        (b,) = con.execute(
+            """SELECT coalesce(sum(m.bytes), 0) FROM CUPTI_ACTIVITY_KIND_MEMCPY m JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+               ON r.correlationId = m.correlationId WHERE m.copyKind = 1 AND r.start >= ? AND r.start < ?""",
+            (lo, hi)).fetchone()
+        h2d += b
+    con.close()
+    wall_ms = sum(e - s for s, e in steps) / len(steps) / 1e6
+    row = next(line for line in (report_dir / "report.md").read_text().splitlines() if line.startswith("| update |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == f"{wall_ms:,.1f}"
+    assert cells[4] == f"{h2d / len(steps) / 1e6:,.1f}"
+    kn = pl.read_csv(report_dir / "data" / "key_numbers.csv")
+    upd = kn.filter(pl.col("phase") == "update").sort("iteration")
+    assert upd["wall_ns"].to_list() == [e - s for s, e in steps]
+
+
+def test_report_pdf_and_json(tmp_path):
+    rc, out, err = run("report", ZERO3_CUT, "-o", tmp_path / "r", "--format", "pdf", "--json", "--iteration", "1")
+    assert rc == 0, err
+    res = json.loads(out)
+    assert res["iteration"] == 1 and res["rank"]["pid"] == 642
+    assert (tmp_path / "r" / "3_copy_sizes.pdf").read_bytes()[:4] == b"%PDF"
+    assert set(res["figures"]) == set(FIGURES)
+
+
+@pytest.mark.parametrize(
+    "args,pattern",
+    [
+        (["--rank", "3"], "--rank 3: this trace has 1 rank(s): 0 (pid 642 device 0)"),
+        (["--rank", "-1"], "--rank must be 0 or more"),
+        (["--iteration", "9"], "--iteration 9: this trace has iterations 1..2"),
+        (["--format", "png"], "--format 'png': choose svg or pdf"),
+    ],
+)
+def test_report_bad_options(tmp_path, args, pattern):
+    assert_one_line_error(*run("report", ZERO3_CUT, "-o", tmp_path / "r", *args), pattern)
+
+
+def test_report_bad_inputs(tmp_path):
+    assert_one_line_error(*run("report", tmp_path / "missing.sqlite", "-o", tmp_path / "r"), "no such file")
+    (tmp_path / "file").write_text("x")
+    assert_one_line_error(*run("report", ZERO3_CUT, "-o", tmp_path / "file"), "exists and is not a directory")
+    (tmp_path / "x.txt").write_text("not a db")
+    assert_one_line_error(*run("report", tmp_path / "x.txt", "-o", tmp_path / "r"), "not an SQLite file")
+
+
+# ------------------------------------------------------------------ long iterations, two ranks
+def two_rank_trace(path, iteration_s: float = 60.0):
+    """Two processes, three iterations of ``iteration_s`` seconds each, tracekit NVTX ranges,
+    no memory events and no GPU metrics; rank 1 (pid 20) is 10% slower."""
+    from synthetic import SyntheticTrace, gtid
+
+    t = SyntheticTrace()
+    for pid, slow in ((10, 1.0), (20, 1.1)):
+        tid = gtid(pid, 1)
+        T = int(iteration_s * 1e9 * slow)
+        for it in range(3):
+            base = it * T
+            phases = [("forward", 0.0, 0.25), ("backward", 0.25, 0.6), ("update", 0.6, 1.0)]
+            for name, a, b in phases:
+                t.range(name, base + int(a * T), base + int(b * T) - 1000, tid=tid, domain="tracekit")
+            t.kernel(base + int(0.05 * T), base + int(0.2 * T), pid, 1, launch=base + int(0.01 * T))
+            t.copy(base + int(0.3 * T), base + int(0.4 * T), 2 << 30, 2, pid, 1, launch=base + int(0.26 * T),
+                   src=2, dst=1)
+            t.copy(base + int(0.9 * T), base + int(0.95 * T), 1 << 30, 1, pid, 1, launch=base + int(0.85 * T),
+                   src=0, dst=2)
+    return t.write(path)
+
+
+def test_long_iterations_two_ranks(tmp_path):
+    path = two_rank_trace(tmp_path / "long.sqlite")
+    d = ReportData.load(path)
+    assert d.ranks.height == 2
+    fig, frame = F.iteration_breakdown(d, rank=1)
+    assert fig.axes[0].get_ylabel() == "wall time (s)"
+    assert frame.group_by("iteration").agg(pl.col("wall_ns").sum())["wall_ns"].max() > 60e9
+    S.close(fig)
+    fig, frame = F.iteration_timeline(d, rank=0)
+    assert fig.axes[-1].get_xlabel() == "time since iteration start (s)"
+    bins = frame.filter(pl.col("series") == "H2D")
+    assert int((bins["t_end_ns"] - bins["t_ns"])[0]) == 100_000_000  # 100 ms bins for a 60 s iteration
+    assert frame.filter(pl.col("series") == "memory").height == 0  # no memory events: panel says so
+    S.close(fig)
+    fig, frame = F.rank_summary(d)
+    walls = frame.group_by("pid").agg(pl.col("wall_ns").sum()).sort("pid")["wall_ns"].to_list()
+    assert walls[1] == pytest.approx(1.1 * walls[0], rel=1e-3)
+    S.close(fig)
+    d.close()
+    rc, out, err = run("report", path, "-o", tmp_path / "r", "--rank", "1")
+    assert rc == 0, err
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "shown: rank 1 (pid 20 GPU 0)" in md
+
+
+def test_summary_iteration_metrics_equal_phase_table():
+    d = ReportData.load(ZERO3_CUT)
+    rk = d.rank(0)
+    m = summary.iteration_metrics(d, rk)
+    t = d.rank_table(rk).group_by("iteration", "phase").agg(pl.col("wall_ns").sum(), pl.col("h2d_bytes").sum())
+    j = m.join(t, on=["iteration", "phase"], suffix="_t")
+    assert j.height == m.height
+    assert (j["wall_ns"] == j["wall_ns_t"]).all() and (j["h2d_bytes"] == j["h2d_bytes_t"]).all()
+    d.close()
