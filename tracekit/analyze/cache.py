@@ -181,6 +181,10 @@ class TraceCache:
         """Entry key of a query: sha1 of its SQL text, parameters and requested schema."""
         return _digest(" ".join(sql.split()), list(params), {k: str(v) for k, v in (schema or {}).items()})
 
+    def has_frame(self, key: str) -> bool:
+        """True when an entry for ``key`` exists (it may still fail to read)."""
+        return self.enabled and (self.directory / f"q-{key}.parquet").exists()
+
     def get_frame(self, key: str):
         """The cached polars frame of ``key``, or None on a miss (or an unreadable entry)."""
         if not self.enabled:

@@ -69,6 +69,7 @@ class Export:
     #: Parquet cache of query results (:class:`tracekit.analyze.cache.TraceCache`), or None.
     cache: object = field(default=None, repr=False)
     _adbc: object = field(default=None, repr=False)
+    _pending: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -246,13 +247,47 @@ class Export:
             if hit is not None:
                 return hit
         frame = None
-        if reader() == "adbc":
+        pending = self._pending.pop(_prefetch_key(sql, params, schema), None) if self._pending else None
+        if pending is not None:
+            frame = pending.result()  # re-raises what the background read raised
+        if frame is None and reader() == "adbc":
             frame = self._query_adbc(sql, params, schema)
         if frame is None:
             frame = self._query_sqlite3(sql, params, schema)
         if key is not None:
             self.cache.put_frame(key, frame)
         return frame
+
+    def prefetch(self, sql: str, params: tuple = (), schema: dict | None = None) -> bool:
+        """Start reading a (large) query in a background thread, on its own read-only connection.
+
+        A later :meth:`query` with the same ``sql``, ``params`` and ``schema`` waits for that
+        read instead of starting its own, so the scan overlaps the analysis work done
+        meanwhile (SQLite and the Arrow reader release the GIL). Returns False, starting
+        nothing, when the query is already cached or pending. A prefetch never consumed
+        costs one scan and is dropped.
+        """
+        import threading
+        from concurrent.futures import Future
+
+        pkey = _prefetch_key(sql, params, schema)
+        if pkey in self._pending:
+            return False
+        if self.cache is not None and self.cache.has_frame(self.cache.query_key(sql, params, schema)):
+            return False
+        fut: Future = Future()
+        path = self.path
+
+        def run() -> None:
+            try:
+                with Export.open(path) as other:
+                    fut.set_result(other.query(sql, params, schema))
+            except BaseException as exc:  # handed to the consumer
+                fut.set_exception(exc)
+
+        self._pending[pkey] = fut
+        threading.Thread(target=run, name="tracekit-prefetch", daemon=True).start()
+        return True
 
     def _query_adbc(self, sql: str, params: tuple, schema: dict | None) -> pl.DataFrame | None:
         """Fetch through ADBC (Arrow batches, no Python objects per row); None when it cannot
@@ -345,6 +380,10 @@ class Export:
             for id_, name in self.conn.execute(f"SELECT id, name FROM {table}"):
                 out[int(id_)] = by_name.get(name, str(name).lower())
         return out
+
+
+def _prefetch_key(sql: str, params: tuple, schema: dict | None) -> tuple:
+    return (sql, tuple(params), tuple((k, str(v)) for k, v in (schema or {}).items()))
 
 
 def reader() -> str:

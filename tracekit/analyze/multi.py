@@ -129,6 +129,10 @@ def analyze_one(path: str | Path, options=None, cache: bool = True) -> dict:
     from tracekit.analyze.result import Options, analyze_export
 
     with Export.open(path, cache=tc if tc is not None and tc.enabled else False) as export:
+        if "pcie" in (opts.get("sections") or ()):
+            from tracekit.analyze.pcie_metrics import prefetch_series
+
+            prefetch_series(export)  # the GPU_METRICS scan overlaps the phase model and other sections
         result = analyze_export(export, Options(**opts))
     if key is not None:
         tc.put_result(key, result)

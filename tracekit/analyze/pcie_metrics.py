@@ -57,6 +57,26 @@ def pcie_metric_ids(export: Export) -> pl.DataFrame:
     ).sort("metric_id")
 
 
+def _series_query(ids: pl.DataFrame) -> tuple[str, tuple, dict]:
+    marks = ",".join(str(int(i)) for i in ids["metric_id"])
+    return (
+        f"SELECT typeId, metricId, timestamp, value FROM GPU_METRICS WHERE metricId IN ({marks})",
+        (),
+        {"type_id": pl.Int64, "metric_id": pl.Int64, "time": pl.Int64, "value_pct": pl.Float64},
+    )
+
+
+def prefetch_series(export: Export) -> bool:
+    """Start reading the PCIe samples in the background (:meth:`Export.prefetch`), so that the
+    GPU_METRICS scan overlaps the analysis until :func:`pcie_series` needs them. False (and
+    nothing started) when the trace has no PCIe metrics or they are cached already."""
+    try:
+        ids = pcie_metric_ids(export)
+    except MissingDataError:
+        return False
+    return export.prefetch(*_series_query(ids))
+
+
 def pcie_series(export: Export, model: PhaseModel | None = None) -> pl.DataFrame:
     """PCIe RX/TX samples, one row per sample.
 
@@ -69,11 +89,7 @@ def pcie_series(export: Export, model: PhaseModel | None = None) -> pl.DataFrame
     Raises :class:`~tracekit.errors.MissingDataError` without PCIe metrics.
     """
     ids = pcie_metric_ids(export)
-    marks = ",".join(str(int(i)) for i in ids["metric_id"])
-    s = export.query(
-        f"SELECT typeId, metricId, timestamp, value FROM GPU_METRICS WHERE metricId IN ({marks})",
-        schema={"type_id": pl.Int64, "metric_id": pl.Int64, "time": pl.Int64, "value_pct": pl.Float64},
-    )
+    s = export.query(*_series_query(ids))
     s = s.join(ids.select("metric_id", "direction"), on="metric_id").drop("metric_id")
     types = sorted(s["type_id"].unique().to_list())
     gpus = sorted(export.load("TARGET_INFO_GPU", {"id": "id"})["id"].drop_nulls().unique().to_list())
