@@ -165,3 +165,14 @@ def test_summary_iteration_metrics_equal_phase_table():
     assert j.height == m.height
     assert (j["wall_ns"] == j["wall_ns_t"]).all() and (j["h2d_bytes"] == j["h2d_bytes_t"]).all()
     d.close()
+
+
+def test_progress_steps_are_reported(tmp_path):
+    """write_report calls step() for loading stages and each figure (the CLI shows them in a
+    rich status line on stderr while a large trace loads)."""
+    from tracekit.report.report import write_report
+
+    seen = []
+    write_report(ZERO3_CUT, tmp_path / "r", step=seen.append)
+    assert seen[:3] == ["opening the export", "finding phases and attributing GPU work", "per-phase breakdown"]
+    assert sum(m.startswith("figure ") for m in seen) == len(FIGURES)

@@ -104,7 +104,8 @@ def iteration_breakdown(data: ReportData, rank: int = 0):
         if hatch:
             ax.bar(x, h, width, bottom=bottom, color="none", edgecolor="#333333", hatch=hatch, linewidth=0)
         if label_ok and r["phase"] != "other" and h > 0.045 * (totals["wall_ns"].max() / div):
-            ax.text(x + width * 0.25, bottom + h / 2, r["label"], ha="center", va="center", fontsize=8, color="#222222")
+            ax.text(x + width * 0.33, bottom + h / 2, r["label"], ha="center", va="center", fontsize=8, color="#222222",
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
     for it in its:
         tot = totals.filter(pl.col("iteration") == it)["wall_ns"][0] / div
         if label_ok:
@@ -129,7 +130,7 @@ def iteration_breakdown(data: ReportData, rank: int = 0):
     ]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
     ax.set_xlim(-0.6, n - 0.4)
-    ax.margins(y=0.08)
+    ax.set_ylim(0, totals["wall_ns"].max() / div * 1.08)
     return fig, frame
 
 
@@ -238,7 +239,8 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
         ax_b.spines[side].set_visible(False)
     ax_b.tick_params(axis="y", length=0)
     ax_b.set_title(f"Iteration {it} in time — pid {rk['pid']} GPU {rk['device']} "
-                   f"({span / 1e6:,.0f} ms; throughput in {bin_ns / 1e6:g} ms bins)", loc="left")
+                   f"({span / div:,.{0 if unit == 'ms' else 1}f} {unit}; throughput in {bin_ns / 1e6:g} ms bins)",
+                   loc="left")
     handles = [Patch(color=S.PHASE_COLORS[p], label=p if p != "other" else "gap") for p in S.PHASES]
     handles += [Patch(color=c, label=S.shorten(s, 34)) for s, c in sub_colors.items()]
     if segs.height and len(top_subs) > len(named):
@@ -257,6 +259,7 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
     else:
         ax_m.text(0.5, 0.5, "no CUDA memory events (nsys --cuda-memory-usage=true)", ha="center", va="center",
                   transform=ax_m.transAxes, fontsize=9)
+        ax_m.set_yticks([])
     ax_m.set_ylabel("GPU memory\nin use (GB)")
     S.tidy_axis(ax_m, "y", 4)
 
@@ -598,7 +601,7 @@ def rank_summary(data: ReportData):
     frame = (pl.concat(rows).select(list(schema)).cast(schema) if rows else pl.DataFrame(schema=schema))
     frame = frame.sort("rank", pl.col("phase").replace_strict({p: i for i, p in enumerate(S.PHASES)}, default=9))
     nr = frame["rank"].n_unique()
-    fig, (ax_w, ax_b) = S.new_figure(1, 2, width=13, height=max(3.2, 1.4 + 0.45 * nr))
+    fig, (ax_w, ax_b) = S.new_figure(1, 2, width=13, height=max(3.4, 1.8 + 0.45 * nr))
     fig.suptitle(f"Per rank — mean per iteration ({nr} rank(s); iteration 0 warm-up left out when others "
                  "are complete)", x=0.01, ha="left")
     if frame.height == 0:
@@ -615,11 +618,12 @@ def rank_summary(data: ReportData):
             b[0].set_gid(f"wall:{rk}:{r['phase']}")
             left += r["wall_ns"] / div
         ax_w.text(left, y, f" {left:,.1f}", va="center", fontsize=8)
+    ax_w.set_xlim(0, tot["wall_ns"].max() / div * 1.12)
     ax_w.set_yticks(range(nr), labels, fontsize=8)
     ax_w.invert_yaxis()
     ax_w.set_xlabel(f"wall time per iteration ({unit})")
     ax_w.legend(handles=[Patch(color=S.PHASE_COLORS[p], label=p if p != "other" else "gap") for p in S.PHASES],
-                loc="lower right", fontsize=8, frameon=False)
+                loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, fontsize=8, frameon=False)
     S.tidy_axis(ax_w, "x")
     h = 0.35
     byr = frame.group_by("rank").agg(pl.col("h2d_bytes").sum(), pl.col("d2h_bytes").sum()).sort("rank")
@@ -631,7 +635,7 @@ def rank_summary(data: ReportData):
     ax_b.set_yticks(range(nr), labels, fontsize=8)
     ax_b.invert_yaxis()
     ax_b.set_xlabel("copied per iteration (GB)")
-    ax_b.legend(loc="lower right", fontsize=8, frameon=False)
+    ax_b.legend(loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, fontsize=8, frameon=False)
     S.tidy_axis(ax_b, "x")
     for a in (ax_w, ax_b):
         for side in ("top", "right"):
