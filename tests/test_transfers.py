@@ -369,3 +369,14 @@ def test_findings_report_contention_by_hand():
     f = findings.build_findings(frames, {(1 << 24, 0): {"backward": 1}})
     (c,) = [x for x in f if x["topic"] == "contention"]
     assert "2 PCIe contention windows" in c["text"] and "27%" in c["text"]
+
+
+def test_overlap_by_sub_phase_matches_sql(sql, em):
+    _, m = em
+    o = overlap.overlap(m, by=("phase", "sub_phase")).filter(pl.col("phase") == "backward")
+    # every backward host copy is launched inside DeepSpeed's partition_grads range (checked by SQL)
+    pg = ranges(sql, "DeepSpeedZeroOptimizer_Stage3.partition_grads")
+    rows = copies_launched_in(sql, pg, "m.copyKind IN (1, 2)")
+    r = o.filter(pl.col("sub_phase") == "DeepSpeedZeroOptimizer_Stage3.partition_grads").row(0, named=True)
+    assert r["h2d_bytes"] == sum(x[3] for x in rows if x[0] == 1)
+    assert r["d2h_busy_ns"] == loop_union([(x[4], x[5]) for x in rows if x[0] == 2])

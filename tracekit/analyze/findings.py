@@ -150,8 +150,10 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
             idle = up["gpu_idle_ns"].sum()
             wall = up["wall_ns"].sum()
             h2d = up["h2d_bytes"].sum()
-            text = (f"update: the GPU is idle {_ms(idle / n)} of {_ms(wall / n)} per update ({100 * idle / wall:.0f}%, "
-                    f"{n} updates) while the CPU runs the optimizer step")
+            med_idle, med_wall = up["gpu_idle_ns"].median(), up["wall_ns"].median()
+            text = (f"update: the GPU is idle {_ms(med_idle)} of {_ms(med_wall)} per update (median of {n}; "
+                    f"{100 * idle / wall:.0f}% of all update time, {_ms(idle)} in total) while the CPU runs the "
+                    f"optimizer step")
             free = up["free_bytes"].min() if up["free_bytes"].null_count() < n else None
             if free is not None:
                 text += (f"; {_gb(free)} of GPU memory stays free at the update's peak, room for the optimizer state "

@@ -102,7 +102,7 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
         console.print(tt)
         for ph, rows in rank.get("sub_phases", {}).items():
             _render_sub_phases(console, head, ph, rows)
-        render_rank_transfers(console, head, rank)
+        render_rank_transfers(console, head, rank, phase)
     if len(result["ranks"]) > 1:
         s = Table(title="across ranks (whole-trace wall time per phase)", title_justify="left")
         for c in ("phase", "mean ms", "max ms", "slowest rank pid", "spread ms"):

@@ -123,14 +123,20 @@ def _size(v):
     return f"{v} B"
 
 
-def render_rank_transfers(console: Console, head: str, rank: dict) -> None:
-    """Tables of the transfer sections present in ``rank["transfers"]``."""
+def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | None = None) -> None:
+    """Tables of the transfer sections present in ``rank["transfers"]`` (with ``phase``, the
+    overlap of that phase's sub-phases too)."""
     tr = rank.get("transfers") or {}
     if "overlap" in tr:
         _table(console, f"{head}: copy/compute overlap per phase window (hidden = share of copy time under kernels)",
                tr["overlap"].get("overlap", []), OVERLAP)
         _table(console, f"{head}: copy/compute overlap, whole trace per phase", tr["overlap"].get("overlap_phase", []),
                OVERLAP[1:])
+        subs = [r for r in tr["overlap"].get("overlap_sub_phase", []) if r.get("phase") == phase]
+        if phase and subs:
+            _table(console, f"{head}: copy/compute overlap in {phase} by sub-phase",
+                   sorted(subs, key=lambda r: (r.get("iteration") is None, r.get("iteration"), -r["copy_busy_ns"])),
+                   [OVERLAP[0], ("sub-phase", "sub_phase", _txt), *OVERLAP[2:]])
     if "contention" in tr:
         c = tr["contention"]
         _table(console, f"{head}: PCIe contention per phase window", c.get("contention", []), CONTENTION)

@@ -34,8 +34,9 @@ from tracekit.errors import MissingDataError, TracekitError
 SECTIONS = ("overlap", "contention", "sizes", "pageable", "memory", "timeline", "pcie", "opportunities")
 #: frames shown/serialized per section (the first is the main table)
 SECTION_FRAMES = {
-    "overlap": ["overlap", "overlap_phase"],
-    "contention": ["contention", "contention_phase", "contention_windows", "uncontended_bandwidth"],
+    "overlap": ["overlap", "overlap_phase", "overlap_sub_phase"],
+    "contention": ["contention", "contention_phase", "contention_sub_phase", "contention_windows",
+                   "uncontended_bandwidth"],
     "sizes": ["copy_sizes"],
     "pageable": ["pageable", "pageable_phase", "pageable_copies", "pinned_bandwidth"],
     "memory": ["memory_peaks", "memory_phase", "memory_timeline"],
@@ -122,7 +123,8 @@ def analyze_transfers(
     """Compute the selected ``sections`` plus what the findings need; see module doc.
 
     Frame names: overlap (per phase window), overlap_phase (whole trace per phase),
-    contention, contention_phase, contention_windows, uncontended_bandwidth, copy_sizes,
+    overlap_sub_phase (per iteration, phase and sub-phase), contention, contention_phase,
+    contention_sub_phase, contention_windows, uncontended_bandwidth, copy_sizes,
     pageable, pageable_phase (per phase and sub-phase), pageable_copies, pinned_bandwidth,
     memory_peaks, memory_phase, memory_timeline, throughput_timeline, pcie, pcie_phase,
     pcie_saturation, pcie_series, round_trips, round_trip_summary, update_opportunity.
@@ -133,10 +135,13 @@ def analyze_transfers(
     frames["overlap_phase"] = overlap.overlap(model, by=("phase",))
     if "overlap" in sel:
         frames["overlap"] = overlap.overlap(model, by=PER_WINDOW)
+        frames["overlap_sub_phase"] = overlap.overlap(model, by=("iteration", "phase", "sub_phase"))
     windows = contention.contention_windows(model)
     frames["contention_phase"] = contention.contention_summary(model, by=("phase",), windows=windows)
     if "contention" in sel:
         frames["contention"] = contention.contention_summary(model, by=PER_WINDOW, windows=windows)
+        frames["contention_sub_phase"] = contention.contention_summary(model, by=("iteration", "phase", "sub_phase"),
+                                                                       windows=windows)
         frames["contention_windows"] = windows
         frames["uncontended_bandwidth"] = contention.uncontended_bandwidth(model)
     copies = pageable.pageable_copies(model, export)
