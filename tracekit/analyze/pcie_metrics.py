@@ -8,8 +8,10 @@ filtered in SQL (a trace holds millions of other samples).
 
 GPU mapping: ``GPU_METRICS.typeId`` identifies the sampled GPU. The distinct typeIds of the
 PCIe metrics, sorted, are matched to the sorted ``TARGET_INFO_GPU.id`` values (the CUPTI
-device ids) when both have the same count; a single sampled GPU is the device of every
-rank. Otherwise the series is reported with a null device.
+device ids) when both have the same count; a single sampled GPU is the device when the
+trace's work runs on one device. Otherwise the series keeps a null device, and per-rank
+frames (``model`` given) leave it out; :func:`tracekit.analyze.transfers.analyze_transfers`
+then adds a note.
 
 - per group of phase windows (``by``): mean and peak % per direction over the samples whose
   timestamp lies in the group's windows, and the cross-check ``copy_gbps``: bytes the
@@ -93,9 +95,11 @@ def pcie_series(export: Export, model: PhaseModel | None = None) -> pl.DataFrame
     s = s.join(ids.select("metric_id", "direction"), on="metric_id").drop("metric_id")
     types = sorted(s["type_id"].unique().to_list())
     gpus = sorted(export.load("TARGET_INFO_GPU", {"id": "id"})["id"].drop_nulls().unique().to_list())
-    if model is not None and len(types) == 1 and not gpus:
-        gpus = ranks_of(model)["device"].unique().to_list()[:1]
     mapping = dict(zip(types, gpus)) if len(types) == len(gpus) else {}
+    if not mapping and model is not None and len(types) == 1:
+        devs = ranks_of(model)["device"].unique().to_list()
+        if len(devs) == 1:  # one sampled GPU, one device with work: the same one
+            mapping = {types[0]: devs[0]}
     s = s.with_columns(device=pl.col("type_id").replace_strict(mapping, default=None, return_dtype=pl.Int64))
     s = s.sort("type_id", "direction", "time").with_columns(
         start=pl.col("time").shift(1).over("type_id", "direction")

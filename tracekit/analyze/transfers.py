@@ -152,15 +152,13 @@ def analyze_transfers(
         frames["pinned_bandwidth"] = pageable.pinned_bandwidth(model, by_size=True)
     if "sizes" in sel:
         frames["copy_sizes"] = copy_sizes.copy_sizes(model, by=("phase",))
-    try:
-        if "memory" in sel:
+    if "memory" in sel:  # (the opportunities read the peaks they need themselves)
+        try:
             frames["memory_peaks"] = memory.memory_peaks(export, model, by=PER_WINDOW)
             frames["memory_phase"] = memory.memory_peaks(export, model, by=("phase",))
             frames["memory_timeline"] = memory.memory_timeline(export, model)
-        else:
-            memory.memory_timeline  # noqa: B018  (opportunities read the peaks themselves)
-    except MissingDataError as exc:
-        notes.append(f"memory: skipped, {exc}")
+        except MissingDataError as exc:
+            notes.append(f"memory: skipped, {exc}")
     trips = opportunities.gradient_round_trips(model)
     frames["round_trips"] = trips
     frames["round_trip_summary"] = opportunities.gradient_round_trip_summary(export, model, trips)
@@ -173,6 +171,9 @@ def analyze_transfers(
     if "pcie" in sel:
         try:
             series = pcie_metrics.pcie_series(export, model)
+            if series.height == 0:
+                notes.append("pcie: the PCIe samples of GPU_METRICS could not be matched to the devices with work "
+                             "(TARGET_INFO_GPU lists a different number of GPUs than were sampled)")
             frames["pcie_series"] = series
             frames["pcie"] = pcie_metrics.pcie_phase_stats(export, model, by=PER_WINDOW, series=series)
             frames["pcie_phase"] = pcie_metrics.pcie_phase_stats(export, model, by=("phase",), series=series)
