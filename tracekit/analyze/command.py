@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -102,15 +101,13 @@ def register(app: typer.Typer) -> None:
         if len(traces) > 1 or traces[0].is_dir() or dask or not traces[0].exists() and "*" in str(traces[0]):
             many = multi.analyze_many(traces, options, jobs=jobs, dask=dask, cache=cache, expected_ranks=ranks)
             if as_json:
-                json.dump(many, sys.stdout, indent=1)
-                sys.stdout.write("\n")
+                multi.write_json(many, sys.stdout)
                 return
             multi.render_many(many)
             return
         result = multi.analyze_one(traces[0], options, cache=cache)
         if as_json:
-            json.dump(result, sys.stdout, indent=1)
-            sys.stdout.write("\n")
+            multi.write_json(result, sys.stdout)  # rows one per line; fast on large results
             return
         from tracekit.analyze.render import render
 

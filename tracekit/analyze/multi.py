@@ -408,3 +408,45 @@ def render_many(out: dict, console=None) -> None:
         console.print(f"[bold red]missing ranks:[/] {', '.join(map(str, s['missing_ranks']))}")
     for w in s["ranks_without_iterations"]:
         console.print(f"[yellow]no iterations:[/] {Path(w['trace']).name} pid {w['pid']}")
+
+
+# ---------------------------------------------------------------------- JSON output
+def write_json(obj, fh, indent: int = 1) -> None:
+    """Write ``obj`` as JSON to ``fh``: objects and lists that hold containers are indented
+    (``indent`` spaces a level), everything else, such as each row of a table, stays on one
+    line. Parses to the same value as ``json.dump(obj, fh, indent=indent)``, many times faster
+    on large results (rows go through the C encoder; Python's indenting encoder is pure Python).
+    """
+    import json
+
+    dumps = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": ")).encode
+    parts: list[str] = []
+
+    def nested(o) -> bool:
+        if isinstance(o, dict):
+            return any(isinstance(v, (dict, list, tuple)) for v in o.values())
+        if isinstance(o, (list, tuple)):
+            return any(isinstance(v, (dict, list, tuple)) for v in o)
+        return False
+
+    def enc(o, level: int) -> None:
+        if not nested(o):
+            parts.append(dumps(o))
+            return
+        pad = "\n" + " " * (indent * (level + 1))
+        if isinstance(o, dict):
+            parts.append("{")
+            for i, (k, v) in enumerate(o.items()):
+                parts.append(("," if i else "") + pad + dumps(str(k)) + ": ")
+                enc(v, level + 1)
+            parts.append("\n" + " " * (indent * level) + "}")
+        else:
+            parts.append("[")
+            for i, v in enumerate(o):
+                parts.append(("," if i else "") + pad)
+                enc(v, level + 1)
+            parts.append("\n" + " " * (indent * level) + "]")
+
+    enc(obj, 0)
+    parts.append("\n")
+    fh.write("".join(parts))
