@@ -113,8 +113,8 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
         ct = _rank_filter(frames.get("contention_phase"), gpid, dev)
         if ct is not None and ct.height:
             hit = ct.filter(pl.col("windows") > 0).sort("contention_ns", descending=True)
-            if hit.height == 0:
-                busy = ct["copy_busy_ns"].sum()
+            busy = ct["copy_busy_ns"].sum()
+            if hit.height == 0 and busy >= MIN_SAVING_NS:  # worth saying only when there is copy time
                 add("contention", None, f"no PCIe contention: no two H2D/D2H copies were ever in flight at the same time "
                     f"on this device ({_ms(busy)} of copy time, all serialized)", 0, contention_ns=0, copy_busy_ns=busy)
             for r in hit.iter_rows(named=True):
