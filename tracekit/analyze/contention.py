@@ -23,7 +23,7 @@ import polars as pl
 
 from tracekit.analyze.intervals import at_least, covered_length, intersect, spread_cumulative, union
 from tracekit.analyze.phases import PhaseModel
-from tracekit.analyze.transfer_common import PHASE_KEYS, RANK, check_by, host_copies, ratio
+from tracekit.analyze.transfer_common import PHASE_KEYS, RANK, check_by, host_copies, ratio, sort_groups
 
 WINDOW_COLUMNS = [
     "global_pid", "device", "kind", "direction", "start", "end", "duration_ns",
@@ -179,7 +179,6 @@ def contention_summary(model: PhaseModel, by=PHASE_KEYS, windows: pl.DataFrame |
     ints = ["copy_busy_ns", "windows", "same_direction_ns", "bidirectional_ns", "contention_ns"]
     out = out.with_columns(**{k: pl.col(k).fill_null(0).cast(pl.Int64) for k in ints})
     out = out.with_columns(contention_share=ratio("contention_ns", "copy_busy_ns"))
-    sort = [*RANK, *[b for b in by if b != "sub_phase"]]
-    return out.sort(sort, nulls_last=False).select(*keys, "copy_busy_ns", "windows", "same_direction_ns",
+    return sort_groups(out, by).select(*keys, "copy_busy_ns", "windows", "same_direction_ns",
                                                    "bidirectional_ns", "contention_ns", "contention_share",
                                                    "median_slowdown")

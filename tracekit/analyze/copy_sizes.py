@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 
 from tracekit.analyze.phases import PhaseModel
-from tracekit.analyze.transfer_common import RANK, check_by
+from tracekit.analyze.transfer_common import RANK, check_by, sort_groups
 
 
 def size_bucket(nbytes) -> np.ndarray:
@@ -50,5 +50,5 @@ def copy_sizes(model: PhaseModel, by=("phase",), directions=("H2D", "D2H", "D2D"
         bucket_lo=pl.when(pl.col("bucket") >= 0).then(pl.lit(2, pl.Int64).pow(pl.col("bucket"))).otherwise(0),
         bucket_hi=pl.lit(2, pl.Int64).pow(pl.col("bucket") + 1),
     )
-    return out.sort(keys, nulls_last=False).select(*keys[:-1], "bucket", "bucket_lo", "bucket_hi", "count", "bytes",
+    return sort_groups(out, by, ["direction", "host_kind", "bucket"]).select(*keys[:-1], "bucket", "bucket_lo", "bucket_hi", "count", "bytes",
                                                     "copy_ns", "median_gbps")

@@ -19,7 +19,7 @@ import polars as pl
 
 from tracekit.analyze.intervals import covered_length, grouped_at_least, grouped_union, union
 from tracekit.analyze.phases import PhaseModel
-from tracekit.analyze.transfer_common import PHASE_KEYS, RANK, check_by, host_copies, ratio
+from tracekit.analyze.transfer_common import PHASE_KEYS, RANK, check_by, host_copies, ratio, sort_groups
 
 COLUMNS = [
     "h2d_count", "h2d_bytes", "h2d_busy_ns", "h2d_overlap_ns", "h2d_exposed_ns", "h2d_overlap_ratio",
@@ -88,5 +88,4 @@ def overlap(model: PhaseModel, by=PHASE_KEYS) -> pl.DataFrame:
         d2h_overlap_ratio=ratio("d2h_overlap_ns", "d2h_busy_ns"),
         overlap_ratio=ratio("copy_overlap_ns", "copy_busy_ns"),
     )
-    sort = [*RANK, *[b for b in by if b != "sub_phase"]]
-    return out.sort(sort, nulls_last=False).select(*keys, *COLUMNS)
+    return sort_groups(out, by).select(*keys, *COLUMNS)

@@ -24,7 +24,7 @@ import polars as pl
 from tracekit.analyze.copy_sizes import size_bucket
 from tracekit.analyze.export import Export
 from tracekit.analyze.phases import PhaseModel
-from tracekit.analyze.transfer_common import PHASE_KEYS, RANK, check_by, gbps, host_copies
+from tracekit.analyze.transfer_common import PHASE_KEYS, RANK, check_by, gbps, host_copies, sort_groups
 
 COPY_COLUMNS = [
     "global_pid", "device", "iteration", "phase", "micro_step", "boundary", "sub_phase", "direction",
@@ -104,7 +104,6 @@ def pageable_summary(model: PhaseModel, by=PHASE_KEYS, copies: pl.DataFrame | No
         blocking_host_ns=pl.col("host_ns").filter(pl.col("blocking")).sum(),
         host_ns=pl.col("host_ns").sum(),
     ).with_columns(gbps=gbps("bytes", "copy_ns"), pinned_gbps=gbps("bytes", "pinned_ns"))
-    sort = [*RANK, *[b for b in by if b != "sub_phase"], "direction"]
-    return out.sort(sort, nulls_last=False).select(*keys, "count", "bytes", "copy_ns", "gbps", "pinned_gbps",
+    return sort_groups(out, by, ["direction"]).select(*keys, "count", "bytes", "copy_ns", "gbps", "pinned_gbps",
                                                    "pinned_ns", "saving_ns", "blocking_count", "blocking_host_ns",
                                                    "host_ns")

@@ -130,8 +130,9 @@ def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | 
     if "overlap" in tr:
         _table(console, f"{head}: copy/compute overlap per phase window (hidden = share of copy time under kernels)",
                tr["overlap"].get("overlap", []), OVERLAP)
-        _table(console, f"{head}: copy/compute overlap, whole trace per phase", tr["overlap"].get("overlap_phase", []),
-               OVERLAP[1:])
+        total = [dict(r, phase="all phases") for r in tr["overlap"].get("overlap_total", [])]
+        _table(console, f"{head}: copy/compute overlap, whole trace per phase",
+               tr["overlap"].get("overlap_phase", []) + total, OVERLAP[1:])
         subs = [r for r in tr["overlap"].get("overlap_sub_phase", []) if r.get("phase") == phase]
         if phase and subs:
             _table(console, f"{head}: copy/compute overlap in {phase} by sub-phase",

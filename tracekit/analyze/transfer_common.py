@@ -82,3 +82,23 @@ def gbps(num: str, den: str) -> pl.Expr:
 def ratio(num: str, den: str) -> pl.Expr:
     """``num / den`` when ``den > 0`` else null."""
     return pl.when(pl.col(den) > 0).then(pl.col(num) / pl.col(den)).otherwise(None)
+
+
+PHASE_ORDER = {"forward": 0, "backward": 1, "update": 2, "other": 3}
+
+
+def sort_groups(frame: pl.DataFrame, by: list[str], extra: list[str] | None = None) -> pl.DataFrame:
+    """Sort a per-group frame by rank, then in time order within an iteration: iteration
+    (nulls first: start-up), micro-step (nulls last), phase (forward, backward, update, other),
+    then the other ``by`` columns and ``extra``."""
+    keys = [pl.col("global_pid"), pl.col("device")]
+    if "iteration" in by:
+        keys.append(pl.col("iteration").fill_null(-(2**62)))
+    if "micro_step" in by:
+        keys.append(pl.col("micro_step").fill_null(2**62))
+    if "phase" in by:
+        keys.append(pl.col("phase").replace_strict(PHASE_ORDER, default=9, return_dtype=pl.Int64))
+    for b in [*by, *(extra or [])]:
+        if b not in ("iteration", "micro_step", "phase"):
+            keys.append(pl.col(b))
+    return frame.sort(keys)

@@ -34,7 +34,7 @@ from tracekit.errors import MissingDataError, TracekitError
 SECTIONS = ("overlap", "contention", "sizes", "pageable", "memory", "timeline", "pcie", "opportunities")
 #: frames shown/serialized per section (the first is the main table)
 SECTION_FRAMES = {
-    "overlap": ["overlap", "overlap_phase", "overlap_sub_phase"],
+    "overlap": ["overlap", "overlap_phase", "overlap_sub_phase", "overlap_total"],
     "contention": ["contention", "contention_phase", "contention_sub_phase", "contention_windows",
                    "uncontended_bandwidth"],
     "sizes": ["copy_sizes"],
@@ -123,7 +123,7 @@ def analyze_transfers(
     """Compute the selected ``sections`` plus what the findings need; see module doc.
 
     Frame names: overlap (per phase window), overlap_phase (whole trace per phase),
-    overlap_sub_phase (per iteration, phase and sub-phase), contention, contention_phase,
+    overlap_sub_phase (per iteration, phase and sub-phase), overlap_total (one row per rank), contention, contention_phase,
     contention_sub_phase, contention_windows, uncontended_bandwidth, copy_sizes,
     pageable, pageable_phase (per phase and sub-phase), pageable_copies, pinned_bandwidth,
     memory_peaks, memory_phase, memory_timeline, throughput_timeline, pcie, pcie_phase,
@@ -136,6 +136,7 @@ def analyze_transfers(
     if "overlap" in sel:
         frames["overlap"] = overlap.overlap(model, by=PER_WINDOW)
         frames["overlap_sub_phase"] = overlap.overlap(model, by=("iteration", "phase", "sub_phase"))
+        frames["overlap_total"] = overlap.overlap(model, by=())
     windows = contention.contention_windows(model)
     frames["contention_phase"] = contention.contention_summary(model, by=("phase",), windows=windows)
     if "contention" in sel:
