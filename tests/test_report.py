@@ -176,3 +176,29 @@ def test_progress_steps_are_reported(tmp_path):
     write_report(ZERO3_CUT, tmp_path / "r", step=seen.append)
     assert seen[:3] == ["opening the export", "finding phases and attributing GPU work", "per-phase breakdown"]
     assert sum(m.startswith("figure ") for m in seen) == len(FIGURES)
+
+
+def test_report_on_full_shared_trace(full_trace, tmp_path):
+    """The issue's acceptance: the five figures and the summary on the full shared trace, the
+    timeline iteration the median one, and its copy bytes equal to SQL on the trace."""
+    from tracekit.report.report import write_report
+
+    res = write_report(full_trace, tmp_path / "r")
+    assert res.iteration == 3  # walls 3159, 628, 674, 642 ms: median of the complete ones
+    for name in FIGURES:
+        assert (tmp_path / "r" / f"{name}.png").stat().st_size > 10_000
+    tl = pl.read_csv(tmp_path / "r" / "data" / "2_iteration_timeline.csv", infer_schema_length=None)
+    bands = tl.filter(pl.col("series") == "phase")
+    t0, t1 = bands["t_ns"].min(), bands["t_end_ns"].max()
+    bins = tl.filter(pl.col("series") == "H2D")
+    bin_ns = int((bins["t_end_ns"] - bins["t_ns"])[0])
+    con = sqlite3.connect(f"file:{full_trace}?mode=ro", uri=True)
+    (want,) = con.execute(
+        """SELECT sum(bytes * (min("end", ?2) - max(start, ?1)) * 1.0 / max("end" - start, 1))
+           FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 1 AND "end" > ?1 AND start < ?2""", (t0, t1)).fetchone()
+    con.close()
+    assert float((bins["value"] * bin_ns).sum()) == pytest.approx(want, rel=1e-9)
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "over iterations 1–3 (iteration 0, the warm-up step, is left out)" in md
+    row = next(line for line in md.splitlines() if line.startswith("| update |"))
+    assert [c.strip() for c in row.strip("|").split("|")][4] == "268.2"  # H2D MB per update
