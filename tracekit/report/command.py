@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
         _check(rank, gas)
         if fmt not in FORMATS:
             raise TracekitError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
-        with progress(not as_json) as step:
+        with progress(not as_json, "tracekit compare") as step:
             result = C.compare_paths(a, b, rank=rank, phase_map=phase_map, gas=gas, step=step)
         written = []
         if out is not None:

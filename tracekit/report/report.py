@@ -59,9 +59,9 @@ def prepare_dir(out_dir: str | Path, with_data: bool = True) -> Path:
 
 
 @contextlib.contextmanager
-def progress(enabled: bool = True) -> Iterator[Callable[[str], None]]:
-    """A spinner with the current step on stderr (rich), yielding ``step(message)``; silent
-    when ``enabled`` is false or stderr is not a terminal."""
+def progress(enabled: bool = True, label: str = "tracekit report") -> Iterator[Callable[[str], None]]:
+    """A spinner with ``label`` and the current step on stderr (rich), yielding
+    ``step(message)``; silent when ``enabled`` is false or stderr is not a terminal."""
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -69,7 +69,7 @@ def progress(enabled: bool = True) -> Iterator[Callable[[str], None]]:
         yield lambda _m: None
         return
     with console.status("loading", spinner="dots") as status:
-        yield lambda m: status.update(f"[bold]tracekit report[/bold]: {m}")
+        yield lambda m: status.update(f"[bold]{label}[/bold]: {m}")
 
 
 def _ms(ns) -> str:
