@@ -129,6 +129,8 @@ def frame(result: dict, section: str = "per_phase") -> pl.DataFrame:
 
 # ---------------------------------------------------------------------- terminal
 def _pct_text(pct: float) -> str:
+    if abs(pct) >= 1000:  # from a near-zero A: the ratio says nothing, the values do
+        return ">+999%" if pct > 0 else "<-999%"
     return "±0%" if abs(pct) < 0.5 else f"{pct:+.0f}%"
 
 
@@ -203,7 +205,8 @@ def render(result: dict, console=None) -> None:
         cells = []
         for m in cols:
             delta, pct = _fmt_delta(m, r["metrics"][m])
-            cells.append(delta if pct in ("–", "±0%") else f"{delta} ({pct})")
+            shown_zero = delta.lstrip("+-").strip("0.,") == ""
+            cells.append(delta if pct in ("–", "±0%") or shown_zero else f"{delta} ({pct})")
         it.add_row(str(r["position"]) if new else "", str(r["a_iteration"]) if new else "",
                    str(r["b_iteration"]) if new else "", r["phase"], *cells)
     console.print(it)
@@ -251,6 +254,7 @@ def compare_figure(result: dict, labels: tuple[str, str] = ("A", "B")):
             ax.set_ylim(0, 110)
         elif top == 0:
             ax.set_ylim(0, 1)
+        if top == 0:
             ax.text(0.5, 0.5, "0 in both runs", ha="center", va="center", transform=ax.transAxes, fontsize=8,
                     color="#666666")
         S.tidy_axis(ax, "y", 4)
