@@ -411,7 +411,7 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
                   f"{100 * share:.0f}% CPU only)", va="center", fontsize=7)
     ax_t.set_yticks(y, [S.shorten(s, 44) for s in frame["sub_phase"].to_list()], fontsize=8)
     ax_t.invert_yaxis()
-    ax_t.set_xlabel(f"time per iteration ({unit})")
+    ax_t.set_xlabel(f"self time per iteration ({unit}); GPU busy = anything running on the GPU meanwhile")
     ax_t.set_xlim(0, frame["wall_ns"].max() / div * 1.45)
     S.tidy_axis(ax_t, "x")
     ax_t.grid(True, axis="x", color="#E5E5E5")
@@ -432,7 +432,7 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
                 ax_r.text(vals[i], i + off, txt, va="center", fontsize=7)
     gmax = float(np.nanmax([frame["h2d_gbps"].fill_null(0).max() or 0, frame["d2h_gbps"].fill_null(0).max() or 0]))
     ax_r.set_xlim(0, max(gmax * 1.4, 1))
-    ax_r.set_xlabel("copy throughput (GB/s = bytes / copy busy time)")
+    ax_r.set_xlabel("throughput of copies launched in the sub-phase\n(GB/s = bytes / copy busy time)")
     S.tidy_axis(ax_r, "x")
     ax_r.grid(True, axis="x", color="#E5E5E5")
     ax_r.set_axisbelow(True)
@@ -503,7 +503,7 @@ def overlap_contention(data: ReportData, rank: int = 0, iteration: int | None = 
                               edgecolor=S.phase_color(p), linewidth=1.5)
                 b1[0].set_gid(f"hidden:{p}:{d}")
                 b2[0].set_gid(f"exposed:{p}:{d}")
-                if hid + exp > 0:
+                if hid + exp > 0.01 * float(ov["copy_ns"].max()) / div:  # label bars one can see
                     share = hid / (hid + exp)
                     ax_o.text(j + off, hid + exp, f"{d}\n{100 * share:.0f}% hidden", ha="center", va="bottom", fontsize=7)
         ax_o.set_xticks(range(len(phases_present)), phases_present)
