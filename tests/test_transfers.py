@@ -380,3 +380,40 @@ def test_overlap_by_sub_phase_matches_sql(sql, em):
     r = o.filter(pl.col("sub_phase") == "DeepSpeedZeroOptimizer_Stage3.partition_grads").row(0, named=True)
     assert r["h2d_bytes"] == sum(x[3] for x in rows if x[0] == 1)
     assert r["d2h_busy_ns"] == loop_union([(x[4], x[5]) for x in rows if x[0] == 2])
+
+
+def test_uncontended_bandwidth_and_no_windows_match_sql(sql, em):
+    import statistics
+
+    _, m = em
+    pairs = sql.execute("""SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY a JOIN CUPTI_ACTIVITY_KIND_MEMCPY b
+                           ON a.rowid < b.rowid AND a.start < b."end" AND b.start < a."end"
+                           WHERE a.copyKind IN (1, 2) AND b.copyKind IN (1, 2)""").fetchone()[0]
+    assert pairs == 0 and contention.contention_windows(m).height == 0
+    # no copy overlaps another, so every copy is uncontended: median GB/s per direction and kind by SQL rows
+    rows = sql.execute('SELECT copyKind, srcKind, dstKind, bytes, "end" - start FROM CUPTI_ACTIVITY_KIND_MEMCPY '
+                       'WHERE copyKind IN (1, 2) AND "end" > start').fetchall()
+    want = defaultdict(list)
+    for ck, sk, dk, b, d in rows:
+        want[("H2D" if ck == 1 else "D2H", {0: "pageable", 1: "pinned"}[sk if ck == 1 else dk])].append(b / d)
+    got = {(r["direction"], r["host_kind"]): r for r in contention.uncontended_bandwidth(m).iter_rows(named=True)}
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert got[k]["copies"] == len(v)
+        assert got[k]["median_gbps"] == pytest.approx(statistics.median(v), rel=1e-12)
+
+
+def test_pcie_copy_bytes_in_update_match_loop(sql, em):
+    e, m = em
+    st = pcie_metrics.pcie_phase_stats(e, m, by=("phase",))
+    rows = sql.execute('SELECT bytes, start, "end" FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 1').fetchall()
+    want, wall = 0.0, 0
+    for a, b in ranges(sql, STEP):
+        wall += b - a
+        for n, s, t in rows:
+            t = max(t, s + 1)
+            want += n * max(0, min(t, b) - max(s, a)) / (t - s)
+    r = st.filter((pl.col("phase") == "update") & (pl.col("direction") == "H2D")).row(0, named=True)
+    assert r["wall_ns"] == wall
+    assert r["copy_bytes"] == pytest.approx(want, rel=1e-9)
+    assert r["copy_gbps"] == pytest.approx(want / wall)
