@@ -108,7 +108,7 @@ def _clean(row: dict) -> dict:
     out = {}
     for k, v in row.items():
         if isinstance(v, float):
-            v = None if v != v else round(v, 6)
+            v = None if v != v or v in (float("inf"), float("-inf")) else round(v, 6)  # JSON has no NaN/inf
         out[k] = v
     return out
 
