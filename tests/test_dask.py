@@ -87,4 +87,4 @@ def test_unreachable_scheduler(runs, monkeypatch, capsys):
 def test_bad_address(runs, capsys):
     rc = main(["analyze", str(runs), "--dask", "nonsense://x"])
     err = capsys.readouterr().err
-    assert rc == 2 and "nonsense://x" in err and err.count("\n") == 1
+    assert rc == 2 and "nonsense://x" in err and err.count("\n") == 1 and "not a Dask scheduler address" in err

@@ -214,6 +214,15 @@ def _run_dask(address: str, paths: list[Path], opts: dict, cache: bool) -> list[
         ) from None
     timeout = float(os.environ.get("TRACEKIT_DASK_TIMEOUT", DASK_CONNECT_TIMEOUT_S))
     try:
+        from distributed.comm import parse_address
+        from distributed.comm.registry import backends
+
+        scheme, location = parse_address(address)
+        if scheme not in backends or not location:
+            raise ValueError(f"expected SCHEME://HOST:PORT such as tcp://HOST:8786")
+    except Exception as exc:  # checked before Client(), which leaves a half-made client behind
+        raise TracekitError(f"--dask {address}: not a Dask scheduler address ({exc})") from None
+    try:
         client = Client(address, timeout=timeout, set_as_default=False)
     except Exception as exc:  # OSError/TimeoutError (unreachable), ValueError (bad address)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
