@@ -219,7 +219,7 @@ def _run_dask(address: str, paths: list[Path], opts: dict, cache: bool) -> list[
 
         scheme, location = parse_address(address)
         if scheme not in backends or not location:
-            raise ValueError(f"expected SCHEME://HOST:PORT such as tcp://HOST:8786")
+            raise ValueError("expected SCHEME://HOST:PORT such as tcp://HOST:8786")
     except Exception as exc:  # checked before Client(), which leaves a half-made client behind
         raise TracekitError(f"--dask {address}: not a Dask scheduler address ({exc})") from None
     try:
