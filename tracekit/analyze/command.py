@@ -79,13 +79,13 @@ def register(app: typer.Typer) -> None:
         if jobs is not None and jobs < 1:
             raise TracekitError("--jobs must be a positive integer")
         # fields of tracekit.analyze.result.Options (a dict: a cached result needs no polars)
-        from tracekit.analyze import transfers
+        from tracekit.analyze import sections as transfer_sections  # no polars: a cached result needs none
 
-        sections = transfers.parse_sections(section, all_sections)
+        sections = transfer_sections.parse_sections(section, all_sections)
         if as_json and not sections:  # --json carries every section but the (long) timeline
-            sections = tuple(s for s in transfers.SECTIONS if s != "timeline")
+            sections = tuple(s for s in transfer_sections.SECTIONS if s != "timeline")
         if out is not None and not sections:
-            sections = transfers.SECTIONS
+            sections = transfer_sections.SECTIONS
         if not 0 < pcie_threshold <= 100:
             raise TracekitError("--pcie-threshold must be in (0, 100]")
         if bin_ms <= 0:
@@ -93,6 +93,8 @@ def register(app: typer.Typer) -> None:
         options = dict(phase=phase, iteration=iteration, phase_map=phase_map, gas=gas, sections=sections,
                        pcie_threshold=pcie_threshold, bin_ms=bin_ms)
         if out is not None:
+            from tracekit.analyze import transfers
+
             paths = multi.expand_inputs(traces)
             for path in paths:
                 dest = out if len(paths) == 1 else out / Path(path).stem

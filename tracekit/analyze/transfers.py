@@ -31,7 +31,10 @@ from tracekit.analyze.findings import build_findings
 from tracekit.analyze.phases import PhaseModel
 from tracekit.errors import MissingDataError, TracekitError
 
-SECTIONS = ("overlap", "contention", "sizes", "pageable", "memory", "timeline", "pcie", "opportunities")
+# SECTIONS and parse_sections live in a module without polars, so that the CLI can parse
+# --section and answer from the result cache without importing the analysis stack
+from tracekit.analyze.sections import SECTIONS, parse_sections  # noqa: E402,F401
+
 #: frames shown/serialized per section (the first is the main table)
 SECTION_FRAMES = {
     "overlap": ["overlap", "overlap_phase", "overlap_sub_phase", "overlap_total"],
@@ -47,28 +50,6 @@ SECTION_FRAMES = {
 #: frames too long for --json (one row per event/sample); written with --out only
 FILE_ONLY = {"memory_timeline", "pcie_series"}
 PER_WINDOW = ("iteration", "phase", "micro_step")
-
-
-def parse_sections(text: list[str] | str | None, all_: bool = False) -> tuple[str, ...]:
-    """``"overlap,pageable"`` (or a list of such) -> sections; raises TracekitError for unknown."""
-    if all_:
-        return SECTIONS
-    if not text:
-        return ()
-    items = [text] if isinstance(text, str) else list(text)
-    out = []
-    for item in items:
-        for s in str(item).split(","):
-            s = s.strip()
-            if not s:
-                continue
-            if s == "all":
-                return SECTIONS
-            if s not in SECTIONS:
-                raise TracekitError(f"--section {s!r}: choose from {', '.join(SECTIONS)} (or all)")
-            if s not in out:
-                out.append(s)
-    return tuple(out)
 
 
 @dataclass
