@@ -341,3 +341,26 @@ def test_time_unit_adapts(span_ns, unit):
 @pytest.mark.parametrize("span_ns, bin_ns", [(0.6e9, 1_000_000), (60e9, 100_000_000), (1e6, 100_000)])
 def test_bins_adapt(span_ns, bin_ns):
     assert D.nice_bin(span_ns) == bin_ns
+
+
+def test_iteration_breakdown_many_iterations(tmp_path):
+    """Past 100 iterations the bars are drawn as collections (fast); the frame is unchanged."""
+    from synthetic import SyntheticTrace, gtid
+
+    t = SyntheticTrace()
+    tid = gtid(5, 1)
+    T = 10_000_000
+    for it in range(120):
+        b = it * T
+        for name, a, e in [("forward", 0, 0.4), ("backward", 0.4, 0.8), ("update", 0.8, 1.0)]:
+            t.range(name, b + int(a * T), b + int(e * T) - 1000, tid=tid, domain="tracekit")
+        t.kernel(b + int(0.05 * T), b + int(0.2 * T), 5, 1, launch=b + int(0.01 * T))
+    d = ReportData.load(t.write(tmp_path / "many.sqlite"))
+    fig, frame = F.iteration_breakdown(d)
+    assert frame["iteration"].n_unique() == 120
+    assert frame.filter(pl.col("phase") == "forward")["gpu_busy_ns"].to_list() == [int(0.15 * T)] * 120
+    verts = fig.axes[0].collections[1].get_paths()  # the GPU-busy layer
+    heights = [p.vertices[:, 1].max() - p.vertices[:, 1].min() for p in verts]
+    assert heights == pytest.approx((frame["gpu_busy_ns"].to_numpy() / 1e6).tolist())
+    S.close(fig)
+    d.close()
