@@ -202,3 +202,19 @@ def test_report_on_full_shared_trace(full_trace, tmp_path):
     assert "over iterations 1–3 (iteration 0, the warm-up step, is left out)" in md
     row = next(line for line in md.splitlines() if line.startswith("| update |"))
     assert [c.strip() for c in row.strip("|").split("|")][4] == "268.2"  # H2D MB per update
+
+
+@pytest.mark.parametrize("trace", sorted(ZERO3_CUT.parent.glob("*.sqlite")), ids=lambda p: p.name)
+def test_report_on_every_fixture(trace, tmp_path):
+    """Every real fixture (DeepSpeed ranges or tracekit's own capture ranges) gives all figures,
+    and figure 1's stacks add up to the iteration spans."""
+    from tracekit.report.report import write_report
+
+    res = write_report(trace, tmp_path / "r")
+    assert set(res.figures) == set(FIGURES)
+    f1 = pl.read_csv(tmp_path / "r" / "data" / "1_iteration_breakdown.csv")
+    d = ReportData.load(trace)
+    spans = d.iteration_spans(d.rank(0))
+    d.close()
+    got = f1.group_by("iteration").agg(pl.col("wall_ns").sum()).sort("iteration")
+    assert got["wall_ns"].to_list() == (spans["end_ns"] - spans["start_ns"]).to_list()
