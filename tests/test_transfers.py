@@ -417,3 +417,22 @@ def test_pcie_copy_bytes_in_update_match_loop(sql, em):
     assert r["wall_ns"] == wall
     assert r["copy_bytes"] == pytest.approx(want, rel=1e-9)
     assert r["copy_gbps"] == pytest.approx(want / wall)
+
+
+def test_pcie_baseline_matches_sql(sql, em):
+    import statistics
+
+    e, m = em
+    st = pcie_metrics.pcie_phase_stats(e, m, by=("phase",))
+    for name, kind, d in (("PCIe TX Throughput%", 2, "D2H"), ("PCIe RX Throughput%", 1, "H2D")):
+        mid = sql.execute("SELECT metricId FROM TARGET_INFO_GPU_METRICS WHERE metricName LIKE ?", (name,)).fetchone()[0]
+        vals = [v for (v,) in sql.execute(
+            """WITH s AS (SELECT timestamp AS t, value,
+                                 LAG(timestamp) OVER (ORDER BY timestamp) AS p FROM GPU_METRICS WHERE metricId = ?)
+               SELECT value FROM s WHERE p IS NOT NULL AND NOT EXISTS (
+                 SELECT 1 FROM CUPTI_ACTIVITY_KIND_MEMCPY c WHERE c.copyKind = ? AND c.start < s.t AND c."end" > s.p)""",
+            (mid, kind))]
+        got = st.filter(pl.col("direction") == d)["baseline_pct"].unique().to_list()
+        assert got == [statistics.median(vals)]
+    bwd = st.filter(pl.col("phase") == "backward")
+    assert all(45 < v < 65 for v in bwd["implied_peak_gbps"])  # copies explain the link traffic

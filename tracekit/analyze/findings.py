@@ -9,7 +9,10 @@ Built only from the frames of the transfer analyses (no new measurement), per ra
 - ``contention``: contention windows per phase, or that there were none;
 - ``gradient-round-trip`` and ``update``: the two offload opportunities
   (:mod:`tracekit.analyze.opportunities`);
-- ``pcie``: time at or above the saturation threshold per phase, when the series was read.
+- ``pcie``: time at or above the saturation threshold per phase, when the series was read;
+- ``pcie-cross-check``: the link peak implied by copy bytes/s and the metric per phase
+  (:func:`tracekit.analyze.pcie_metrics.pcie_phase_stats`); within 25 % of each other the
+  copies account for the traffic.
 
 Each finding is a dict ``{"topic", "pid", "device", "phase", "text", "values"}``; ``values``
 holds the numbers of the sentence in base units (ns, bytes, GB/s). Per-iteration figures
@@ -171,6 +174,17 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
                     f"{pcie_threshold:.0f}% of the link for {_ms(g['duration_ns'].sum())} in {g.height} windows "
                     f"(peak {g['peak_pct'].max():.0f}%)", g["duration_ns"].sum() / 10, saturated_ns=g["duration_ns"].sum(),
                     windows=g.height, direction=d)
+        pp = _rank_filter(frames.get("pcie_phase"), gpid, dev)
+        if pp is not None and pp.height:
+            ok = pp.filter((pl.col("copy_gbps") > 0.5) & pl.col("implied_peak_gbps").is_not_null())
+            if ok.height:
+                lo, hi = ok["implied_peak_gbps"].min(), ok["implied_peak_gbps"].max()
+                verdict = ("the copies account for the link traffic" if hi <= 1.25 * lo else
+                           "the phases disagree, so part of the link traffic is not in the traced copies "
+                           "(or the metric's scale differs)")
+                add("pcie-cross-check", None, f"PCIe cross-check: copy bytes/s vs the RX/TX metric imply a link peak of "
+                    f"{lo:.0f}-{hi:.0f} GB/s over {ok.height} phase/direction pairs; {verdict}", 0,
+                    implied_min_gbps=lo, implied_max_gbps=hi)
         rank_out.sort(key=lambda x: -x[0])
         out.extend(f for _, f in rank_out)
     return out

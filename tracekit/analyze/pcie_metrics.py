@@ -17,8 +17,9 @@ then adds a note.
   timestamp lies in the group's windows, and the cross-check ``copy_gbps``: bytes the
   copies of that direction delivered during those windows (each copy's bytes spread evenly
   over its duration, all copies of the device) divided by the windows' wall time;
-  ``implied_peak_gbps`` = copy_gbps / (mean_pct / 100) is the link peak the two imply — it
-  should be about the same in every phase when the copies explain the link traffic;
+  ``implied_peak_gbps`` = copy_gbps / ((mean_pct - baseline_pct) / 100) is the link peak the
+  two imply (the baseline is what the metric reads with no copy in flight) — it should be
+  about the same in every phase when the copies explain the link traffic;
 - saturation windows: maximal runs of consecutive samples at or above ``threshold`` %.
 """
 
@@ -86,7 +87,9 @@ def pcie_series(export: Export, model: PhaseModel | None = None) -> pl.DataFrame
     ``time`` (ns, end of the sample's interval), ``start`` (ns, the previous sample of the same
     metric; for the first, ``time`` minus the median interval), ``value_pct``. With ``model``,
     one copy of the device's series per rank, with ``global_pid`` and the ``window_id,
-    iteration, phase, micro_step, boundary`` of the window containing ``time``.
+    iteration, phase, micro_step, boundary`` of the window containing ``time``, and
+    ``copy_gbps``: bytes the rank's copies of that direction delivered in the sample's
+    interval (spread evenly over each copy) / interval length.
 
     Raises :class:`~tracekit.errors.MissingDataError` without PCIe metrics.
     """
@@ -110,7 +113,17 @@ def pcie_series(export: Export, model: PhaseModel | None = None) -> pl.DataFrame
     if model is None:
         return s
     r = ranks_of(model)
-    s = r.join(s, on="device", how="inner")
+    s = r.join(s, on="device", how="inner").sort([*RANK, "direction", "time"])
+    # copy throughput of the rank over each sample's interval, for the cross-check
+    copies = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"]))
+    parts = []
+    for (gpid, dev, d), g in s.group_by([*RANK, "direction"]):
+        c = copies.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev) & (pl.col("direction") == d))
+        cs, ce, cb = c["start"].to_numpy(), c["end"].to_numpy(), c["bytes"].to_numpy()
+        a, b = g["start"].to_numpy(), g["time"].to_numpy()
+        moved = spread_cumulative(cs, ce, cb, b) - spread_cumulative(cs, ce, cb, a)
+        parts.append(g.with_columns(copy_gbps=pl.Series(np.maximum(moved, 0.0) / np.maximum(b - a, 1))))
+    s = pl.concat(parts) if parts else s.with_columns(copy_gbps=pl.lit(None, pl.Float64))
     return attach_window(model, s, "time").sort([*RANK, "direction", "time"])
 
 
@@ -119,9 +132,11 @@ def pcie_phase_stats(export: Export, model: PhaseModel, by=PHASE_KEYS, series: p
 
     Columns: ``global_pid, device``, the ``by`` columns (``sub_phase`` is not available: the
     series is attributed by time), ``direction``, ``samples``, ``mean_pct``, ``peak_pct``,
-    ``wall_ns`` (of the group's windows), ``copy_bytes`` (delivered during them),
-    ``copy_gbps`` = copy_bytes / wall_ns, ``implied_peak_gbps`` (see module doc; null when
-    mean_pct is 0).
+    ``baseline_pct`` (median % of the rank's samples with no copy of that direction in flight:
+    the metric's reading of an idle link, e.g. 1 % for TX), ``wall_ns`` (of the group's
+    windows), ``copy_bytes`` (delivered during them), ``copy_gbps`` = copy_bytes / wall_ns,
+    ``implied_peak_gbps`` = copy_gbps / ((mean_pct - baseline_pct) / 100) (null when the mean
+    is not above the baseline).
     """
     by = [b for b in check_by(by) if b != "sub_phase"]
     keys = [*RANK, *by]
@@ -129,6 +144,7 @@ def pcie_phase_stats(export: Export, model: PhaseModel, by=PHASE_KEYS, series: p
     stats = s.group_by([*keys, "direction"]).agg(
         samples=pl.len().cast(pl.Int64), mean_pct=pl.col("value_pct").mean(), peak_pct=pl.col("value_pct").max()
     )
+    base = s.filter(pl.col("copy_gbps") == 0).group_by([*RANK, "direction"]).agg(baseline_pct=pl.col("value_pct").median())
     win = model.windows.join(ranks_of(model), on="global_pid")
     copies = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"]))
     parts = []
@@ -147,13 +163,15 @@ def pcie_phase_stats(export: Export, model: PhaseModel, by=PHASE_KEYS, series: p
         wall_ns=pl.col("wall").sum(), copy_bytes=pl.col("copy_bytes").sum(), start_ns=pl.col("start").min()
     )
     out = cb.join(stats, on=[*keys, "direction"], how="left", nulls_equal=True)
+    out = out.join(base, on=[*RANK, "direction"], how="left").with_columns(pl.col("baseline_pct").fill_null(0.0))
     out = out.with_columns(samples=pl.col("samples").fill_null(0), copy_gbps=ratio("copy_bytes", "wall_ns"))
+    above = pl.col("mean_pct") - pl.col("baseline_pct")
     out = out.with_columns(
-        implied_peak_gbps=pl.when(pl.col("mean_pct") > 0).then(pl.col("copy_gbps") / (pl.col("mean_pct") / 100))
-        .otherwise(None)
+        implied_peak_gbps=pl.when(above > 0).then(pl.col("copy_gbps") / (above / 100)).otherwise(None)
     )
     return out.sort([*RANK, "start_ns", "direction"]).select(
-        *keys, "direction", "samples", "mean_pct", "peak_pct", "wall_ns", "copy_bytes", "copy_gbps", "implied_peak_gbps"
+        *keys, "direction", "samples", "mean_pct", "peak_pct", "baseline_pct", "wall_ns", "copy_bytes", "copy_gbps",
+        "implied_peak_gbps",
     )
 
 

@@ -99,7 +99,8 @@ MEMORY = [
 ]
 PCIE = [
     ("iter", _it, _txt), ("phase", _phase, _txt), ("dir", "direction", _txt), ("samples", "samples", _num),
-    ("mean %", "mean_pct", _num), ("peak %", "peak_pct", _num), ("copy GB/s", "copy_gbps", _rate),
+    ("mean %", "mean_pct", _num), ("peak %", "peak_pct", _num), ("idle %", "baseline_pct", _num),
+    ("copy GB/s", "copy_gbps", _rate),
     ("implied peak GB/s", "implied_peak_gbps", _rate),
 ]
 TRIPS = [
