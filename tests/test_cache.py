@@ -100,12 +100,13 @@ def test_cache_invalidated_by_changed_content(trace):
 def test_result_cache_and_no_cache(trace, tmp_path):
     first = analyze_one(trace, {"phase": "update"}, cache=True)
     tc = TraceCache(trace)
-    key = tc.result_key({"phase": "update"})
+    key = tc.result_key({"phase": "update"}, str(trace))
     assert tc.get_result(key) == first
     assert analyze_one(trace, {"phase": "update"}, cache=True) == first
     other = tmp_path / "other.sqlite"
     shutil.copy(trace, other)
     assert analyze_one(other, {"phase": "update"}, cache=False) | {"trace": str(trace)} == first
+    assert analyze_one(trace, {"phase": "update"}, cache=True) == first
     assert not other.with_name(other.name + SUFFIX).exists()
 
 

@@ -107,6 +107,11 @@ def register(app: typer.Typer) -> None:
                 return
             multi.render_many(many)
             return
+        if as_json and cache:
+            text = multi.cached_json(traces[0], options)  # printed as stored, without parsing
+            if text is not None:
+                sys.stdout.write(text)
+                return
         result = multi.analyze_one(traces[0], options, cache=cache)
         if as_json:
             multi.write_json(result, sys.stdout)  # rows one per line; fast on large results
