@@ -99,7 +99,7 @@ def train(config: str, runs: int, steps: int, warmup: int, extra: list[str]) -> 
     base.pop("TRACEKIT_HOOK", None)
     times: dict[str, list[float]] = {"off": [], "on": []}
     for r in range(runs):
-        for mode in ("off", "on"):
+        for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):  # alternate the order
             env = dict(base)
             if mode == "on":
                 env["TRACEKIT_HOOK"] = "1"
