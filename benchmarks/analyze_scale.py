@@ -17,7 +17,11 @@ when absent), prints medians over ``--repeat`` runs of:
   from Parquet but the whole analysis runs;
 - peak RSS (``ru_maxrss`` of each child process) for all of the above;
 - scaling: time and memory against trace size over the full trace and the cuts, with the
-  least-squares line ``t = a + b * size`` and its R^2.
+  least-squares line ``t = a + b * size`` and its R^2;
+- CPU time (user + system) of the bare scan and the analysis, less sensitive than wall time
+  to other work on the machine;
+- where the time of one run goes (imports, SQLite reads, phase model, transfer sections,
+  JSON rows, terminal tables), from an in-process run with timers around those functions.
 
 Everything runs with the trace in the OS page cache (one discarded warm-up run first): it
 measures tracekit, not the disk. Timings on a shared machine are noisy; medians are reported.
@@ -80,8 +84,9 @@ print(rows)
 """
 
 
-def measure(cmd: list[str], env: dict | None = None) -> tuple[float, float, str]:
-    """Run ``cmd`` and return (wall s, peak RSS MB, stdout), RSS from ``os.wait4``."""
+def measure(cmd: list[str], env: dict | None = None) -> tuple[float, float, str, float]:
+    """Run ``cmd`` and return (wall s, peak RSS MB, stdout, CPU s = user + system), RSS and CPU
+    from ``os.wait4`` of that child."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
@@ -92,14 +97,16 @@ def measure(cmd: list[str], env: dict | None = None) -> tuple[float, float, str]
         err.seek(0)
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {err.read().decode()[-2000:]}")
-        return wall, usage.ru_maxrss / 1024, out.read().decode()
+        return wall, usage.ru_maxrss / 1024, out.read().decode(), usage.ru_utime + usage.ru_stime
 
 
-def median_of(runs: list[tuple[float, float, str]]) -> dict:
+def median_of(runs: list[tuple[float, float, str, float]]) -> dict:
     walls = [r[0] for r in runs]
     rss = [r[1] for r in runs]
+    cpu = [r[3] for r in runs]
     return {"wall_s": statistics.median(walls), "wall_min_s": min(walls), "wall_max_s": max(walls),
-            "rss_mb": statistics.median(rss), "rss_max_mb": max(rss), "runs": len(runs)}
+            "cpu_s": statistics.median(cpu), "rss_mb": statistics.median(rss), "rss_max_mb": max(rss),
+            "runs": len(runs)}
 
 
 def cache_dir(trace: Path) -> Path:
@@ -123,9 +130,11 @@ def bench_trace(trace: Path, repeat: int, work: Path) -> dict:
 
     # warm-up: page cache, .pyc files
     measure([*analyze, "--no-cache"], env)
-    bare = [measure([sys.executable, "-c", _BARE, str(trace), str(qonly)], env) for _ in range(repeat)]
+    bare, nocache = [], []
+    for _ in range(repeat):  # interleaved, so that both see the same load on a shared machine
+        bare.append(measure([sys.executable, "-c", _BARE, str(trace), str(qonly)], env))
+        nocache.append(measure([*analyze, "--no-cache"], env))
     rows = int(bare[0][2].strip())
-    nocache = [measure([*analyze, "--no-cache"], env) for _ in range(repeat)]
 
     first, cached, frames = [], [], []
     for _ in range(repeat):
@@ -149,9 +158,50 @@ def bench_trace(trace: Path, repeat: int, work: Path) -> dict:
         "cache_mb": cache_mb,
     }
     out["ratio_to_bare"] = out["analyze_no_cache"]["wall_s"] / out["bare_scan"]["wall_s"]
+    out["ratio_to_bare_min"] = out["analyze_no_cache"]["wall_min_s"] / out["bare_scan"]["wall_min_s"]
+    out["cpu_ratio_to_bare"] = out["analyze_no_cache"]["cpu_s"] / out["bare_scan"]["cpu_s"]
     out["cache_speedup"] = out["analyze_first_run"]["wall_s"] / out["analyze_cached"]["wall_s"]
     out["frames_cache_speedup"] = out["analyze_first_run"]["wall_s"] / out["analyze_frames_cached"]["wall_s"]
     return out
+
+
+_STAGES = r"""
+import contextlib, io, json, sys, time
+t_start = time.perf_counter()
+timers = {}
+def wrap(obj, name, label):
+    fn = getattr(obj, name, None)
+    if fn is None:  # renamed since: leave it out
+        return
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            timers[label] = timers.get(label, 0.0) + time.perf_counter() - t0
+    setattr(obj, name, timed)
+t0 = time.perf_counter()
+from tracekit.cli import main
+from tracekit.analyze import export, phases, pcie_metrics, transfers, result, render, multi
+timers["import (tracekit, polars, numpy)"] = time.perf_counter() - t0
+wrap(export.Export, "query", "SQLite reads (Export.query, incl. waiting for the prefetch)")
+wrap(phases, "build", "phase model (phases.build)")
+wrap(transfers, "analyze_transfers", "transfer sections (transfers.analyze_transfers)")
+wrap(pcie_metrics, "pcie_series", "  of which pcie_series (GPU_METRICS, incl. its read)")
+wrap(transfers.TransferResult, "rank_sections", "frames -> JSON rows (TransferResult.rank_sections)")
+wrap(render, "render", "terminal tables (render.render)")
+wrap(result, "analyze_export", "whole analysis (result.analyze_export)")
+with contextlib.redirect_stdout(io.StringIO()):
+    rc = main(["analyze", sys.argv[1], *sys.argv[2:], "--no-cache"])
+timers["total in process"] = time.perf_counter() - t_start
+print(json.dumps(timers))
+"""
+
+
+def stages(trace: Path) -> dict:
+    """Seconds spent per stage in one in-process run of ``analyze --all --no-cache``."""
+    _, _, out, _ = measure([sys.executable, "-c", _STAGES, str(trace), *ANALYZE_ARGS])
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def make_cuts(trace: Path, cuts_dir: Path) -> list[Path]:
@@ -192,6 +242,10 @@ def report(results: list[dict]) -> None:
           f"{r['analyze_cached']['wall_s']:8.2f} {r['cache_speedup']:6.1f} "
           f"{r['analyze_frames_cached']['wall_s']:8.2f} {r['frames_cache_speedup']:5.1f}")
     w("columns: bare = sqlite3 scan of the analysis' queries; analyze = --no-cache; ratio = analyze / bare;")
+    for r in results:
+        w(f"  {Path(r['trace']).name}: fastest runs ratio {r['ratio_to_bare_min']:.2f}; CPU (user+sys) "
+          f"bare {r['bare_scan']['cpu_s']:.2f} s, analyze {r['analyze_no_cache']['cpu_s']:.2f} s, "
+          f"ratio {r['cpu_ratio_to_bare']:.2f}")
     w("         1st = first run with the cache on (writes it); cached = second run (result cache);")
     w("         frames = results deleted, Parquet frames kept; x = 1st / that run")
     if len(results) >= 2:
@@ -234,8 +288,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"benchmarking {t} ...", file=sys.stderr)
             results.append(bench_trace(t, args.repeat, Path(work)))
     report(results)
+    st = stages(args.trace)
+    print(f"\nwhere the time goes, {args.trace.name} (one in-process run; stages nest):")
+    for label, sec in st.items():
+        print(f"  {sec:6.2f} s  {label}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps({"results": results, "stages": st}, indent=1))
     return 0
 
 
