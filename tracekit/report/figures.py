@@ -229,7 +229,7 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
     ).group_by("metric", "t_ns").agg(pl.col("percent").mean()).sort("metric", "t_ns")
     pm_f = pm.select(series=pl.lit("pcie_") + pl.col("metric"), t_ns="t_ns", t_end_ns=pl.col("t_ns") + bin_ns,
                      value="percent", label=pl.lit(None, pl.String), phase=pl.lit(None, pl.String))
-    for p in (bands, sub, mem_f, thr_f, pm_f):
+    for p in (thr_f, pm_f, mem_f, bands, sub):  # numeric series first: CSV readers infer types from the top
         parts.append(p.cast({"t_ns": pl.Int64, "t_end_ns": pl.Int64, "value": pl.Float64}))
     frame = pl.concat(parts, how="vertical_relaxed")
 
@@ -258,6 +258,10 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
         for r in segs.iter_rows(named=True):
             c = sub_colors.get(r["sub_phase"], "#C8C8C8")
             ax_b.broken_barh([(x(r["s"]), (r["e"] - r["s"]) / div)], (0.05, 0.9), facecolors=c, linewidth=0)
+            w = (r["e"] - r["s"]) / span
+            if w > 0.07 and r["sub_phase"] in sub_colors:  # wide enough to name in place
+                ax_b.text(x((r["s"] + r["e"]) / 2), 0.5, S.shorten(r["sub_phase"], max(8, int(w * 150))),
+                          ha="center", va="center", fontsize=7, color="white", fontweight="bold", clip_on=True)
         ax_b.set_yticks([0.5, 1.5], ["update\nsub-phases", "phase"], fontsize=8)
     else:
         ax_b.set_yticks([1.5], ["phase"], fontsize=8)
