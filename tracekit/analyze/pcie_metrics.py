@@ -80,6 +80,26 @@ def prefetch_series(export: Export) -> bool:
     return export.prefetch(*_series_query(ids))
 
 
+def _by_metric_with_start(s: pl.DataFrame) -> pl.DataFrame:
+    """``s`` sorted by (type_id, direction, time) with ``start`` = the time of the previous
+    sample of the same (type_id, direction), null for the first.
+
+    nsys writes GPU_METRICS in time order; then one stable sort on a small integer key keeps
+    time order within each metric, several times faster than a three-key sort of millions of
+    rows. Any other order falls back to the full sort.
+    """
+    if s["time"].is_sorted():
+        dirs = {d: i for i, d in enumerate(sorted(s["direction"].unique().to_list()))}
+        key = s["type_id"].rank("dense").cast(pl.Int64).to_numpy() * (len(dirs) + 1) + s["direction"].replace_strict(
+            dirs, return_dtype=pl.Int64
+        ).to_numpy()
+        s = s[np.argsort(key, kind="stable")]
+    else:
+        s = s.sort("type_id", "direction", "time")
+    same = (pl.col("type_id") == pl.col("type_id").shift(1)) & (pl.col("direction") == pl.col("direction").shift(1))
+    return s.with_columns(start=pl.when(same).then(pl.col("time").shift(1)).otherwise(None))
+
+
 def pcie_series(export: Export, model: PhaseModel | None = None) -> pl.DataFrame:
     """PCIe RX/TX samples, one row per sample.
 
@@ -104,9 +124,7 @@ def pcie_series(export: Export, model: PhaseModel | None = None) -> pl.DataFrame
         if len(devs) == 1:  # one sampled GPU, one device with work: the same one
             mapping = {types[0]: devs[0]}
     s = s.with_columns(device=pl.col("type_id").replace_strict(mapping, default=None, return_dtype=pl.Int64))
-    s = s.sort("type_id", "direction", "time").with_columns(
-        start=pl.col("time").shift(1).over("type_id", "direction")
-    )
+    s = _by_metric_with_start(s)
     step = s.select((pl.col("time") - pl.col("start")).median()).item() or 0
     s = s.with_columns(start=pl.col("start").fill_null(pl.col("time") - int(step)))
     s = s.select("device", "type_id", "direction", "start", "time", "value_pct")
