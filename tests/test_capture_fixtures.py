@@ -165,3 +165,54 @@ def test_analyzer_takes_phases_from_tracekit_ranges(path, copy_name):
             cpu = next(r for r in ranges if r[3] == "cpu_optimizer_step" and inside(r, iters[n]))
             sub = next(s for s in subs if s["iteration"] == n and s["sub_phase"] == "cpu_optimizer_step")
             assert sub["wall_ns"] == cpu[1] - cpu[0]
+
+
+# --------------------------------------------------------------------------- --iterations
+ITERS = FIXTURES / "zero2_offload_gas2_iterations1-2.sqlite"
+ITERS_MANIFEST = FIXTURES / "zero2_offload_gas2_iterations1-2_capture.json"
+N_PARAMS_4_LAYERS = 2 * 32000 * 768 + 4 * (4 * 768 * 768 + 3 * 768 * 2048 + 2 * 768) + 768
+N_TENSORS_4_LAYERS = 4 * 9 + 3
+
+
+def test_capture_range_holds_only_the_asked_iterations():
+    """A whole (untrimmed) capture made with --iterations 1-2 of a 4-step run."""
+    ranges = tracekit_ranges(ITERS)
+    assert sorted(iteration_ranges(ranges)) == [1, 2]
+    names = [r[3] for r in ranges]
+    assert names.count("update") == 2 and names.count("forward") == 4
+    assert names.count("grad_copy_to_host") == N_TENSORS_4_LAYERS * 4
+    con = sqlite3.connect(f"file:{ITERS}?mode=ro", uri=True)
+    try:
+        first, last = con.execute("select min(start), max(end) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+    finally:
+        con.close()
+    iters = iteration_ranges(ranges)
+    # every kernel ran between the start of iteration 1 and the end of iteration 2
+    assert iters[1][0] <= first and last <= iters[2][1]
+    manifest = json.loads(ITERS_MANIFEST.read_text())
+    assert manifest["options"]["iterations"] == [1, 2]
+    assert "--capture-range=cudaProfilerApi" in manifest["nsys"]["command"]
+    assert manifest["exit_status"] == {"nsys": 0, "tracekit": 0}
+
+
+def test_capture_range_parameter_copies():
+    con = sqlite3.connect(f"file:{ITERS}?mode=ro", uri=True)
+    try:
+        rows = con.execute(H2D_SQL.format(ranges=RANGES_SQL.replace("order by n.start", "")),
+                           ("param_copy_to_device",)).fetchall()
+    finally:
+        con.close()
+    assert N_PARAMS_4_LAYERS == 77_470_464
+    assert [b for _, b in rows] == [2 * N_PARAMS_4_LAYERS] * 2
+
+
+def test_manifests_of_the_gpu_captures():
+    for name, stage in (("zero3", 3), ("zero2", 2)):
+        m = json.loads((FIXTURES / f"{name}_offload_gas2_capture.json").read_text())
+        assert m["versions"]["deepspeed"] == "0.19.8"
+        assert m["deepspeed_config"]["zero_optimization"]["stage"] == stage
+        assert m["deepspeed_config"]["gradient_accumulation_steps"] == 2
+        assert m["hook"]["missing"] == []
+        assert m["gpus"][0]["name"] == "NVIDIA H200"
+        assert m["exit_status"] == {"nsys": 0, "tracekit": 0}
+        assert m["nsys"]["found_via"] == "standard folder"
