@@ -88,3 +88,10 @@ def test_bad_address(runs, capsys):
     rc = main(["analyze", str(runs), "--dask", "nonsense://x"])
     err = capsys.readouterr().err
     assert rc == 2 and "nonsense://x" in err and err.count("\n") == 1 and "not a Dask scheduler address" in err
+
+
+def test_dask_bad_trace_named(cluster, runs, capsys):
+    (runs / "rank1.sqlite").write_bytes(b"not an export")
+    rc = main(["analyze", str(runs), "--dask", cluster.scheduler_address, "--no-cache"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "rank1.sqlite" in err
