@@ -318,6 +318,15 @@ CPU_CONFIG = {
 }
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now (tests may run in parallel with other suites)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def ranges_from_log(path: Path) -> list[str]:
     """Indented range tree of the training thread from a TRACEKIT_HOOK_LOG file."""
     out, depth = [], 0
@@ -342,7 +351,7 @@ def test_real_deepspeed_on_cpu(tmp_path, stage):
     log = tmp_path / "hook.log"
     env = dict(os.environ, PYTHONPATH=str(HOOK_DIR), TRACEKIT_HOOK="1", TRACEKIT_HOOK_LOG=str(log),
                DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + stage))
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "train_llama.py"),
                            "--deepspeed_config", str(tmp_path / "ds.json"), "--steps", "2",
                            "--hidden", "64", "--layers", "2", "--heads", "2", "--intermediate", "128",
