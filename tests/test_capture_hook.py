@@ -7,7 +7,6 @@ on the CPU (ZeRO-2 and ZeRO-3 with CPU offload), whose ranges are read from the 
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
