@@ -369,3 +369,18 @@ def test_real_deepspeed_on_cpu(tmp_path, stage):
     one = ["  forward", "  backward", *grads, "  step (no update)", "  forward",
            "  backward boundary", *grads, "  update", *sub]
     assert tree == ["iteration 0", *one, "iteration 1", *one]
+
+
+def test_missing_nvtx_package_warns_once_and_training_goes_on(tmp_path):
+    (tmp_path / "nvtx.py").write_text("raise ImportError('no nvtx here')\n")
+    code = ("import _tracekit_hook as h\n"
+            "for _ in range(3):\n"
+            "    h._state.emitter.push('forward'); h._state.emitter.pop()\n"
+            "print('still running', h.report()['warnings'])\n")
+    env = dict(os.environ, PYTHONPATH=f"{HOOK_DIR}{os.pathsep}{tmp_path}", TRACEKIT_HOOK="1")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("still running")
+    assert done.stderr.count("the 'nvtx' package is not importable") == 1
+    assert "pip install nvtx" in done.stderr

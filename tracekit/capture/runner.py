@@ -284,6 +284,8 @@ def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_exp
     if not hooks:
         console.print("tracekit: warning: no process reported the DeepSpeed hook "
                       "(was DeepSpeed imported by a Python that reads PYTHONPATH?)")
+    for warning in dict.fromkeys(w for h in hooks for w in h.get("warnings", [])):
+        console.print(f"tracekit: hook warning: {warning}")
     for line in problems:
         console.print(f"tracekit: error: {line}")
     for line in retry:
