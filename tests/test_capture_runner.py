@@ -136,6 +136,14 @@ def test_iterations_and_user_options(tmp_path):
     assert "--capture-range-end=stop" in call["argv"]
     assert "--trace=cuda,nvtx,osrt" in call["argv"] and "--trace=cuda,nvtx" not in call["argv"]
     assert not any(c["argv"] == ["profile", "--gpu-metrics-devices=help"] for c in calls)
+    assert "has no nvtx" not in err
+
+
+def test_warns_when_user_trace_drops_nvtx(tmp_path):
+    rc, err, _ = capture(tmp_path, "-o", "run", "--no-gpu-metrics", "--nsys-option", "-t cuda,osrt",
+                         "--", "true")
+    assert rc == 0
+    assert "--trace=cuda,osrt has no nvtx" in err
 
 
 @pytest.mark.parametrize("args,message", [

@@ -184,6 +184,10 @@ def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_exp
 
     user_pairs = nsys_mod.normalize_options(nsys_mod.split_user_options(list(settings.user_options)))
     user_keys = {k for k, _ in user_pairs}
+    user_trace = dict(user_pairs).get("--trace")
+    if user_trace is not None and "nvtx" not in user_trace.split(","):
+        console.print(f"tracekit: warning: --trace={user_trace} has no nvtx: the tracekit phase "
+                      "ranges will not be recorded")
     metrics_note = None
     metrics_devices: list[str] | None = None
     if settings.gpu_metrics and "--gpu-metrics-devices" not in user_keys:
