@@ -18,7 +18,7 @@ from tracekit.errors import TracekitError  # noqa: E402
 @pytest.fixture(scope="module")
 def cluster():
     with distributed.LocalCluster(
-        n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None
+        n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
     ) as c:
         yield c
 
