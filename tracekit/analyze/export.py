@@ -70,6 +70,7 @@ class Export:
     cache: object = field(default=None, repr=False)
     _adbc: object = field(default=None, repr=False)
     _pending: dict = field(default_factory=dict, repr=False)
+    _memo: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -235,11 +236,21 @@ class Export:
 
         ``schema`` ({name: polars dtype}) names the result columns in order and fixes their
         types; without it, names come from the SQL and types are inferred. With a cache
-        (:attr:`cache`), a query already answered for this trace is read from Parquet.
+        (:attr:`cache`), a query already answered for this trace is read from Parquet; a
+        result of at most 200,000 rows is also kept in memory for repeats of the same query.
         Rows are fetched through the ADBC SQLite driver straight into Arrow when it is
         installed (:func:`reader`), else through the standard library's ``sqlite3``; both
         give equal frames. Raises :class:`TracekitError` when SQLite fails.
         """
+        mkey = _prefetch_key(sql, params, schema)
+        if mkey in self._memo:  # asked before in this run (several analyses share small tables)
+            return self._memo[mkey]
+        frame = self._query_uncached_memo(sql, params, schema, mkey)
+        if frame.height <= _MEMO_MAX_ROWS:
+            self._memo[mkey] = frame
+        return frame
+
+    def _query_uncached_memo(self, sql: str, params: tuple, schema: dict | None, mkey: tuple) -> pl.DataFrame:
         key = None
         if self.cache is not None:
             key = self.cache.query_key(sql, params, schema)
@@ -247,7 +258,7 @@ class Export:
             if hit is not None:
                 return hit
         frame = None
-        pending = self._pending.pop(_prefetch_key(sql, params, schema), None) if self._pending else None
+        pending = self._pending.pop(mkey, None) if self._pending else None
         if pending is not None:
             frame = pending.result()  # re-raises what the background read raised
         if frame is None and reader() == "adbc":
@@ -380,6 +391,11 @@ class Export:
             for id_, name in self.conn.execute(f"SELECT id, name FROM {table}"):
                 out[int(id_)] = by_name.get(name, str(name).lower())
         return out
+
+
+#: Query results up to this many rows are kept for the life of the Export and returned again
+#: to a repeated query (polars frames are immutable; tracekit never mutates one in place).
+_MEMO_MAX_ROWS = 200_000
 
 
 def _prefetch_key(sql: str, params: tuple, schema: dict | None) -> tuple:
