@@ -255,12 +255,15 @@ def report(results: list[dict]) -> None:
         for key, label in (("analyze_no_cache", "analyze time"), ("bare_scan", "bare scan time")):
             f = linear_fit(xs, [r[key]["wall_s"] for r in results])
             w(f"scaling, {label}: {f['a']:.2f} s + {f['b'] * 100:.3f} s per 100 MB (R^2 {f['r2']:.3f})")
+        f = linear_fit(xs, [r["analyze_no_cache"]["cpu_s"] for r in results])
+        w(f"scaling, analyze CPU time: {f['a']:.2f} s + {f['b'] * 100:.3f} s per 100 MB (R^2 {f['r2']:.3f})")
         f = linear_fit(xs, [r["analyze_no_cache"]["rss_mb"] for r in results])
         w(f"scaling, analyze peak RSS: {f['a']:.0f} MB + {f['b'] * 100:.1f} MB per 100 MB (R^2 {f['r2']:.3f})")
         full = max(results, key=lambda r: r["size_mb"])
         for r in results:
             w(f"  {Path(r['trace']).name:28} size {r['size_mb'] / full['size_mb']:5.2f} of full, "
               f"time {r['analyze_no_cache']['wall_s'] / full['analyze_no_cache']['wall_s']:5.2f}, "
+              f"CPU {r['analyze_no_cache']['cpu_s'] / full['analyze_no_cache']['cpu_s']:5.2f}, "
               f"RSS {r['analyze_no_cache']['rss_mb'] / full['analyze_no_cache']['rss_mb']:5.2f}")
     full = max(results, key=lambda r: r["size_mb"])
     w("\ngoals on the largest trace:")
