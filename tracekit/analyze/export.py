@@ -308,18 +308,16 @@ class Export:
             literal_sql = _inline_params(sql, params)
             if literal_sql is None:
                 return None
+            # the low-level ADBC API: Arrow C streams that polars imports without pyarrow
+            import adbc_driver_manager
+            import adbc_driver_sqlite
+
             if self._adbc is None:
-                import adbc_driver_manager._lib as adbc
-                import adbc_driver_sqlite
-
-                uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
-                db = adbc.AdbcDatabase(driver=adbc_driver_sqlite._driver_path(), uri=uri)
-                self._adbc = (db, adbc.AdbcConnection(db))
-            import adbc_driver_manager._lib as adbc
-
-            stmt = adbc.AdbcStatement(self._adbc[1])
+                db = adbc_driver_sqlite.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro")
+                self._adbc = (db, adbc_driver_manager.AdbcConnection(db))
+            stmt = adbc_driver_manager.AdbcStatement(self._adbc[1])
             try:
-                stmt.set_options(**{"adbc.sqlite.query.batch_rows": "65536"})
+                stmt.set_options(**{adbc_driver_sqlite.StatementOptions.BATCH_ROWS.value: "65536"})
                 stmt.set_sql_query(literal_sql)
                 stream, _ = stmt.execute_query()
                 frame = pl.DataFrame(stream).rechunk()
