@@ -158,3 +158,23 @@ def test_phase_and_iteration_filters():
     subs = res["ranks"][0]["sub_phases"]["update"]
     assert {s["iteration"] for s in subs} == {2}
     assert sum(s["wall_ns"] for s in subs) == its[0]["phases"][0]["wall_ns"]
+
+
+def test_tracekit_sub_steps_are_the_sub_phases_of_a_zero3_capture():
+    """With tracekit's capture ranges, DeepSpeed's finer ranges do not hide its sub-steps."""
+    path = ZERO3_CUT.with_name("zero3_offload_gas2_cut.sqlite")
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    expected = con.execute(
+        f"""SELECT sum(m.bytes) FROM ({_launch_sql('CUPTI_ACTIVITY_KIND_MEMCPY')}) m
+            JOIN NVTX_EVENTS n ON coalesce(n.text, (SELECT value FROM StringIds WHERE id = n.textId)) = 'param_copy_back'
+            WHERE m.copyKind = 1 AND m.launch >= n.start AND m.launch < n."end" """).fetchone()[0]
+    con.close()
+    with Export.open(path) as e:
+        m = phases.build(e)
+    sub = breakdown.sub_phase_table(m, "update")
+    names = set(sub["sub_phase"])
+    assert {"param_copy_back", "cpu_optimizer_step", "grad_norm"} <= names
+    assert not any(n.startswith("DeepSpeedZeroOptimizer") for n in names)
+    assert sub.filter(pl.col("sub_phase") == "param_copy_back")["h2d_bytes"].sum() == expected > 5e8
+    cpu = sub.filter(pl.col("sub_phase") == "cpu_optimizer_step")
+    assert (cpu["gpu_idle_ns"] == cpu["wall_ns"]).all()

@@ -46,7 +46,9 @@ _register_all()
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tracekit`` console script; returns the process exit code."""
     try:
-        app(args=argv, standalone_mode=False)
+        rv = app(args=argv, standalone_mode=False)
+        if isinstance(rv, int):  # click returns a command's exit code instead of raising Exit
+            return rv
     except TracekitError as exc:
         print(f"tracekit: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -225,7 +225,7 @@ def build(
         parts.append(_iterations(w, ranges, pid, export.first_iteration))
     phase_windows = pl.concat(parts) if parts else pl.DataFrame()
     windows = _tile(phase_windows, span)
-    nested = _nested(ranges)
+    nested = _nested(ranges, source)
     ops = _attribute(ops, windows, nested)
     for pid in pids:
         source.setdefault(int(pid), "none")
@@ -289,12 +289,13 @@ def _iterations(w: pl.DataFrame, ranges: pl.DataFrame, pid: int, first: int = 0)
         & (pl.col("domain") == TRACEKIT_DOMAIN)
         & pl.col("name").str.contains(TRACEKIT_ITERATION)
     )
-    if it.height and w.height:
-        first = it.sort("start").row(0, named=True)
-        n0 = int(re.match(TRACEKIT_ITERATION, first["name"]).group(1))
+    for first in it.sort("start").iter_rows(named=True) if w.height else []:
+        # the first iteration range holding a phase window (a cut may keep a sliver of the one before)
         inside = w.filter((pl.col("start") >= first["start"]) & (pl.col("start") < first["end"]))
         if inside.height:
+            n0 = int(re.match(TRACEKIT_ITERATION, first["name"]).group(1))
             w = w.with_columns(iteration=pl.col("iteration") + (n0 - inside["iteration"][0]))
+            break
     w = w.with_columns(
         fwd=(pl.col("phase") == "forward").cast(pl.Int64).cum_sum().over("iteration"),
         bwd=(pl.col("phase") == "backward").cast(pl.Int64).cum_sum().over("iteration"),
@@ -367,9 +368,15 @@ def _tile(phase_windows: pl.DataFrame, span: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _nested(ranges: pl.DataFrame) -> pl.DataFrame:
+def _nested(ranges: pl.DataFrame, source: dict[int, str]) -> pl.DataFrame:
+    """Push/pop ranges that can be sub-phases, nested. In processes whose phases come from
+    tracekit's capture ranges, only the ``tracekit`` domain counts: its sub-step ranges
+    (``cpu_optimizer_step``, ``param_copy_back``, ...) would otherwise be hidden by
+    DeepSpeed's finer ranges nested inside them."""
     pp = ranges.with_row_index("range_index").with_columns(pl.col("range_index").cast(pl.Int64))
     pp = pp.filter((pl.col("event_type") == enums.NVTX_PUSH_POP) & ~pl.col("cross_thread"))
+    tk_pids = [pid for pid, src in source.items() if src.startswith("tracekit")]
+    pp = pp.filter(~pl.col("global_pid").is_in(tk_pids) | (pl.col("domain") == TRACEKIT_DOMAIN))
     return nvtx.nest(pp)
 
 
