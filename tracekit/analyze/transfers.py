@@ -79,10 +79,26 @@ class TransferResult:
                     f = f.filter(pl.col("phase") == phase)
                 if iteration is not None and "iteration" in f.columns:
                     f = f.filter(pl.col("iteration") == iteration)
-                d[name] = [_clean(r) for r in f.iter_rows(named=True)]
+                d[name] = _rows(f)
             if d:
                 out[sec] = d
         return out
+
+
+_INF = (float("inf"), float("-inf"))
+
+
+def _rows(f: pl.DataFrame) -> list[dict]:
+    """``[_clean(r) for r in f.iter_rows(named=True)]``, built column by column (the 1 ms
+    throughput timeline of a long trace has ~100k rows: 2x faster)."""
+    cols = []
+    for name, dtype in f.schema.items():
+        vals = f[name].to_list()
+        if dtype.is_float():
+            vals = [None if v is None or v != v or v in _INF else round(v, 6) for v in vals]
+        cols.append(vals)
+    names = f.columns
+    return [dict(zip(names, r)) for r in zip(*cols)]
 
 
 def _clean(row: dict) -> dict:
