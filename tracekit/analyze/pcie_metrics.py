@@ -135,14 +135,14 @@ def pcie_series(export: Export, model: PhaseModel | None = None) -> pl.DataFrame
     # copy throughput of the rank over each sample's interval, for the cross-check
     copies = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"]))
     parts = []
-    for (gpid, dev, d), g in s.group_by([*RANK, "direction"]):
+    for (gpid, dev, d), g in s.group_by([*RANK, "direction"], maintain_order=True):  # s is sorted by these
         c = copies.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev) & (pl.col("direction") == d))
         cs, ce, cb = c["start"].to_numpy(), c["end"].to_numpy(), c["bytes"].to_numpy()
         a, b = g["start"].to_numpy(), g["time"].to_numpy()
         moved = spread_cumulative(cs, ce, cb, b) - spread_cumulative(cs, ce, cb, a)
         parts.append(g.with_columns(copy_gbps=pl.Series(np.maximum(moved, 0.0) / np.maximum(b - a, 1))))
     s = pl.concat(parts) if parts else s.with_columns(copy_gbps=pl.lit(None, pl.Float64))
-    return attach_window(model, s, "time").sort([*RANK, "direction", "time"])
+    return attach_window(model, s, "time")  # still sorted by rank, direction, time: groups came in order
 
 
 def pcie_phase_stats(export: Export, model: PhaseModel, by=PHASE_KEYS, series: pl.DataFrame | None = None) -> pl.DataFrame:
