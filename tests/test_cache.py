@@ -178,3 +178,30 @@ def test_inline_params():
     assert _inline_params("a IN (?, ?)", (None, 2.5)) == "a IN (NULL, 2.5)"
     assert _inline_params("a = ?", (b"x",)) is None
     assert _inline_params("a = '?' AND b = ?", (1,)) is None
+
+
+def test_prefetch_in_parts_equals_one_read(trace):
+    from tracekit.analyze import pcie_metrics
+
+    with Export.open(trace) as e:
+        ids = pcie_metrics.pcie_metric_ids(e)
+        sql, params, schema = pcie_metrics._series_query(ids)
+        one = e.query(sql, params, schema)
+    for parts in (1, 2, 3, 7):
+        with Export.open(trace) as e:
+            assert e.prefetch(sql, params, schema, table="GPU_METRICS", parts=parts)
+            assert not e.prefetch(sql, params, schema, table="GPU_METRICS", parts=parts)  # already pending
+            assert e._pending
+            got = e.query(sql, params, schema)
+            assert not e._pending  # consumed
+        assert got.equals(one)
+
+
+def test_rowid_split_only_plain_selects():
+    from tracekit.analyze.export import _rowid_split
+
+    q = _rowid_split("SELECT a, b FROM T WHERE x = 1 OR y = 2", "T")
+    assert q == "SELECT a, b FROM T WHERE (x = 1 OR y = 2) AND rowid BETWEEN {a} AND {b}"
+    for sql in ("SELECT a FROM T", "SELECT a FROM T WHERE x ORDER BY a", "SELECT a FROM T t JOIN U ON 1 WHERE x",
+                "SELECT a FROM T WHERE x IN (SELECT 1)", "SELECT a FROM U WHERE x", "SELECT a FROM T WHERE x LIMIT 3"):
+        assert _rowid_split(sql, "T") is None, sql

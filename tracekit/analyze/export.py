@@ -14,6 +14,7 @@ Schema version: ``META_DATA_EXPORT`` (nsys >= 2023.3) or ``EXPORT_META_DATA`` (o
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -269,7 +270,9 @@ class Export:
             self.cache.put_frame(key, frame)
         return frame
 
-    def prefetch(self, sql: str, params: tuple = (), schema: dict | None = None) -> bool:
+    def prefetch(
+        self, sql: str, params: tuple = (), schema: dict | None = None, table: str | None = None, parts: int = 1
+    ) -> bool:
         """Start reading a (large) query in a background thread, on its own read-only connection.
 
         A later :meth:`query` with the same ``sql``, ``params`` and ``schema`` waits for that
@@ -277,6 +280,13 @@ class Export:
         meanwhile (SQLite and the Arrow reader release the GIL). Returns False, starting
         nothing, when the query is already cached or pending. A prefetch never consumed
         costs one scan and is dropped.
+
+        With ``parts`` > 1, ``table`` and a ``schema``, a query of the form ``SELECT ... FROM
+        table WHERE condition`` (no join, subquery, grouping, order or limit) is read as
+        ``parts`` rowid ranges of ``table`` in parallel threads, each on its own connection,
+        and the pieces are concatenated in rowid order: the rows a single scan returns, in
+        its order, in a fraction of the time (a full scan of a table without a usable index
+        is the slowest part of reading ``GPU_METRICS``). Other queries are read in one piece.
         """
         import threading
         from concurrent.futures import Future
@@ -289,10 +299,30 @@ class Export:
         fut: Future = Future()
         path = self.path
 
+        split = _rowid_split(sql, table) if parts > 1 and table and schema is not None else None
+
+        def one(query: str) -> pl.DataFrame:
+            with Export.open(path) as other:
+                return other.query(query, params, schema)
+
         def run() -> None:
             try:
-                with Export.open(path) as other:
-                    fut.set_result(other.query(sql, params, schema))
+                if split is None:
+                    fut.set_result(one(sql))
+                    return
+                with Export.open(path) as other:  # one aggregate per query: SQLite then seeks, not scans
+                    lo = other.conn.execute(f'SELECT min(rowid) FROM "{table}"').fetchone()[0]
+                    hi = other.conn.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0]
+                if lo is None:
+                    fut.set_result(one(sql))
+                    return
+                edges = [lo + (hi - lo + 1) * k // parts for k in range(parts)] + [hi + 1]
+                queries = [split.format(a=edges[k], b=edges[k + 1] - 1) for k in range(parts)]
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(parts, thread_name_prefix="tracekit-prefetch") as pool:
+                    pieces = list(pool.map(one, queries))
+                fut.set_result(pl.concat(pieces, rechunk=True))
             except BaseException as exc:  # handed to the consumer
                 fut.set_exception(exc)
 
@@ -389,6 +419,22 @@ class Export:
             for id_, name in self.conn.execute(f"SELECT id, name FROM {table}"):
                 out[int(id_)] = by_name.get(name, str(name).lower())
         return out
+
+
+_SPLITTABLE = re.compile(r"(?is)^\s*(SELECT\s.+?\sFROM\s+\"?(\w+)\"?)\s+WHERE\s(.+)$")
+
+
+def _rowid_split(sql: str, table: str) -> str | None:
+    """``sql`` as a format string with ``{a}``/``{b}`` bounding ``table``'s rowid, when it is a
+    plain ``SELECT ... FROM table WHERE condition``; else None."""
+    m = _SPLITTABLE.match(sql)
+    if not m or m.group(2) != table or "{" in sql or "}" in sql:
+        return None
+    if re.search(r"(?i)\b(select|join|group\s+by|order\s+by|limit|union|having|window)\b", m.group(3)):
+        return None
+    if re.search(r"(?i)\b(join|distinct)\b|,", m.group(1).split("FROM")[-1] if "FROM" in m.group(1) else ""):
+        return None
+    return f"{m.group(1)} WHERE ({m.group(3)}) AND rowid BETWEEN {{a}} AND {{b}}"
 
 
 #: Query results up to this many rows are kept for the life of the Export and returned again

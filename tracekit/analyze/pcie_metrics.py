@@ -77,7 +77,11 @@ def prefetch_series(export: Export) -> bool:
         ids = pcie_metric_ids(export)
     except MissingDataError:
         return False
-    return export.prefetch(*_series_query(ids))
+    import os
+
+    # a full scan of GPU_METRICS (no index on metricId): read in rowid ranges, one per core (up to 4)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return export.prefetch(*_series_query(ids), table="GPU_METRICS", parts=max(1, min(4, cores)))
 
 
 def _by_metric_with_start(s: pl.DataFrame) -> pl.DataFrame:
