@@ -18,7 +18,7 @@ import sys
 
 import typer
 
-from tracekit.errors import TracekitError
+from tracekit.errors import TracekitError, click_exit_code
 
 app = typer.Typer(
     name="tracekit",
@@ -28,6 +28,23 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from tracekit import __version__
+
+        print(f"tracekit {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="print tracekit's version and exit",
+                                 callback=_version, is_eager=True),
+) -> None:
+    """Measure DeepSpeed optimizer-offload costs (PCIe copies, CPU-bound updates) from Nsight
+    Systems traces."""
 
 
 def _register_all() -> None:
@@ -47,26 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tracekit`` console script; returns the process exit code."""
     try:
         rv = app(args=argv, standalone_mode=False)
-        if isinstance(rv, int):  # click returns a command's exit code instead of raising Exit
-            return rv
     except TracekitError as exc:
         print(f"tracekit: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except typer.Exit as exc:  # raised by commands that set their own exit code
         return exc.exit_code
     except KeyboardInterrupt:
         print("tracekit: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
-            return 130
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return 2
-        if isinstance(exc, click.exceptions.Exit):
-            return exc.exit_code
+    except Exception as exc:
+        code = click_exit_code(exc)  # usage errors of click/typer: their message, exit 2
+        if code is not None:
+            return code
         if os.environ.get("TRACEKIT_DEBUG"):
             raise
         print(
@@ -75,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    # without standalone mode typer returns the code of an Exit (130 for Ctrl-C) instead of raising
+    if isinstance(rv, int) and not isinstance(rv, bool):
+        if rv == 130:
+            print("tracekit: interrupted", file=sys.stderr)
+        return rv
     return 0
 
 

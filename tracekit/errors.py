@@ -1,5 +1,7 @@
 """Errors that reach the user as one line and a non-zero exit code."""
 
+import sys
+
 
 class TracekitError(Exception):
     """A problem with the user's input or environment, shown as one line.
@@ -20,3 +22,34 @@ class MissingDataError(TracekitError):
 
     The message names the table and the nsys option that records it.
     """
+
+
+def click_exit_code(exc: BaseException) -> int | None:
+    """Exit code for a click/typer exception raised in non-standalone mode, after printing
+    its one-line message; None when ``exc`` is not one of theirs.
+
+    typer >= 0.20 ships its own copy of click (``typer._click``) next to the standalone
+    ``click`` package, so both hierarchies are recognised.
+    """
+    import click
+    import typer
+
+    click_errors: tuple[type, ...] = (click.ClickException,)
+    aborts: tuple[type, ...] = (click.exceptions.Abort, getattr(typer, "Abort", click.exceptions.Abort))
+    exits: tuple[type, ...] = (click.exceptions.Exit, typer.Exit)
+    try:
+        from typer._click import exceptions as typer_click
+
+        click_errors += (typer_click.ClickException,)
+    except ImportError:  # older typer uses click itself
+        pass
+    if isinstance(exc, exits):
+        return exc.exit_code
+    if isinstance(exc, aborts):
+        print("tracekit: interrupted", file=sys.stderr)
+        return 130
+    if isinstance(exc, click_errors):
+        if type(exc).__name__ != "NoArgsIsHelpError":  # the help text was printed already
+            exc.show()
+        return 2
+    return None

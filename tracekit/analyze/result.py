@@ -37,6 +37,7 @@ import polars as pl
 
 from tracekit.analyze import breakdown, phases
 from tracekit.analyze.export import Export
+from tracekit.errors import TracekitError
 
 PHASE_ORDER = {"forward": 0, "backward": 1, "update": 2, "other": 3}
 
@@ -92,6 +93,10 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
     if options.phase:
         table = table.filter(pl.col("phase") == options.phase)
     if options.iteration is not None:
+        found = sorted(table["iteration"].drop_nulls().unique().to_list())
+        if options.iteration not in found:
+            have = f"{found[0]}..{found[-1]}" if found else "none"
+            raise TracekitError(f"--iteration {options.iteration}: this trace has iterations {have}")
         table = table.filter(pl.col("iteration") == options.iteration)
         if sub.height:
             sub = sub.filter(pl.col("iteration") == options.iteration)

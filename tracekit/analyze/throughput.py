@@ -19,6 +19,8 @@ from tracekit.analyze.transfer_common import RANK, attach_window
 from tracekit.errors import TracekitError
 
 DIRECTIONS = ("H2D", "D2H", "D2D")
+#: Most bins per rank and direction (each bin is a row; 2 M rows already take about 1 GB while the timeline is built).
+MAX_BINS = 2_000_000
 
 
 def throughput_timeline(
@@ -31,7 +33,8 @@ def throughput_timeline(
     micro_step, boundary`` (phase window containing the bin start). Sorted by rank,
     direction, bin_start.
 
-    Raises :class:`~tracekit.errors.TracekitError` for ``bin_ns < 1``.
+    Raises :class:`~tracekit.errors.TracekitError` for ``bin_ns < 1`` or when the timeline
+    would have more than :data:`MAX_BINS` bins per rank and direction (a memory guard).
     """
     if bin_ns < 1:
         raise TracekitError("--bin-ms must be positive")
@@ -44,6 +47,12 @@ def throughput_timeline(
         lo = min(int(rc["start"].min()), int(span["lo"][0]) if span.height else int(rc["start"].min()))
         hi = max(int(rc["end"].max()), int(span["hi"][0]) if span.height else int(rc["end"].max()))
         first = (lo // bin_ns) * bin_ns
+        n_bins = (hi - first) // bin_ns + 1
+        if n_bins > MAX_BINS:
+            raise TracekitError(
+                f"--bin-ms {bin_ns / 1e6:g} gives {n_bins:,} bins over the {(hi - lo) / 1e9:.1f} s of this "
+                f"trace (at most {MAX_BINS:,}); use --bin-ms {max(1e-3, (hi - lo) / MAX_BINS / 1e6):.3g} or more"
+            )
         edges = np.arange(first, hi + bin_ns, bin_ns, dtype=np.int64)
         for d in directions:
             dc = rc.filter(pl.col("direction") == d)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 from pathlib import Path
 from urllib.parse import quote
 
@@ -126,6 +127,17 @@ def trim(
         raise TracekitError(f"{dst}: output would overwrite the input trace; choose another name")
     if dst.exists() and not force:
         raise TracekitError(f"{dst}: already exists; pass --force to overwrite it")
+    if dst.is_dir():
+        raise TracekitError(f"{dst}: is a directory; give the output file's name")
+    if not dst.parent.is_dir():
+        raise TracekitError(f"{dst.parent}: no such directory for the output")
+    if not os.access(dst.parent, os.W_OK):
+        raise TracekitError(f"{dst.parent}: not writable; choose another output folder")
+    if keep_metrics:
+        try:
+            re.compile(keep_metrics)
+        except re.error as exc:
+            raise TracekitError(f"--keep-metrics {keep_metrics!r}: bad regular expression ({exc})") from None
     if (iterations is None) == (time_range is None):
         raise TracekitError("trim: pass either --iterations A-B or --time-range A:B")
     drop_set = {d for d in (drop or [])}
@@ -145,7 +157,10 @@ def trim(
     tmp = dst.with_name(dst.name + ".tmp-trim")
     if tmp.exists():
         tmp.unlink()
-    db = sqlite_utils.Database(tmp)
+    try:
+        db = sqlite_utils.Database(tmp)
+    except (OSError, sqlite3.Error) as exc:
+        raise TracekitError(f"{dst}: cannot write the output ({exc})") from None
     db.conn.create_function(
         "REGEXP", 2, lambda pattern, value: value is not None and re.search(pattern, value) is not None
     )
@@ -186,10 +201,12 @@ def trim(
         db.vacuum()
         db.close()
         os.replace(tmp, dst)
-    except BaseException:
+    except BaseException as exc:
         db.close()
         if tmp.exists():
             tmp.unlink()
+        if isinstance(exc, OSError) or (isinstance(exc, sqlite3.OperationalError) and "unable to open" in str(exc)):
+            raise TracekitError(f"{dst}: cannot write the output ({exc})") from None
         raise
     return {"window_ns": (t0, t1), "rows": counts}
 

@@ -10,13 +10,11 @@ import sys
 
 import typer
 
-from tracekit.errors import TracekitError
+from tracekit.errors import TracekitError, click_exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``capture`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
-    import click
-
     from tracekit.capture.command import register
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -28,18 +26,16 @@ def main(argv: list[str] | None = None) -> int:
 
     args = ["capture", *(sys.argv[1:] if argv is None else argv)]
     try:
-        app(args=args, standalone_mode=False)
+        rv = app(args=args, standalone_mode=False)
     except TracekitError as exc:
         print(f"tracekit: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.exceptions.Abort:
-        return 130
-    except click.ClickException as exc:
-        exc.show()
-        return 2
-    return 0
+    except Exception as exc:
+        code = click_exit_code(exc)
+        if code is None:
+            raise
+        return code
+    return rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
 
 
 if __name__ == "__main__":
