@@ -192,21 +192,25 @@ def analyze_transfers(
 def write_frames(frames: dict[str, pl.DataFrame], out_dir: str | Path, fmt: str = "csv") -> list[Path]:
     """Write each frame to ``out_dir/NAME.csv`` or ``.parquet``; returns the paths written.
 
-    Raises :class:`TracekitError` for an unknown format or an ``out_dir`` that is a file."""
+    Raises :class:`TracekitError` for an unknown format, an ``out_dir`` that is a file, or
+    one that cannot be written."""
     if fmt not in ("csv", "parquet"):
         raise TracekitError(f"--format {fmt!r}: choose csv or parquet")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise TracekitError(f"--out {out}: exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, f in frames.items():
-        p = out / f"{name}.{fmt}"
-        if fmt == "csv":
-            f.write_csv(p)
-        else:
-            f.write_parquet(p)
-        paths.append(p)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, f in frames.items():
+            p = out / f"{name}.{fmt}"
+            if fmt == "csv":
+                f.write_csv(p)
+            else:
+                f.write_parquet(p)
+            paths.append(p)
+    except OSError as exc:
+        raise TracekitError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
     return paths
 
 
