@@ -85,11 +85,20 @@ def trace_identity(trace: Path) -> dict:
     }
 
 
+def _writable_dir(folder: Path) -> bool:
+    """Writable for us and meant to be written: ``os.access`` says yes to root for any folder,
+    so a folder with no write permission bit at all (e.g. 0555) counts as read-only too."""
+    try:
+        return os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
+    except OSError:
+        return False
+
+
 def default_cache_dir(trace: str | Path) -> Path:
     """The cache directory for ``trace`` (see the module doc for the rules); not created here."""
     trace = Path(trace).resolve()
     root = os.environ.get(ENV_DIR)
-    if not root and os.access(trace.parent, os.W_OK):
+    if not root and _writable_dir(trace.parent):
         return trace.with_name(trace.name + SUFFIX)
     if not root:
         root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tracekit"
@@ -121,30 +130,36 @@ class TraceCache:
         self.identity = trace_identity(self.trace)
         self.hits = self.misses = self.writes = self.errors = 0
         self.enabled = True
+        # entries are readable only when the manifest matches; the directory is made (or
+        # emptied) at the first write, so reading a file that is no trace leaves nothing behind
+        self._ready = self._manifest_matches()
+
+    # ------------------------------------------------------------------ validity
+    def _manifest_matches(self) -> bool:
         try:
-            self._validate()
+            current = json.loads((self.directory / MANIFEST).read_text()).get("identity")
+        except (OSError, ValueError, AttributeError):
+            return False
+        return current == self.identity
+
+    def _prepare(self) -> bool:
+        """Make the directory and its manifest before the first write; False disables the cache."""
+        if self._ready:
+            return True
+        try:
+            if self.directory.exists():
+                self.clear()
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._atomic_write(
+                self.directory / MANIFEST,
+                json.dumps({"trace": self.trace.name, "identity": self.identity}, indent=1).encode(),
+            )
         except OSError:
             self.enabled = False
             self.errors += 1
-
-    # ------------------------------------------------------------------ validity
-    def _validate(self) -> None:
-        manifest = self.directory / MANIFEST
-        current = None
-        if manifest.exists():
-            try:
-                current = json.loads(manifest.read_text()).get("identity")
-            except (OSError, ValueError):
-                current = None
-        if current == self.identity:
-            return
-        if self.directory.exists():
-            self.clear()
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._atomic_write(
-            manifest,
-            json.dumps({"trace": self.trace.name, "identity": self.identity}, indent=1).encode(),
-        )
+            return False
+        self._ready = True
+        return True
 
     def clear(self) -> None:
         """Delete this cache's entries and manifest (only files the cache wrote)."""
@@ -183,11 +198,12 @@ class TraceCache:
 
     def has_frame(self, key: str) -> bool:
         """True when an entry for ``key`` exists (it may still fail to read)."""
-        return self.enabled and (self.directory / f"q-{key}.parquet").exists()
+        return self.enabled and self._ready and (self.directory / f"q-{key}.parquet").exists()
 
     def get_frame(self, key: str):
         """The cached polars frame of ``key``, or None on a miss (or an unreadable entry)."""
-        if not self.enabled:
+        if not self.enabled or not self._ready:
+            self.misses += 1
             return None
         path = self.directory / f"q-{key}.parquet"
         if not path.exists():
@@ -206,7 +222,7 @@ class TraceCache:
 
     def put_frame(self, key: str, frame) -> None:
         """Store a polars frame under ``key`` (skipped when the trace changed meanwhile)."""
-        if not self.enabled or not self.still_valid():
+        if not self.enabled or not self.still_valid() or not self._prepare():
             return
         path = self.directory / f"q-{key}.parquet"
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=self.directory)
@@ -229,7 +245,8 @@ class TraceCache:
 
     def get_result_text(self, key: str) -> str | None:
         """A cached analysis result as its JSON text (the layout of :func:`format_json`), or None."""
-        if not self.enabled:
+        if not self.enabled or not self._ready:
+            self.misses += 1
             return None
         try:
             with open(self.directory / f"r-{key}.json", encoding="utf-8") as fh:
@@ -258,7 +275,7 @@ class TraceCache:
     def put_result(self, key: str, result: dict) -> None:
         """Store an analysis result under ``key`` (skipped when the trace changed meanwhile, or
         when the result would not come back equal from JSON, e.g. with integer dict keys)."""
-        if not self.enabled or not self.still_valid():
+        if not self.enabled or not self.still_valid() or not self._prepare():
             return
         try:
             text = format_json(result)
