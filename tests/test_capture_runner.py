@@ -214,3 +214,10 @@ def test_deepspeed_config_from_command(tmp_path):
     assert runner.deepspeed_config_from_command(["t.py", f"--deepspeed={cfg}"]) == {"a": 1}
     assert runner.deepspeed_config_from_command(["t.py", "--deepspeed_config", str(cfg)]) == {"a": 1}
     assert runner.deepspeed_config_from_command(["t.py", "--deepspeed_config", "nope.json"]) is None
+
+
+def test_output_name_with_nsys_rep_suffix_is_dropped(tmp_path):
+    rc, err, calls = capture(tmp_path, "-o", "ok.nsys-rep", "--", sys.executable, "-c", "print('hi')")
+    assert rc == 0, err
+    assert "--output=ok" in profile_call(calls)["argv"]
+    assert sorted(p.name for p in tmp_path.glob("ok*")) == ["ok.json", "ok.nsys-rep", "ok.sqlite"]

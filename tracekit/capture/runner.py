@@ -177,6 +177,7 @@ def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_exp
     if not command:
         raise TracekitError("no training command given: tracekit capture [OPTIONS] -- deepspeed train.py ...")
     paths = output_paths(settings.output)
+    settings.output = str(paths["base"])  # nsys appends .nsys-rep itself
     location = nsys_mod.find_nsys(nsys_explicit, env_in)
     version = nsys_mod.nsys_version(location.path)
     check_outputs(paths, settings.force)
