@@ -170,3 +170,16 @@ def test_two_ranks_per_process_and_device(tmp_path):
     assert h2d == [1 * MS, 6 * MS]
     s = res["summary"]["per_phase"]["update"]
     assert s["slowest_rank_pid"] == 2 and s["spread_ns"] == 5 * MS
+
+
+def test_phase_map_that_matches_nothing_is_an_error(tmp_path):
+    from tracekit.errors import TracekitError
+
+    t = SyntheticTrace()
+    ds_iteration(t, 0)
+    t.kernel(1 * MS, 2 * MS, pid=1, tid=MAIN, launch=1 * MS)
+    path = t.write(tmp_path / "synthetic_map.sqlite")
+    with Export.open(path) as e, pytest.raises(TracekitError, match="matched no NVTX range"):
+        phases.build(e, phase_map=["update=^my_step$"])
+    with pytest.raises(TracekitError, match="PHASE=REGEX"):
+        phases.parse_phase_map(["update="])

@@ -113,7 +113,7 @@ def parse_phase_map(items: list[str] | None) -> dict[str, str] | None:
     for item in items:
         phase, sep, pattern = item.partition("=")
         phase = phase.strip()
-        if not sep or phase not in ("forward", "backward", "update"):
+        if not sep or phase not in ("forward", "backward", "update") or not pattern:
             raise TracekitError(
                 f"--phase-map {item!r}: expected PHASE=REGEX with PHASE one of forward, backward, update"
             )
@@ -200,6 +200,13 @@ def build(
     ranges = nvtx.load_ranges(export)
     anomalies = nvtx.anomalies(export, ranges)
     cand, source = _candidates(ranges, pmap)
+    if pmap and not source:
+        from tracekit.errors import TracekitError
+
+        raise TracekitError(
+            f"--phase-map {' '.join(phase_map)}: matched no NVTX range in "
+            f"{export.path.name}; check the names with `nsys stats -r nvtx_sum` or drop --phase-map"
+        )
 
     # span of each process with GPU work
     span = ops.group_by("global_pid").agg(
