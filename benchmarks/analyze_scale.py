@@ -52,13 +52,15 @@ GOAL_RSS_MB = 1024
 GOAL_CACHE_SPEEDUP = 5.0
 
 _RECORDER = r"""
-import json, sys, contextlib, io
+import json, sys, contextlib, io, threading
 from tracekit.analyze import export as ex
 seen, out = set(), []
 orig = ex.Export.query
 def query(self, sql, params=(), schema=None):
     key = (sql, tuple(params))
-    if key not in seen:
+    # the main thread asks for every query the analysis needs; prefetch threads only read
+    # pieces of those (rowid ranges), which must not be scanned twice by the bare scan
+    if key not in seen and threading.current_thread() is threading.main_thread():
         seen.add(key)
         out.append({"sql": sql, "params": list(params)})
     return orig(self, sql, params, schema)
