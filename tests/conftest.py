@@ -38,3 +38,38 @@ def full_trace(tmp_path_factory) -> Path:
     with lzma.open(FULL_TRACE_XZ) as src, open(out, "wb") as dst:
         shutil.copyfileobj(src, dst, 16 << 20)
     return out
+
+
+# ---------------------------------------------------------------- shared test helpers
+def run_cli(*args, env=None):
+    """Run ``tracekit ARGS`` in a subprocess; returns (exit code, stdout, stderr)."""
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-m", "tracekit.cli", *map(str, args)],
+                       capture_output=True, text=True, env=env)
+    return p.returncode, p.stdout, p.stderr
+
+
+def assert_one_line_error(rc, out, err, pattern):
+    """Exit code 2, no traceback, exactly one ``tracekit: error:`` line containing ``pattern``."""
+    assert rc == 2, (rc, out, err)
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tracekit: error:"), err
+    assert pattern in lines[0], lines[0]
+
+
+def union_length_loop(intervals) -> int:
+    """Brute-force union length of (start, end) pairs: a plain loop over the sorted list,
+    the independent reference for tracekit's vectorized interval algebra."""
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + (cur_e - cur_s if cur_e is not None else 0)

@@ -3,24 +3,10 @@
 import hashlib
 import json
 import sqlite3
-import subprocess
-import sys
 
 import pytest
 from conftest import PUBLIC, ZERO3_CUT, public_exports
-
-
-def run(*args):
-    p = subprocess.run([sys.executable, "-m", "tracekit.cli", *map(str, args)], capture_output=True, text=True)
-    return p.returncode, p.stdout, p.stderr
-
-
-def assert_one_line_error(rc, out, err, pattern):
-    assert rc == 2, (rc, out, err)
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tracekit: error:"), err
-    assert pattern in lines[0]
+from conftest import run_cli as run, assert_one_line_error
 
 
 def test_analyze_json_matches_fixture_sql():

@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import polars as pl
 import pytest
 from conftest import ZERO3_CUT
+from conftest import run_cli as run
 
 from tracekit.report import compare as C
 from tracekit.report import style as S
 from tracekit.report import summary
 from tracekit.report.data import ReportData
-
-
-def run(*args):
-    p = subprocess.run([sys.executable, "-m", "tracekit.cli", *map(str, args)], capture_output=True, text=True)
-    return p.returncode, p.stdout, p.stderr
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from tracekit.report import data as D
 from tracekit.report import figures as F
 from tracekit.report import style as S
 from tracekit.report.data import ReportData
+from conftest import union_length_loop as union_len
 
 COPY_KIND = {1: "H2D", 2: "D2H"}
 
@@ -77,21 +78,6 @@ def copies(sql, launch_in: tuple[int, int] | None = None) -> list[tuple]:
         d = COPY_KIND[kind]
         out.append((d, s, e, b, kinds.get(src if d == "H2D" else dst, "other")))
     return out
-
-
-def union_len(intervals) -> int:
-    """Brute-force union length (sort and sweep in plain Python)."""
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 def gids(fig) -> dict[str, object]:

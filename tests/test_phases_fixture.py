@@ -6,6 +6,7 @@ import sqlite3
 import polars as pl
 import pytest
 from conftest import ZERO3_CUT
+from conftest import union_length_loop as _union_loop
 
 from tracekit.analyze import breakdown, phases
 from tracekit.analyze.export import Export
@@ -82,18 +83,6 @@ def test_bytes_per_phase_and_direction_match_sql(con, model, sql_windows):
     # the study's facts: gradient D2H in backward, parameter H2D of the step in update
     assert expected[("backward", "D2H")] > 2e9
     assert expected[("update", "H2D")] > 5e8
-
-
-def _union_loop(intervals):
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    return total + (cur_e - cur_s if cur_e is not None else 0)
 
 
 def test_kernel_busy_and_gpu_idle_match_brute_force(con, model, sql_windows):

@@ -2,7 +2,7 @@
 
 import polars as pl
 import pytest
-from synthetic import MARK, START_END, SyntheticTrace, gtid
+from synthetic import START_END, SyntheticTrace, gtid
 
 from tracekit.analyze import breakdown, phases
 from tracekit.analyze.export import Export

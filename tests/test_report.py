@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
 
 import polars as pl
 import pytest
 from conftest import ZERO3_CUT
+from conftest import run_cli as run, assert_one_line_error
 
 from tracekit.report import figures as F
 from tracekit.report import style as S
@@ -17,19 +16,6 @@ from tracekit.report import summary
 from tracekit.report.data import ReportData
 
 FIGURES = list(F.FIGURES)
-
-
-def run(*args):
-    p = subprocess.run([sys.executable, "-m", "tracekit.cli", *map(str, args)], capture_output=True, text=True)
-    return p.returncode, p.stdout, p.stderr
-
-
-def assert_one_line_error(rc, out, err, pattern):
-    assert rc == 2, (rc, out, err)
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tracekit: error:"), err
-    assert pattern in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from collections import defaultdict
 import polars as pl
 import pytest
 from conftest import ZERO3_CUT
+from conftest import union_length_loop as loop_union
 
 from tracekit.analyze import (
     contention, copy_sizes, findings, memory, opportunities, overlap, pageable, pcie_metrics, phases, throughput,
@@ -50,21 +51,6 @@ def copies_launched_in(sql, rngs, where="1"):
                   ON r.correlationId = m.correlationId
                 WHERE r.start >= ? AND r.start < ? AND ({where})""", (a, b)).fetchall()
     return out
-
-
-def loop_union(iv):
-    """Union length by a plain loop over sorted intervals."""
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(iv):
-        if e <= s:
-            continue
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    return total + (cur_e - cur_s if cur_e is not None else 0)
 
 
 def loop_union_list(iv):

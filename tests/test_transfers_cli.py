@@ -4,16 +4,10 @@
 import json
 import shutil
 import sqlite3
-import subprocess
-import sys
 
 import polars as pl
 from conftest import ZERO3_CUT
-
-
-def run(*args):
-    p = subprocess.run([sys.executable, "-m", "tracekit.cli", *map(str, args)], capture_output=True, text=True)
-    return p.returncode, p.stdout, p.stderr
+from conftest import run_cli as run
 
 
 def test_default_output_ends_with_findings():

@@ -19,7 +19,6 @@ A rank is one (process, device) pair with GPU work; ``pid`` is the OS process id
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from tracekit.analyze.export import os_pid

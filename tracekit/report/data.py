@@ -33,7 +33,7 @@ from tracekit.analyze import memory as _memory
 from tracekit.analyze import overlap as _overlap
 from tracekit.analyze import pageable as _pageable
 from tracekit.analyze import pcie_metrics as _pcie
-from tracekit.analyze.intervals import spread_cumulative, union
+from tracekit.analyze.intervals import spread_cumulative
 from tracekit.errors import MissingDataError, TracekitError
 
 COPY_DIRECTIONS = ("H2D", "D2H")

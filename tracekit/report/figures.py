@@ -191,7 +191,6 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
     """
     rk = data.rank(rank)
     it = data.pick_iteration(rk, iteration)
-    rows = _iteration_rows(data, rk).filter(pl.col("iteration") == it)
     win = data.rank_windows(rk).filter(pl.col("iteration") == it).sort("start")
     t0 = int(win["start"].min())
     t1 = int(win["end"].max())
