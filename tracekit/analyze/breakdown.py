@@ -52,7 +52,8 @@ def ranks(model: PhaseModel) -> pl.DataFrame:
     )
 
 
-def _rank_windows(model: PhaseModel) -> pl.DataFrame:
+def rank_windows(model: PhaseModel) -> pl.DataFrame:
+    """The windows of :attr:`PhaseModel.windows` once per rank: their columns plus ``device``."""
     return model.windows.join(ranks(model).select("global_pid", "device"), on="global_pid")
 
 
@@ -67,7 +68,7 @@ def window_metrics(model: PhaseModel) -> pl.DataFrame:
 
 
 def _window_metrics(model: PhaseModel) -> pl.DataFrame:
-    win = _rank_windows(model)
+    win = rank_windows(model)
     ops = model.ops.filter(pl.col("window_id").is_not_null())
     k = ops.filter(pl.col("kind") == "kernel")
     per = [
@@ -172,8 +173,8 @@ def sub_phase_table(model: PhaseModel, phase: str) -> pl.DataFrame:
     ``h2d_count``, ``d2h_bytes``, ``d2h_busy_ns``, ``d2h_count``, ``h2d_gbps``, ``d2h_gbps`` of
     the ops attributed to that sub-phase (launched during it, on any thread).
     """
-    wm = _rank_windows(model).filter(pl.col("phase") == phase)
-    segs = _self_segments(model, wm)
+    wm = rank_windows(model).filter(pl.col("phase") == phase)
+    segs = self_segments(model, wm)
     rows = []
     for (gpid, dev), s in segs.group_by(["global_pid", "device"]):
         o = model.ops.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
@@ -204,8 +205,8 @@ def sub_phase_table(model: PhaseModel, phase: str) -> pl.DataFrame:
     return _finish(t).sort("global_pid", "device", "iteration", "wall_ns", descending=[False, False, False, True])
 
 
-def _self_segments(model: PhaseModel, wm: pl.DataFrame) -> pl.DataFrame:
-    """Self-time segments ``global_pid, device, iteration, sub_phase, s, e`` of the ranges
+def self_segments(model: PhaseModel, wm: pl.DataFrame) -> pl.DataFrame:
+    """``wm`` are rows of :func:`rank_windows`. Self-time segments ``global_pid, device, iteration, sub_phase, s, e`` of the ranges
     nested in each window of ``wm`` (and of the phase range itself as ``(none)``)."""
     nested = model.ranges
     out = []

@@ -164,13 +164,13 @@ def _rects(ax, xs, bottoms, heights, width, colors, **kw):
 # ====================================================================== figure 2
 def _sub_phase_segments(data: ReportData, rk: dict, iteration: int, phase: str = "update") -> pl.DataFrame:
     """Self-time segments of ``phase``'s sub-phases in one iteration: ``sub_phase, s, e``."""
-    wm = breakdown._rank_windows(data.model).filter(
+    wm = breakdown.rank_windows(data.model).filter(
         (pl.col("phase") == phase) & (pl.col("global_pid") == rk["global_pid"])
         & (pl.col("device") == rk["device"]) & (pl.col("iteration") == iteration)
     )
     if wm.height == 0:
         return pl.DataFrame(schema={"sub_phase": pl.String, "s": pl.Int64, "e": pl.Int64})
-    seg = breakdown._self_segments(data.model, wm)
+    seg = breakdown.self_segments(data.model, wm)
     return seg.select("sub_phase", "s", "e").sort("s")
 
 
