@@ -274,24 +274,25 @@ class TraceCache:
 
     def put_result(self, key: str, result: dict) -> None:
         """Store an analysis result under ``key`` (skipped when the trace changed meanwhile, or
-        when the result would not come back equal from JSON, e.g. with integer dict keys)."""
+        when a dict key is not a string: JSON would give it back as one)."""
         if not self.enabled or not self.still_valid() or not self._prepare():
             return
         try:
-            text = format_json(result)
-            if json.loads(text) != result:
-                return
+            text = format_json(result, strict=True)  # TypeError for keys JSON would turn into strings
             self._atomic_write(self.directory / f"r-{key}.json", text.encode("utf-8"))
             self.writes += 1
         except (OSError, TypeError, ValueError):
             self.errors += 1
 
 
-def format_json(obj, indent: int = 1) -> str:
+def format_json(obj, indent: int = 1, strict: bool = False) -> str:
     """``obj`` as JSON text: objects and lists that hold containers are indented (``indent``
     spaces a level), everything else, such as each row of a table, stays on one line; ends
     with a newline. Parses to the same value as ``json.dumps(obj, indent=indent)``, many times
     faster on large results (rows go through the C encoder; the indenting encoder is Python).
+
+    ``strict``: raise TypeError for a dict key that is not a string (JSON would turn it into
+    one, so the text would not read back as ``obj``), as the result cache needs.
     """
     dumps = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": ")).encode
     parts: list[str] = []
@@ -304,7 +305,13 @@ def format_json(obj, indent: int = 1) -> str:
         return False
 
     def enc(o, level: int) -> None:
+        if strict and isinstance(o, dict) and not all(type(k) is str for k in o):
+            raise TypeError(f"non-string keys in {list(o)[:5]}")
         if not nested(o):
+            if strict and isinstance(o, (list, tuple)):
+                for v in o:  # a flat list may hold flat dicts (table rows)
+                    if isinstance(v, dict) and not all(type(k) is str for k in v):
+                        raise TypeError(f"non-string keys in {list(v)[:5]}")
             parts.append(dumps(o))
             return
         pad = "\n" + " " * (indent * (level + 1))
