@@ -294,7 +294,19 @@ def format_json(obj, indent: int = 1, strict: bool = False) -> str:
     ``strict``: raise TypeError for a dict key that is not a string (JSON would turn it into
     one, so the text would not read back as ``obj``), as the result cache needs.
     """
-    dumps = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": ")).encode
+    from json.encoder import c_make_encoder, encode_basestring_ascii
+
+    if c_make_encoder is not None:  # the C encoder, built once (JSONEncoder.encode builds one per call)
+
+        def _default(o):
+            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+        _c = c_make_encoder(None, _default, encode_basestring_ascii, None, ": ", ", ", False, False, True)
+
+        def dumps(o) -> str:
+            return "".join(_c(o, 0))
+    else:  # pragma: no cover - Pythons without the C accelerator
+        dumps = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": ")).encode
     parts: list[str] = []
 
     def nested(o) -> bool:
