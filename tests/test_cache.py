@@ -205,3 +205,21 @@ def test_rowid_split_only_plain_selects():
     for sql in ("SELECT a FROM T", "SELECT a FROM T WHERE x ORDER BY a", "SELECT a FROM T t JOIN U ON 1 WHERE x",
                 "SELECT a FROM T WHERE x IN (SELECT 1)", "SELECT a FROM U WHERE x", "SELECT a FROM T WHERE x LIMIT 3"):
         assert _rowid_split(sql, "T") is None, sql
+
+
+def test_cli_tables_cached_as_printed(trace, capsys):
+    assert main(["analyze", str(trace), "--no-cache"]) == 0
+    direct = capsys.readouterr().out
+    assert main(["analyze", str(trace)]) == 0  # computes, prints, stores the text
+    first = capsys.readouterr().out
+    d = trace.with_name(trace.name + SUFFIX)
+    assert len(list(d.glob("t-*.txt"))) == 1
+    assert main(["analyze", str(trace)]) == 0  # printed from the cache
+    again = capsys.readouterr().out
+    assert "per iteration and phase" in direct
+    assert direct.splitlines()[:20] == first.splitlines()[:20] and first == again
+    st = os.stat(trace)
+    os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert main(["analyze", str(trace)]) == 0
+    capsys.readouterr()
+    assert len(list(d.glob("t-*.txt"))) == 1  # the old text was dropped with the changed trace

@@ -6,8 +6,10 @@ of millions of rows). The cache stores, for one trace:
 - every frame fetched through :meth:`tracekit.analyze.export.Export.query`, as Parquet,
   keyed on the SQL text, its parameters and the requested schema (``q-<sha1>.parquet``);
 - finished analysis results (the JSON-ready dict of :mod:`tracekit.analyze.result`), keyed on
-  the analysis options and a fingerprint of tracekit's own source files
-  (``r-<sha1>.json``), so that editing tracekit never serves a stale result.
+  the analysis options, the trace path as given and a fingerprint of tracekit's own source
+  files (``r-<sha1>.json``), so that editing tracekit never serves a stale result;
+- the terminal tables printed for such a result, per terminal width and colour system
+  (``t-<sha1>-<view>.txt``).
 
 Location: a directory ``<trace>.tracekit-cache/`` beside the trace (for ``run.sqlite``:
 ``run.sqlite.tracekit-cache/``). When the trace's directory is not writable, or when the
@@ -166,7 +168,7 @@ class TraceCache:
         if not self.directory.is_dir():
             return
         for p in self.directory.iterdir():
-            if p.name == MANIFEST or p.suffix in (".parquet", ".json") or p.name.startswith(".tmp-"):
+            if p.name == MANIFEST or p.suffix in (".parquet", ".json", ".txt") or p.name.startswith(".tmp-"):
                 try:
                     p.unlink()
                 except OSError:
@@ -282,6 +284,33 @@ class TraceCache:
             self._atomic_write(self.directory / f"r-{key}.json", text.encode("utf-8"))
             self.writes += 1
         except (OSError, TypeError, ValueError):
+            self.errors += 1
+
+
+    def get_text(self, key: str) -> str | None:
+        """A cached text (e.g. the terminal tables of a result), or None."""
+        if not self.enabled:
+            return None
+        try:
+            with open(self.directory / f"t-{key}.txt", encoding="utf-8") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            self.misses += 1
+            return None
+        except (OSError, ValueError):
+            self.errors += 1
+            return None
+        self.hits += 1
+        return text
+
+    def put_text(self, key: str, text: str) -> None:
+        """Store ``text`` under ``key`` (skipped when the trace changed meanwhile)."""
+        if not self.enabled or not self.still_valid():
+            return
+        try:
+            self._atomic_write(self.directory / f"t-{key}.txt", text.encode("utf-8"))
+            self.writes += 1
+        except OSError:
             self.errors += 1
 
 

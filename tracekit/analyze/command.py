@@ -112,12 +112,23 @@ def register(app: typer.Typer) -> None:
             if text is not None:
                 sys.stdout.write(text)
                 return
-        result = multi.analyze_one(traces[0], options, cache=cache)
         if as_json:
+            result = multi.analyze_one(traces[0], options, cache=cache)
             multi.write_json(result, sys.stdout)  # rows one per line; fast on large results
             return
+        if cache:  # the tables as printed before for this trace, options and terminal, if any
+            view, text = multi.cached_view(traces[0], options, phase)
+            if text is not None:
+                sys.stdout.write(text)
+                return
+        result = multi.analyze_one(traces[0], options, cache=cache)
         from tracekit.analyze.render import render
 
+        if cache and view is not None:
+            text = multi.render_to_text(render, result, phase, view)
+            sys.stdout.write(text)
+            multi.store_view(traces[0], options, view, text)
+            return
         render(result, phase=phase)
 
     @app.command("trim")

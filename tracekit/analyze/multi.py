@@ -20,6 +20,7 @@ import dataclasses
 import glob
 import os
 import re
+import sys
 from pathlib import Path
 
 from tracekit.errors import TracekitError
@@ -440,3 +441,70 @@ def cached_json(path: str | Path, options=None) -> str | None:
     except OSError:
         return None
     return tc.get_result_text(tc.result_key(_options_dict(options), str(path)))
+
+
+# ---------------------------------------------------------------------- cached terminal output
+def _view(phase: str | None) -> dict | None:
+    """How :func:`tracekit.analyze.render.render` would draw on this stdout: width, colours,
+    terminal or not (the key of a cached rendering); None when stdout is not UTF-8 (rich then
+    picks other characters, which a cached text could not honour)."""
+    enc = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "")
+    if enc != "utf8":
+        return None
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:  # as render() does: piped output is not squeezed into 80 columns
+        console = Console(width=170)
+    return {"width": console.width, "color_system": console.color_system, "terminal": console.is_terminal,
+            "phase": phase}
+
+
+def cached_view(path: str | Path, options, phase: str | None) -> tuple[dict | None, str | None]:
+    """(view, text): the terminal output stored for ``path``, ``options`` and this stdout's
+    view (:func:`_view`), or None as text. The cache entry shares the result's key, so it
+    goes stale with it (trace changed, tracekit edited)."""
+    view = _view(phase)
+    path = Path(path)
+    if view is None or not path.is_file():
+        return view, None
+    from tracekit.analyze.cache import TraceCache
+
+    try:
+        tc = TraceCache(path)
+    except OSError:
+        return view, None
+    return view, tc.get_text(tc.result_key(_options_dict(options), str(path)) + "-" + _view_key(view))
+
+
+def _view_key(view: dict) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha1(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def render_to_text(render, result: dict, phase: str | None, view: dict) -> str:
+    """What ``render(result, phase=phase)`` prints on a stdout with ``view``, as text (ANSI
+    styles included when the view is a colour terminal)."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=view["width"], color_system=view["color_system"],
+                      force_terminal=view["terminal"])
+    render(result, console=console, phase=phase)
+    return buf.getvalue()
+
+
+def store_view(path: str | Path, options, view: dict, text: str) -> None:
+    """Keep ``text`` (the terminal output for ``view``) in the trace's cache; errors ignored."""
+    from tracekit.analyze.cache import TraceCache
+
+    try:
+        tc = TraceCache(path)
+    except OSError:
+        return
+    tc.put_text(tc.result_key(_options_dict(options), str(path)) + "-" + _view_key(view), text)
+
