@@ -218,8 +218,11 @@ def test_cli_tables_cached_as_printed(trace, capsys):
     again = capsys.readouterr().out
     assert "per iteration and phase" in direct
     assert direct.splitlines()[:20] == first.splitlines()[:20] and first == again
+    # a changed trace: the stored text is not served (not even once), and is replaced
+    (old,) = d.glob("t-*.txt")
+    old.write_text("STALE\n")
     st = os.stat(trace)
     os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     assert main(["analyze", str(trace)]) == 0
-    capsys.readouterr()
-    assert len(list(d.glob("t-*.txt"))) == 1  # the old text was dropped with the changed trace
+    assert "STALE" not in capsys.readouterr().out
+    assert [p.read_text() for p in d.glob("t-*.txt")] == [first]

@@ -286,10 +286,10 @@ class TraceCache:
         except (OSError, TypeError, ValueError):
             self.errors += 1
 
-
     def get_text(self, key: str) -> str | None:
         """A cached text (e.g. the terminal tables of a result), or None."""
-        if not self.enabled:
+        if not self.enabled or not self._ready:  # no manifest for this trace: nothing is valid
+            self.misses += 1
             return None
         try:
             with open(self.directory / f"t-{key}.txt", encoding="utf-8") as fh:
@@ -305,7 +305,7 @@ class TraceCache:
 
     def put_text(self, key: str, text: str) -> None:
         """Store ``text`` under ``key`` (skipped when the trace changed meanwhile)."""
-        if not self.enabled or not self.still_valid():
+        if not self.enabled or not self.still_valid() or not self._prepare():
             return
         try:
             self._atomic_write(self.directory / f"t-{key}.txt", text.encode("utf-8"))
