@@ -135,7 +135,7 @@ def contention_windows(model: PhaseModel) -> pl.DataFrame:
         parts.append(ww.join_asof(op, left_on="start", right_on="o_start", by=RANK, strategy="backward",
                                   check_sortedness=False))
     w = pl.concat(parts)
-    return w.sort([*RANK, "start", "kind"]).select(WINDOW_COLUMNS)
+    return w.sort([*RANK, "start", "kind", "end"]).select(WINDOW_COLUMNS)
 
 
 def _schema() -> dict:

@@ -78,7 +78,7 @@ def pageable_copies(model: PhaseModel, export: Export | None = None) -> pl.DataF
     c = c.with_columns(pinned_ns=pl.col("bytes") / pl.col("pinned_gbps"))
     c = c.with_columns(saving_ns=pl.max_horizontal(pl.col("duration_ns") - pl.col("pinned_ns"), pl.lit(0.0)))
     c = c.with_columns(saving_ns=pl.when(pl.col("pinned_gbps").is_null()).then(None).otherwise(pl.col("saving_ns")))
-    return c.sort([*RANK, "start"]).select(COPY_COLUMNS)
+    return c.sort([*RANK, "start", "correlation_id"]).select(COPY_COLUMNS)
 
 
 def pageable_summary(model: PhaseModel, by=PHASE_KEYS, copies: pl.DataFrame | None = None,
