@@ -219,6 +219,8 @@ def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, 
 
     if findings:
         L.append("## Findings\n")
+        L.append("Findings cover every iteration of the trace, the warm-up one included (the key "
+                 "numbers above may leave it out, as they say).\n")
         for f in findings:
             L.append(f"- **{f['topic']}**" + (f" ({f['phase']})" if f.get("phase") else "") + f": {f['text']}")
         L.append("")
