@@ -64,17 +64,22 @@ def intersect(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
     if a_s.size == 0 or b_s.size == 0:
         empty = np.empty(0, dtype=np.int64)
         return empty, empty
-    # Each boundary point toggles membership; sweep over all four boundary lists at once.
+    # inside both <=> running sum == 2
+    return _sweep(a_s, a_e, b_s, b_e, b_weight=1, target=2)
+
+
+def _sweep(a_s, a_e, b_s, b_e, b_weight: int, target: int):
+    """Points where the running sum of +1/-1 at a's starts/ends and +b_weight/-b_weight at
+    b's starts/ends equals ``target``, as sorted disjoint ``(starts, ends)``. At equal times
+    the smaller step comes first, so touching intervals neither intersect nor leave slivers."""
     pts = np.concatenate([a_s, a_e, b_s, b_e])
     delta = np.concatenate(
-        [np.ones(a_s.size), -np.ones(a_e.size), np.ones(b_s.size), -np.ones(b_e.size)]
+        [np.ones(a_s.size), -np.ones(a_e.size), b_weight * np.ones(b_s.size), -b_weight * np.ones(b_e.size)]
     ).astype(np.int64)
-    # at equal times process ends before starts so touching intervals do not intersect
     order = np.lexsort((delta, pts))
     pts, delta = pts[order], delta[order]
     depth = np.cumsum(delta)
-    # depth == 2 between pts[i] and pts[i+1] means inside both
-    inside = depth[:-1] == 2
+    inside = depth[:-1] == target
     s = pts[:-1][inside]
     e = pts[1:][inside]
     keep = e > s
@@ -155,19 +160,8 @@ def subtract(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray])
     b_s, b_e = union(*b)
     if a_s.size == 0 or b_s.size == 0:
         return a_s, a_e
-    pts = np.concatenate([a_s, a_e, b_s, b_e])
-    # membership weights: a counts +1, b counts -2; inside a and not b <=> running sum == 1
-    delta = np.concatenate(
-        [np.ones(a_s.size), -np.ones(a_e.size), -2 * np.ones(b_s.size), 2 * np.ones(b_e.size)]
-    ).astype(np.int64)
-    order = np.lexsort((delta, pts))
-    pts, delta = pts[order], delta[order]
-    depth = np.cumsum(delta)
-    inside = depth[:-1] == 1
-    s = pts[:-1][inside]
-    e = pts[1:][inside]
-    keep = e > s
-    return union(s[keep], e[keep])
+    # a counts +1, b counts -2: inside a and not b <=> running sum == 1
+    return _sweep(a_s, a_e, b_s, b_e, b_weight=-2, target=1)
 
 
 def depth_segments(starts, ends) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
