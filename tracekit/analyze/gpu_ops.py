@@ -30,6 +30,8 @@ GPU_OP_COLUMNS = {
     "api_end": "end of the launching CUDA API call, ns (null when unknown)",
     "api_name_id": "string id of the API function (e.g. cudaMemcpyAsync)",
     "launch_tid": "globalTid of the launching thread (null when unknown)",
+    "comm": "communication kernel (NCCL and the like, by name; tracekit.analyze.communication)",
+    "collective": "collective kind of a communication kernel (AllReduce, SendRecv, ...), else null",
 }
 
 _SCHEMA = {
@@ -99,6 +101,10 @@ def load_gpu_ops(export: Export) -> pl.DataFrame:
             launch_tid=pl.lit(None, pl.Int64),
         )
     ops = ops.with_columns(launch=pl.coalesce("api_start", "start"))
+    from tracekit.analyze.communication import annotate
+
+    kernel_ids = ops.filter(pl.col("kind") == "kernel")["name_id"].drop_nulls().unique().to_list()
+    ops = annotate(ops, export.strings(kernel_ids))
     return ops.select(list(GPU_OP_COLUMNS)).sort("start")
 
 
