@@ -4,15 +4,18 @@ Definitions (units: ns, bytes; GB/s = 1e9 B/s, which is bytes per ns):
 
 - ``wall_ns``: length of the phase's NVTX window(s); ``other`` inside an iteration sums the
   gaps between its phase windows.
-- ``kernel_busy_ns``: length of the union of the GPU intervals of the kernels *attributed* to
-  the phase (launched inside it, see :mod:`tracekit.analyze.phases`), on the rank's device.
+- ``kernel_busy_ns``: length of the union of the GPU intervals of the compute kernels
+  *attributed* to the phase (launched inside it, see :mod:`tracekit.analyze.phases`), on the
+  rank's device; ``comm_busy_ns`` / ``comm_count``: the same for communication kernels (NCCL
+  and the like, :mod:`tracekit.analyze.communication`), which ``kernel_busy_ns`` leaves out.
 - ``h2d_bytes`` / ``h2d_busy_ns`` / ``h2d_count`` (and ``d2h_*``): bytes, union length and
   count of the attributed host-to-device (device-to-host) memcpys; ``h2d_gbps`` =
   bytes / busy ns.
 - ``memset_bytes``: bytes of attributed memsets.
 - ``gpu_idle_ns``: time inside the window(s) in which no kernel, memcpy or memset of the rank
   was executing on the device (whatever launched it); ``gpu_idle_share`` = idle / wall. Inside
-  ``update`` this is the CPU-bound time (e.g. the CPU Adam step).
+  ``update`` this is the CPU-bound time (e.g. the CPU Adam step). Communication kernels do not
+  count as activity (a rank waiting in a collective is idle for the model).
 
 A rank is one (process, device) pair with GPU work; ``pid`` is the OS process id.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracekit.analyze.communication import comm_expr, compute_ops, kernel_frames
 from tracekit.analyze.export import os_pid
 from tracekit.analyze.intervals import busy_in_windows, grouped_union_length
 from tracekit.analyze.phases import PhaseModel
@@ -30,6 +34,8 @@ METRICS = [
     "wall_ns",
     "kernel_busy_ns",
     "kernel_count",
+    "comm_busy_ns",
+    "comm_count",
     "h2d_bytes",
     "h2d_busy_ns",
     "h2d_count",
@@ -70,10 +76,12 @@ def window_metrics(model: PhaseModel) -> pl.DataFrame:
 def _window_metrics(model: PhaseModel) -> pl.DataFrame:
     win = rank_windows(model)
     ops = model.ops.filter(pl.col("window_id").is_not_null())
-    k = ops.filter(pl.col("kind") == "kernel")
+    k, comm = kernel_frames(ops)
     per = [
         grouped_union_length(k, ["window_id", "device"]).rename({"busy_ns": "kernel_busy_ns"}),
         k.group_by("window_id", "device").agg(kernel_count=pl.len()),
+        grouped_union_length(comm, ["window_id", "device"]).rename({"busy_ns": "comm_busy_ns"}),
+        comm.group_by("window_id", "device").agg(comm_count=pl.len()),
     ]
     for d in ("H2D", "D2H"):
         c = ops.filter((pl.col("kind") == "memcpy") & (pl.col("direction") == d))
@@ -93,8 +101,9 @@ def _window_metrics(model: PhaseModel) -> pl.DataFrame:
     out = out.with_columns(wall_ns=pl.col("end") - pl.col("start"))
     # GPU idle: executing ops of the rank, whatever window launched them
     idle = []
+    active = compute_ops(model.ops)  # communication kernels are not activity
     for (gpid, dev), w in out.group_by(["global_pid", "device"]):
-        o = model.ops.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
+        o = active.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
         busy = busy_in_windows(o["start"].to_numpy(), o["end"].to_numpy(), w["start"].to_numpy(), w["end"].to_numpy())
         idle.append(w.select("window_id", "device").with_columns(gpu_busy_ns=pl.Series(busy)))
     out = out.join(pl.concat(idle), on=["window_id", "device"], how="left") if idle else out
@@ -112,15 +121,19 @@ def _aggregate(model: PhaseModel, wm: pl.DataFrame, by: list[str]) -> pl.DataFra
         boundary=pl.col("boundary").any(),
         inferred=pl.col("inferred").any(),
         complete=pl.col("complete").all(),
+        unclosed=pl.col("unclosed").any() if "unclosed" in wm.columns else pl.lit(False),
         windows=pl.len(),
-        **{m: pl.col(m).sum() for m in METRICS if m not in ("wall_ns", "kernel_busy_ns", "h2d_busy_ns", "d2h_busy_ns")},
+        **{m: pl.col(m).sum() for m in METRICS if m not in ("wall_ns", "kernel_busy_ns", "comm_busy_ns", "h2d_busy_ns",
+                                                            "d2h_busy_ns")},
     )
     # busy times of several windows: union over all ops of the group (kernels of two windows may overlap)
     keys = wm.select("window_id", *[b for b in by if b != "window_id"]).unique()
-    ops = model.ops.select("window_id", "device", "kind", "direction", "start", "end")
+    ops = model.ops.select("window_id", "device", "kind", "direction", "start", "end",
+                           comm=comm_expr() if "comm" in model.ops.columns else pl.lit(False))
     ops = ops.join(keys, on=["window_id", "device"])
     for label, filt in (
-        ("kernel_busy_ns", pl.col("kind") == "kernel"),
+        ("kernel_busy_ns", (pl.col("kind") == "kernel") & ~pl.col("comm")),
+        ("comm_busy_ns", (pl.col("kind") == "kernel") & pl.col("comm")),
         ("h2d_busy_ns", (pl.col("kind") == "memcpy") & (pl.col("direction") == "H2D")),
         ("d2h_busy_ns", (pl.col("kind") == "memcpy") & (pl.col("direction") == "D2H")),
     ):
@@ -133,9 +146,12 @@ def phase_table(model: PhaseModel) -> pl.DataFrame:
     """One row per rank, iteration, phase and micro-step (``other`` merged per iteration).
 
     Columns: ``global_pid, pid, device, iteration, phase, micro_step, boundary, inferred,
-    complete, start_ns, end_ns, windows`` and :data:`METRICS`, plus ``gpu_idle_share``,
+    complete, unclosed, start_ns, end_ns, windows`` and :data:`METRICS`, plus ``gpu_idle_share``,
     ``h2d_gbps``, ``d2h_gbps``. Rows outside any iteration (start-up, tail) have a null
-    iteration. Sorted by rank, then time.
+    iteration. ``complete`` is false for an iteration without an update or with a window whose
+    NVTX range never closed; ``unclosed`` marks such a window (its wall time ends at the
+    process's last activity, :func:`tracekit.analyze.phases.set_aside_unclosed`). Sorted by
+    rank, then time.
     """
     wm = window_metrics(model)
     t = _aggregate(model, wm, KEYS)
@@ -169,15 +185,17 @@ def sub_phase_table(model: PhaseModel, phase: str) -> pl.DataFrame:
 
     Columns: ``global_pid, pid, device, iteration, sub_phase, wall_ns`` (self time),
     ``gpu_busy_ns`` (some op of the rank executing during that self time), ``gpu_idle_ns``
-    (wall minus busy: CPU-only time), ``kernel_busy_ns``, ``h2d_bytes``, ``h2d_busy_ns``,
+    (wall minus busy: CPU-only time), ``kernel_busy_ns`` (compute kernels), ``comm_busy_ns``
+    (communication kernels), ``h2d_bytes``, ``h2d_busy_ns``,
     ``h2d_count``, ``d2h_bytes``, ``d2h_busy_ns``, ``d2h_count``, ``h2d_gbps``, ``d2h_gbps`` of
     the ops attributed to that sub-phase (launched during it, on any thread).
     """
     wm = rank_windows(model).filter(pl.col("phase") == phase)
     segs = self_segments(model, wm)
     rows = []
+    active = compute_ops(model.ops)  # communication kernels are not activity
     for (gpid, dev), s in segs.group_by(["global_pid", "device"]):
-        o = model.ops.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
+        o = active.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
         s = s.sort("s")
         busy = busy_in_windows(o["start"].to_numpy(), o["end"].to_numpy(), s["s"].to_numpy(), s["e"].to_numpy())
         rows.append(s.with_columns(gpu_busy_ns=pl.Series(busy)))
@@ -189,8 +207,10 @@ def sub_phase_table(model: PhaseModel, phase: str) -> pl.DataFrame:
         wall_ns=(pl.col("e") - pl.col("s")).sum(), gpu_busy_ns=pl.col("gpu_busy_ns").sum()
     )
     ops = model.ops.filter(pl.col("phase") == phase).with_columns(pl.col("sub_phase").fill_null("(none)"))
+    k, comm = kernel_frames(ops)
     stats = [
-        grouped_union_length(ops.filter(pl.col("kind") == "kernel"), by).rename({"busy_ns": "kernel_busy_ns"})
+        grouped_union_length(k, by).rename({"busy_ns": "kernel_busy_ns"}),
+        grouped_union_length(comm, by).rename({"busy_ns": "comm_busy_ns"}),
     ]
     for d in ("H2D", "D2H"):
         lo = d.lower()
@@ -199,7 +219,7 @@ def sub_phase_table(model: PhaseModel, phase: str) -> pl.DataFrame:
         stats.append(c.group_by(by).agg(pl.col("bytes").sum().alias(f"{lo}_bytes"), pl.len().alias(f"{lo}_count")))
     for s in stats:
         t = t.join(s, on=by, how="full", coalesce=True, nulls_equal=True)
-    cols = ["wall_ns", "gpu_busy_ns", "kernel_busy_ns", "h2d_bytes", "h2d_busy_ns", "h2d_count", "d2h_bytes", "d2h_busy_ns", "d2h_count"]
+    cols = ["wall_ns", "gpu_busy_ns", "kernel_busy_ns", "comm_busy_ns", "h2d_bytes", "h2d_busy_ns", "h2d_count", "d2h_bytes", "d2h_busy_ns", "d2h_count"]
     t = t.with_columns(**{c: pl.col(c).fill_null(0).cast(pl.Int64) for c in cols})
     t = t.with_columns(gpu_idle_ns=pl.col("wall_ns") - pl.col("gpu_busy_ns"))
     return _finish(t).sort("global_pid", "device", "iteration", "wall_ns", descending=[False, False, False, True])
