@@ -135,7 +135,7 @@ def test_d04_null_times_in_gpu_ops_are_set_aside_and_counted(tmp_path, column):
 def test_d04_all_ends_null_is_one_line_error(tmp_path):
     tables = ("CUPTI_ACTIVITY_KIND_KERNEL", MEMCPY, "CUPTI_ACTIVITY_KIND_MEMSET")
     p = synthetic_copy(tmp_path, "all_end_null", *[f'UPDATE {t} SET "end" = NULL' for t in tables], relax=tables)
-    assert_one_line_error(*cli("analyze", p, "--all", "--no-cache"), "no GPU operation")
+    assert_one_line_error(*cli("analyze", p, "--all", "--no-cache"), "is unusable")
 
 
 # ---------------------------------------------------------------- d18: sanity of values

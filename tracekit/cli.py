@@ -14,6 +14,7 @@ no traceback reaches the user.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import typer
@@ -60,12 +61,23 @@ def _register_all() -> None:
 _register_all()
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message of ``exc`` as one line: line breaks (of polars' and SQLite's multi-line
+    messages) and the blanks around them become one space, other control characters (from
+    trace text) a visible escape."""
+    text = re.sub(r"\s*[\r\n]+\s*", " ", str(exc)).strip()
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tracekit`` console script; returns the process exit code."""
     try:
         rv = app(args=argv, standalone_mode=False)
     except TracekitError as exc:
-        print(f"tracekit: error: {exc}", file=sys.stderr)
+        print(f"tracekit: error: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("tracekit: interrupted", file=sys.stderr)
@@ -77,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("TRACEKIT_DEBUG"):
             raise
         print(
-            f"tracekit: internal error: {type(exc).__name__}: {exc} "
+            f"tracekit: internal error: {type(exc).__name__}: {_one_line(exc)} "
             "(rerun with TRACEKIT_DEBUG=1 for the traceback, and please report it)",
             file=sys.stderr,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -11,6 +12,28 @@ import typer
 from tracekit.errors import TracekitError
 
 PHASE_CHOICES = ("forward", "backward", "update", "other")
+
+
+def check_phase_map_regexes(items: list[str]) -> None:
+    """Raise :class:`TracekitError` for a ``--phase-map PHASE=REGEX`` whose regex the matcher
+    (polars, Rust's ``regex`` crate) rejects though Python's ``re`` accepts it: look-around
+    (``(?<=x)``), backreferences (``\\1``), possessive quantifiers. The syntax is that of
+    https://docs.rs/regex/latest/regex/#syntax. Items without ``=`` are left to
+    :func:`tracekit.analyze.phases.parse_phase_map`, which names them."""
+    import polars as pl
+
+    for item in items:
+        _, sep, pattern = item.partition("=")
+        if not sep or not pattern:
+            continue
+        try:
+            pl.Series([""], dtype=pl.String).str.contains(f"(?:{pattern})")
+        except Exception as exc:  # polars' ComputeError
+            detail = " ".join(str(exc).split())
+            raise TracekitError(
+                f"--phase-map {item!r}: regular expression not supported by the matcher (Rust regex "
+                f"syntax: no look-around, no backreferences): {detail[:160]}"
+            ) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -88,8 +111,10 @@ def register(app: typer.Typer) -> None:
             sections = transfer_sections.SECTIONS
         if not 0 < pcie_threshold <= 100:
             raise TracekitError("--pcie-threshold must be in (0, 100]")
-        if bin_ms <= 0:
-            raise TracekitError("--bin-ms must be positive")
+        if not (math.isfinite(bin_ms) and bin_ms > 0):  # nan and inf pass a plain `<= 0`
+            raise TracekitError(f"--bin-ms {bin_ms}: must be a positive finite number of ms")
+        if phase_map:
+            check_phase_map_regexes(phase_map)
         options = dict(phase=phase, iteration=iteration, phase_map=phase_map, gas=gas, sections=sections,
                        pcie_threshold=pcie_threshold, bin_ms=bin_ms)
         if out is not None:

@@ -1,7 +1,17 @@
 """Open an Nsight Systems SQLite export read-only and load the columns an analysis needs.
 
 The export is opened through the SQLite URI ``file:PATH?mode=ro``: tracekit never writes to a
-user's trace. Tables and columns are resolved through ``sqlite_master`` and
+user's trace. A trace in WAL mode (file header bytes 18-19 = 2) would still get ``-wal`` and
+``-shm`` files beside it from a read-only open, so it is opened with ``immutable=1`` when it has
+no ``-wal`` file (or an empty one), and otherwise from a private copy of the trace and its
+``-wal`` in a temporary folder (removed at :meth:`Export.close`), so that changes a writer left
+in the ``-wal`` are read and nothing beside the trace is created or changed.
+
+Reading is defensive (issue 9): text that is not valid UTF-8 is decoded with U+FFFD
+replacement characters; identifiers are quoted; a table tracekit reads that lacks one of the
+columns of :data:`REQUIRED_COLUMNS`, a value of the wrong type (text in an integer column), a
+damaged page and a locked database are each reported as one line naming the table, column or
+condition (:class:`~tracekit.errors.TracekitError`, exit code 2). Tables and columns are resolved through ``sqlite_master`` and
 ``PRAGMA table_info``; a table the trace lacks loads as an empty frame (nsys creates tables
 lazily, so a missing table means "nothing recorded"), until an analysis calls
 :meth:`Export.require`, which raises :class:`~tracekit.errors.MissingDataError` naming the
@@ -31,6 +41,97 @@ TID_MASK = 0xFFFFFF
 
 # SQLite declared types -> polars dtypes for the columns tracekit loads.
 _DTYPES = {"INTEGER": pl.Int64, "REAL": pl.Float64, "TEXT": pl.String, "": pl.String}
+
+#: Columns that every Nsight Systems export tracekit knows has in these tables (all public
+#: exports in ``shared/traces/public`` and the fixtures have them, from schema pre-2022 to
+#: 3.25); a present table without one of them is damaged or edited, and is reported at open.
+REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "StringIds": ("id", "value"),
+    "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "globalPid", "deviceId", "correlationId"),
+    "CUPTI_ACTIVITY_KIND_MEMCPY": ("start", "end", "globalPid", "deviceId", "correlationId", "bytes", "copyKind"),
+    "CUPTI_ACTIVITY_KIND_MEMSET": ("start", "end", "globalPid", "deviceId", "bytes"),
+    "CUPTI_ACTIVITY_KIND_RUNTIME": ("start", "end", "globalTid", "correlationId"),
+    "NVTX_EVENTS": ("start", "end", "eventType", "globalTid"),
+    "GPU_METRICS": ("timestamp", "metricId", "value"),
+    "TARGET_INFO_GPU_METRICS": ("metricId", "metricName"),
+    "CUDA_GPU_MEMORY_USAGE_EVENTS": ("start", "globalPid", "deviceId", "bytes", "memKind", "memoryOperationType"),
+}
+
+_REEXPORT = "export it again with `nsys export --type sqlite REPORT.nsys-rep`"
+
+
+def quote_ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier (``we"ird`` -> ``"we""ird"``)."""
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+def _decode_replace(raw: bytes) -> str:
+    """sqlite3 text factory: UTF-8, undecodable bytes as U+FFFD (a cp1251 time-zone name in
+    ``META_DATA_EXPORT`` of a Windows capture, say)."""
+    return raw.decode("utf-8", "replace")
+
+
+def db_error(path: Path, exc: BaseException) -> TracekitError:
+    """The one-line error for an SQLite failure while reading ``path``: a locked database, a
+    damaged file, or another failure (the SQLite message is kept)."""
+    msg = str(exc)
+    low = msg.lower()
+    if "locked" in low or "busy" in low:
+        return TracekitError(
+            f"{path}: the database is locked by another process ({msg}); wait until the writer "
+            "(nsys export, sqlite3) is done, or analyze a copy of the file"
+        )
+    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError) or any(
+        w in low for w in ("malformed", "corrupt", "not a database", "disk i/o")
+    ):
+        return TracekitError(f"{path}: the SQLite file is truncated or corrupt ({msg}); {_REEXPORT}")
+    return TracekitError(f"{path}: reading the trace failed ({msg}); {_REEXPORT}")
+
+
+class _Rows:
+    """The fetched rows of one statement: ``fetchone``, ``fetchall``, iteration, ``description``."""
+
+    def __init__(self, rows: list, description) -> None:
+        self._rows = rows
+        self._i = 0
+        self.description = description
+
+    def fetchone(self):
+        if self._i >= len(self._rows):
+            return None
+        self._i += 1
+        return self._rows[self._i - 1]
+
+    def fetchall(self) -> list:
+        out, self._i = self._rows[self._i:], len(self._rows)
+        return out
+
+    def __iter__(self):
+        while (row := self.fetchone()) is not None:
+            yield row
+
+
+class TraceConnection(sqlite3.Connection):
+    """A read-only connection to a trace whose :meth:`execute` fetches every row and turns any
+    SQLite failure (damaged page, lock, missing column) into a one-line
+    :class:`~tracekit.errors.TracekitError` naming the file. Text is UTF-8; a statement
+    that meets undecodable bytes is run again with replacement decoding."""
+
+    trace_path: Path = Path("?")
+
+    def execute(self, sql: str, params=()) -> _Rows:  # type: ignore[override]
+        try:
+            try:
+                cur = super().execute(sql, params)
+                return _Rows(cur.fetchall(), cur.description)
+            except sqlite3.OperationalError as exc:
+                if "decode" not in str(exc) or self.text_factory is _decode_replace:
+                    raise
+                self.text_factory = _decode_replace  # from now on for this connection
+                cur = super().execute(sql, params)
+                return _Rows(cur.fetchall(), cur.description)
+        except sqlite3.DatabaseError as exc:
+            raise db_error(self.trace_path, exc) from None
 
 
 def global_pid(global_tid: pl.Expr) -> pl.Expr:
@@ -72,6 +173,13 @@ class Export:
     _adbc: object = field(default=None, repr=False)
     _pending: dict = field(default_factory=dict, repr=False)
     _memo: dict = field(default_factory=dict, repr=False)
+    #: SQLite URI the connections use (the trace, or a private copy of a WAL-mode trace).
+    uri: str = field(default="", repr=False)
+    #: temporary folder of the private copy of a WAL-mode trace (removed at :meth:`close`).
+    _private: object = field(default=None, repr=False)
+    #: rows set aside while loading, by reason (e.g. ``memcpy_without_time``), filled by the
+    #: loaders (:func:`tracekit.analyze.gpu_ops.load_gpu_ops`, :func:`tracekit.analyze.nvtx.load_ranges`).
+    set_aside: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -84,35 +192,37 @@ class Export:
         """
         path = Path(path)
         _check_file(path)
-        uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+        uri, private = _open_uri(path)
         try:
-            conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-            rows = conn.execute(
-                "SELECT name FROM sqlite_master WHERE type IN ('table','view')"
-            ).fetchall()
-            names = [r[0] for r in rows]
+            conn = _connect(uri, path)
+            names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table','view')")]
             tables: dict[str, dict[str, str]] = {}
             for name in names:
-                info = conn.execute(f'PRAGMA table_info("{name}")').fetchall()
-                tables[name] = {r[1]: (r[2] or "").upper() for r in info}
-        except sqlite3.DatabaseError as exc:
-            raise TracekitError(
-                f"{path}: the SQLite file is truncated or corrupt ({exc}); export it again "
-                "with `nsys export --type sqlite REPORT.nsys-rep`"
-            ) from None
-        if "StringTable" in tables and "StringIds" not in tables:
-            raise TracekitError(
-                f"{path}: this is an nvprof database, not an Nsight Systems export; "
-                "profile with `nsys profile` (or `tracekit capture`) and export to SQLite"
-            )
-        if "StringIds" not in tables:
-            raise TracekitError(
-                f"{path}: SQLite file is not an Nsight Systems export (no StringIds table); "
-                "pass the .sqlite written by `nsys export --type sqlite`"
-            )
-        exp = cls(path=path, conn=conn, tables=tables, schema_version="pre-2022", nsys_version=None)
-        exp._read_metadata()
-        exp._check_readable()
+                info = conn.execute(f"PRAGMA table_info({quote_ident(name)})").fetchall()
+                tables[str(name)] = {str(r[1]): str(r[2] or "").upper() for r in info}
+        except BaseException:
+            if private is not None:
+                private.cleanup()
+            raise
+        exp = cls(path=path, conn=conn, tables=tables, schema_version="pre-2022", nsys_version=None,
+                  uri=uri, _private=private)
+        try:
+            if "StringTable" in tables and "StringIds" not in tables:
+                raise TracekitError(
+                    f"{path}: this is an nvprof database, not an Nsight Systems export; "
+                    "profile with `nsys profile` (or `tracekit capture`) and export to SQLite"
+                )
+            if "StringIds" not in tables:
+                raise TracekitError(
+                    f"{path}: SQLite file is not an Nsight Systems export (no StringIds table); "
+                    "pass the .sqlite written by `nsys export --type sqlite`"
+                )
+            exp._check_columns()
+            exp._read_metadata()
+            exp._check_readable()
+        except BaseException:
+            exp.close()
+            raise
         if cache is True:
             from tracekit.analyze.cache import TraceCache
 
@@ -120,31 +230,62 @@ class Export:
         exp.cache = cache or None
         return exp
 
+    def _sibling(self) -> "Export":
+        """Another connection to the same file (same URI, private copy included), without cache
+        or memo: for reads in background threads."""
+        return Export(path=self.path, conn=_connect(self.uri, self.path), tables=self.tables,
+                      schema_version=self.schema_version, nsys_version=self.nsys_version,
+                      first_iteration=self.first_iteration, uri=self.uri)
+
+    def _check_columns(self) -> None:
+        """A table of :data:`REQUIRED_COLUMNS` that lacks one of its columns is an error."""
+        for table, needed in REQUIRED_COLUMNS.items():
+            have = self.tables.get(table)
+            if have is None:
+                continue
+            for col in needed:
+                if col not in have:
+                    raise TracekitError(
+                        f"{self.path}: {table} has no column {col} (dropped or renamed: the export "
+                        f"is damaged or was edited); {_REEXPORT}"
+                    )
+
     def _read_metadata(self) -> None:
-        if "TRACEKIT_TRIM" in self.tables:  # a cut made by `tracekit trim`: keep iteration numbers
+        if "TRACEKIT_TRIM" in self.tables and {"name", "value"} <= set(self.tables["TRACEKIT_TRIM"]):
+            # a cut made by `tracekit trim`: keep iteration numbers
             meta = dict(self.conn.execute("SELECT name, value FROM TRACEKIT_TRIM").fetchall())
-            self.first_iteration = int(str(meta.get("iterations", "0")).split("-")[0] or 0)
+            value = meta.get("iterations")
+            if value is not None:
+                m = re.fullmatch(r"\s*(\d+)(?:\s*-\s*\d+)?\s*", str(value))
+                if not m:
+                    raise TracekitError(
+                        f"{self.path}: TRACEKIT_TRIM says iterations = {str(value)[:60]!r}, not A-B "
+                        "(the table was edited, or not written by `tracekit trim`); cut the trace again "
+                        "with `tracekit trim`"
+                    )
+                self.first_iteration = int(m.group(1))
         for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
             if table in self.tables and {"name", "value"} <= set(self.tables[table]):
-                meta = dict(self.conn.execute(f"SELECT name, value FROM {table}").fetchall())
-                self.schema_version = meta.get("EXPORT_SCHEMA_VERSION") or "unknown"
-                self.nsys_version = meta.get("EXPORT_PRODUCT_VERSION")
+                meta = dict(self.conn.execute(f"SELECT name, value FROM {quote_ident(table)}").fetchall())
+                version = meta.get("EXPORT_SCHEMA_VERSION")
+                product = meta.get("EXPORT_PRODUCT_VERSION")
+                self.schema_version = str(version) if version else "unknown"
+                self.nsys_version = str(product) if product is not None else None
                 return
 
     def _check_readable(self) -> None:
-        """Read the last row of the main tables: a truncated file fails here, not mid-analysis."""
-        try:
-            for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "GPU_METRICS", "StringIds"):
-                if table in self.tables:
-                    self.conn.execute(f"SELECT * FROM {table} ORDER BY rowid DESC LIMIT 1").fetchall()
-        except sqlite3.DatabaseError as exc:
-            raise TracekitError(
-                f"{self.path}: the SQLite file is truncated or corrupt ({exc}); export it again "
-                "with `nsys export --type sqlite REPORT.nsys-rep`"
-            ) from None
+        """Read the last row of the main tables and every row of the small ones: a truncated or
+        damaged file fails here (one line), not mid-analysis."""
+        for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS", "GPU_METRICS", "StringIds"):
+            if table in self.tables:
+                self.conn.execute(f"SELECT * FROM {quote_ident(table)} ORDER BY rowid DESC LIMIT 1")
+        for table in _SMALL_TABLES:
+            if table in self.tables:
+                self.conn.execute(f"SELECT * FROM {quote_ident(table)} LIMIT 10000")
 
     def close(self) -> None:
-        """Close the SQLite connection (and the Arrow reader's, when one was opened)."""
+        """Close the SQLite connection (and the Arrow reader's, when one was opened); remove the
+        private copy of a WAL-mode trace."""
         self.conn.close()
         if self._adbc is not None:
             for handle in reversed(self._adbc):
@@ -153,6 +294,9 @@ class Export:
                 except Exception:
                     pass
             self._adbc = None
+        if self._private is not None:
+            self._private.cleanup()
+            self._private = None
 
     def __enter__(self) -> "Export":
         return self
@@ -167,7 +311,7 @@ class Export:
             return False
         if min_rows <= 0:
             return True
-        n = self.conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT ?)", (min_rows,))
+        n = self.conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM {quote_ident(table)} LIMIT ?)", (min_rows,))
         return n.fetchone()[0] >= min_rows
 
     def columns(self, table: str) -> list[str]:
@@ -193,7 +337,12 @@ class Export:
         if "stopTime" not in self.tables.get("ANALYSIS_DETAILS", {}):
             return None
         row = self.conn.execute("SELECT max(stopTime) FROM ANALYSIS_DETAILS").fetchone()
-        return int(row[0]) if row and row[0] is not None else None
+        if not row or row[0] is None:
+            return None
+        if not isinstance(row[0], int):
+            raise TracekitError(f"{self.path}: ANALYSIS_DETAILS.stopTime holds {row[0]!r}, not an integer "
+                                f"time in ns; {_REEXPORT}")
+        return row[0]
 
     # ------------------------------------------------------------------ loading
     def load(
@@ -217,17 +366,17 @@ class Export:
         for out, expr in cols.items():
             if present is not None and expr in present:
                 dtype = _DTYPES.get(present[expr], pl.String)
-                exprs.append(f'"{expr}" AS "{out}"')
+                exprs.append(f"{quote_ident(expr)} AS {quote_ident(out)}")
             elif present is not None and expr not in present and _is_plain_name(expr):
                 dtype = pl.Int64
-                exprs.append(f'NULL AS "{out}"')
+                exprs.append(f"NULL AS {quote_ident(out)}")
             else:  # an SQL expression: typed as integer unless cast otherwise by the caller
                 dtype = pl.Int64
-                exprs.append(f'{expr} AS "{out}"')
+                exprs.append(f"{expr} AS {quote_ident(out)}")
             schema[out] = dtype
         if present is None:
             return pl.DataFrame(schema=schema)
-        sql = f"SELECT {', '.join(exprs)} FROM {table}"
+        sql = f"SELECT {', '.join(exprs)} FROM {quote_ident(table)}"
         if where:
             sql += f" WHERE {where}"
         return self.query(sql, params, schema)
@@ -297,12 +446,11 @@ class Export:
         if self.cache is not None and self.cache.has_frame(self.cache.query_key(sql, params, schema)):
             return False
         fut: Future = Future()
-        path = self.path
 
         split = _rowid_split(sql, table) if parts > 1 and table and schema is not None else None
 
         def one(query: str) -> pl.DataFrame:
-            with Export.open(path) as other:
+            with self._sibling() as other:
                 return other.query(query, params, schema)
 
         def run() -> None:
@@ -310,9 +458,9 @@ class Export:
                 if split is None:
                     fut.set_result(one(sql))
                     return
-                with Export.open(path) as other:  # one aggregate per query: SQLite then seeks, not scans
-                    lo = other.conn.execute(f'SELECT min(rowid) FROM "{table}"').fetchone()[0]
-                    hi = other.conn.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0]
+                with self._sibling() as other:  # one aggregate per query: SQLite then seeks, not scans
+                    lo = other.conn.execute(f"SELECT min(rowid) FROM {quote_ident(table)}").fetchone()[0]
+                    hi = other.conn.execute(f"SELECT max(rowid) FROM {quote_ident(table)}").fetchone()[0]
                 if lo is None:
                     fut.set_result(one(sql))
                     return
@@ -343,7 +491,7 @@ class Export:
             import adbc_driver_sqlite
 
             if self._adbc is None:
-                db = adbc_driver_sqlite.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro")
+                db = adbc_driver_sqlite.connect(self.uri or _open_uri(self.path)[0])
                 self._adbc = (db, adbc_driver_manager.AdbcConnection(db))
             stmt = adbc_driver_manager.AdbcStatement(self._adbc[1])
             try:
@@ -357,20 +505,23 @@ class Export:
                 if frame.width != len(schema):
                     return None
                 frame = frame.rename(dict(zip(frame.columns, schema))).cast(schema, strict=True)
+            for name, dtype in frame.schema.items():
+                if dtype == pl.String:  # ADBC passes invalid UTF-8 through: it must not reach polars
+                    frame[name].cast(pl.Binary).cast(pl.String, strict=True)
             return frame
         except Exception:
             return None
 
     def _query_sqlite3(self, sql: str, params: tuple, schema: dict | None) -> pl.DataFrame:
+        cur = self.conn.execute(sql, params)  # TracekitError for SQLite failures
+        rows = cur.fetchall()
+        names = [d[0] for d in cur.description]
         try:
-            cur = self.conn.execute(sql, params)
-            rows = cur.fetchall()
-            names = [d[0] for d in cur.description]
-        except sqlite3.DatabaseError as exc:
-            raise TracekitError(f"{self.path}: reading the trace failed ({exc})") from None
-        if schema is None:
-            return pl.DataFrame(rows, schema=names, orient="row", infer_schema_length=None)
-        return pl.DataFrame(rows, schema=schema, orient="row")
+            if schema is None:
+                return pl.DataFrame(rows, schema=names, orient="row", infer_schema_length=None)
+            return pl.DataFrame(rows, schema=schema, orient="row")
+        except Exception as exc:  # a value that does not fit its column's type
+            raise _type_error(self.path, sql, rows, names, schema, exc) from None
 
     # ------------------------------------------------------------------ small info tables
     def gpus(self) -> pl.DataFrame:
@@ -389,7 +540,9 @@ class Export:
 
     # ------------------------------------------------------------------ strings and enums
     def strings(self, ids: list[int] | None = None) -> dict[int, str]:
-        """``StringIds`` as {id: value}; only ``ids`` when given."""
+        """``StringIds`` as {id: value}; only ``ids`` when given. A value that is not text
+        (NULL, a number, a blob) becomes its string form (a blob decoded as UTF-8 with
+        replacement); rows whose id is not an integer are left out."""
         if ids is not None:
             ids = [int(i) for i in ids if i is not None]
             if not ids:
@@ -398,27 +551,119 @@ class Export:
             for i in range(0, len(ids), 900):
                 chunk = ids[i : i + 900]
                 marks = ",".join("?" * len(chunk))
-                out.update(
-                    self.conn.execute(
-                        f"SELECT id, value FROM StringIds WHERE id IN ({marks})", chunk
-                    ).fetchall()
-                )
+                out.update(_string_rows(
+                    self.conn.execute(f"SELECT id, value FROM StringIds WHERE id IN ({marks})", chunk)
+                ))
             return out
         if "strings" not in self._cache:
-            self._cache["strings"] = dict(self.conn.execute("SELECT id, value FROM StringIds"))
+            self._cache["strings"] = _string_rows(self.conn.execute("SELECT id, value FROM StringIds"))
         return self._cache["strings"]
 
     def enum_labels(self, kind: str) -> dict[int, str]:
-        """Labels of ``kind`` ("copy" or "mem"): from the export's ENUM table, else built in."""
+        """Labels of ``kind`` ("copy" or "mem"): from the export's ENUM table, else built in.
+        Rows of the ENUM table whose id is not an integer are ignored."""
         table, by_name, builtin = {
             "copy": ("ENUM_CUDA_MEMCPY_OPER", enums.COPY_KIND_BY_NAME, enums.COPY_KIND),
             "mem": ("ENUM_CUDA_MEM_KIND", enums.MEM_KIND_BY_NAME, enums.MEM_KIND),
         }[kind]
         out = dict(builtin)
         if table in self.tables and {"id", "name"} <= set(self.tables[table]):
-            for id_, name in self.conn.execute(f"SELECT id, name FROM {table}"):
-                out[int(id_)] = by_name.get(name, str(name).lower())
+            for id_, name in self.conn.execute(f"SELECT id, name FROM {quote_ident(table)}"):
+                if isinstance(id_, int):
+                    out[id_] = by_name.get(name, str(name).lower())
         return out
+
+
+#: Small tables read whole at open (a damaged page in them fails there, as one line).
+_SMALL_TABLES = ("ENUM_CUDA_MEMCPY_OPER", "ENUM_CUDA_MEM_KIND", "TRACEKIT_TRIM", "ANALYSIS_DETAILS",
+                 "META_DATA_EXPORT", "EXPORT_META_DATA", "TARGET_INFO_GPU", "TARGET_INFO_GPU_METRICS",
+                 "PROCESSES", "ThreadNames")
+
+
+def _string_rows(rows) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for id_, value in rows:
+        if not isinstance(id_, int):
+            continue
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        out[id_] = "" if value is None else str(value)
+    return out
+
+
+def _connect(uri: str, path: Path) -> TraceConnection:
+    try:
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, factory=TraceConnection, timeout=5.0)
+    except sqlite3.DatabaseError as exc:
+        raise db_error(path, exc) from None
+    conn.trace_path = path
+    return conn
+
+
+def _open_uri(path: Path) -> tuple[str, object]:
+    """The URI to open ``path`` with, and the temporary folder of a private copy (or None).
+
+    Rollback-journal traces: ``mode=ro``. WAL-mode traces (header bytes 18-19 = 2) without a
+    ``-wal`` file, or with an empty one: ``mode=ro&immutable=1`` (nothing is created beside
+    the trace). With a non-empty ``-wal`` (changes not yet checkpointed): a private copy of the
+    trace and its ``-wal``, opened ``mode=ro`` in a temporary folder.
+    """
+    import shutil
+    import tempfile
+
+    real = path.resolve()
+    with open(real, "rb") as fh:
+        head = fh.read(20)
+    wal_mode = len(head) >= 20 and head[18] == 2 and head[19] == 2
+    if not wal_mode:
+        return f"file:{quote(str(real))}?mode=ro", None
+    wal = real.with_name(real.name + "-wal")
+    if not wal.exists() or wal.stat().st_size == 0:
+        return f"file:{quote(str(real))}?mode=ro&immutable=1", None
+    private = tempfile.TemporaryDirectory(prefix="tracekit-wal-")
+    try:
+        copy = Path(private.name) / "trace.sqlite"
+        shutil.copyfile(real, copy)
+        shutil.copyfile(wal, Path(private.name) / "trace.sqlite-wal")
+    except OSError as exc:
+        private.cleanup()
+        raise TracekitError(
+            f"{path}: a WAL-mode trace with pending changes in {wal.name}, and copying both to a "
+            f"private folder to read them failed ({exc}); checkpoint it (`sqlite3 {path.name} "
+            "'PRAGMA wal_checkpoint'`) or free space in the temporary folder"
+        ) from None
+    return f"file:{quote(str(copy))}?mode=ro", private
+
+
+def _type_error(path: Path, sql: str, rows: list, names: list[str], schema: dict | None,
+                exc: BaseException) -> TracekitError:
+    """The one-line error for a value whose type does not fit its column (text or a real in an
+    integer column, an integer beyond int64), naming table, column and value."""
+    m = re.search(r'(?is)\bFROM\s+"?([A-Za-z_][\w]*)', sql)
+    table = m.group(1) if m else "the trace"
+    cols = list(schema) if schema is not None else names
+    want = {pl.Int64: "an integer", pl.Float64: "a number", pl.String: "text"}
+    for j, col in enumerate(cols):
+        dtype = schema.get(col) if schema is not None else None
+        for row in rows:
+            v = row[j]
+            if v is None:
+                continue
+            if dtype == pl.Int64:
+                ok = isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
+            elif dtype == pl.Float64:
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+            elif dtype == pl.String:
+                ok = isinstance(v, str)
+            else:
+                ok = True
+            if not ok:
+                shown = v if not isinstance(v, str) else v[:40]
+                return TracekitError(
+                    f"{path}: {table} column {col} holds {shown!r} ({type(v).__name__}) where "
+                    f"{want.get(dtype, 'another type')} is expected; the export is damaged or was edited; {_REEXPORT}"
+                )
+    return TracekitError(f"{path}: {table}: values of unexpected types ({str(exc).splitlines()[0][:120]}); {_REEXPORT}")
 
 
 _SPLITTABLE = re.compile(r"(?is)^\s*(SELECT\s.+?\sFROM\s+\"?(\w+)\"?)\s+WHERE\s(.+)$")
