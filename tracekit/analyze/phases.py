@@ -21,6 +21,15 @@ The rule (see docs/attribution.md for the full text and its reasons):
    launched it** (joined on ``correlationId`` within the process), not its GPU time; without a
    runtime record its GPU start is used. Its **sub-phase** is the innermost NVTX push/pop range
    open on the launching thread at that moment that opened inside the phase window.
+4. A range that was **never popped** is not trusted (:func:`set_aside_unclosed`). nsys writes
+   it in one of three forms: ``end = ANALYSIS_DETAILS.duration`` (seen on an H200 with nsys
+   2025.3: the session length, not a timestamp), ``end`` NULL, or ``end`` at/after the capture's
+   ``stopTime``. Its end is replaced by the process's **last recorded activity** (the latest
+   end of a GPU operation, of the CUDA call that launched one, or of a closed NVTX range of
+   the process), and a phase window from it also stops where the next phase window starts.
+   Such a window has ``unclosed = true``; its iteration is **incomplete**
+   (``complete = false``), left out of steady-state figures, and listed in
+   :attr:`PhaseModel.unclosed` with the reason.
 """
 
 from __future__ import annotations
@@ -61,11 +70,33 @@ WINDOW_COLUMNS = [
     "micro_step",  # Int64: index of the forward/backward within its iteration, else null
     "boundary",  # bool: the backward at the gradient accumulation boundary
     "inferred",  # bool: update window inferred (no update range)
-    "complete",  # bool: the iteration has an update (false for trailing micro-steps)
+    "complete",  # bool: the iteration has an update and no unclosed window (false for trailing micro-steps)
+    "unclosed",  # bool: the window's NVTX range never closed; its end is the process's last activity
     "start",  # ns
     "end",  # ns
     "range_index",  # Int64: row of the NVTX range in PhaseModel.ranges, null if none
 ]
+
+#: Columns of :attr:`PhaseModel.unclosed`.
+UNCLOSED_COLUMNS = [
+    "global_pid",
+    "iteration",  # Int64
+    "phase",  # forward | backward | update
+    "micro_step",  # Int64, null for update
+    "name",  # the NVTX range's name
+    "form",  # "duration" (end = ANALYSIS_DETAILS.duration) | "null" (no end) | "stop" (end >= stopTime)
+    "reason",  # one sentence: why the range counts as never closed
+    "start",  # ns, the range's start
+    "end",  # ns, where its window was cut (the process's last activity or the next phase window)
+]
+
+#: Why a range counts as never closed, per form (see :func:`set_aside_unclosed`).
+UNCLOSED_REASONS = {
+    "duration": "its range never closed (its end is ANALYSIS_DETAILS.duration, which nsys writes for a "
+                "range that was never popped)",
+    "null": "its range never closed (no end recorded)",
+    "stop": "its range never closed (it ends at the capture's stop time)",
+}
 
 
 @dataclass
@@ -81,7 +112,10 @@ class PhaseModel:
         ranges: NVTX push/pop ranges with ``parent``/``depth`` (:func:`tracekit.analyze.nvtx.nest`).
         source: per globalPid, where phases came from: ``phase-map``, ``tracekit``,
             ``DeepSpeed``, ``inferred`` suffix when updates were inferred, or ``none``.
-        anomalies: counts of NVTX records set aside (:func:`tracekit.analyze.nvtx.anomalies`).
+        anomalies: counts of NVTX records set aside (:func:`tracekit.analyze.nvtx.anomalies`);
+            ``unclosed_ranges`` counts all three forms of :func:`set_aside_unclosed`.
+        unclosed: phase windows cut because their range never closed, one row each, with
+            :data:`UNCLOSED_COLUMNS`; their iterations are incomplete.
     """
 
     windows: pl.DataFrame
@@ -89,8 +123,15 @@ class PhaseModel:
     ranges: pl.DataFrame
     source: dict[int, str]
     anomalies: dict[str, int]
+    unclosed: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=_UNCLOSED_SCHEMA))
     #: results derived from this model by other modules (e.g. per-window metrics), computed once
     cache: dict = field(default_factory=dict, repr=False)
+
+
+_UNCLOSED_SCHEMA = {
+    "global_pid": pl.Int64, "iteration": pl.Int64, "phase": pl.String, "micro_step": pl.Int64,
+    "name": pl.String, "form": pl.String, "reason": pl.String, "start": pl.Int64, "end": pl.Int64,
+}
 
 
 def _match(names: pl.Expr, patterns: dict[str, str]) -> pl.Expr:
@@ -146,12 +187,94 @@ def _candidates(ranges: pl.DataFrame, phase_map: dict[str, str] | None) -> tuple
             source[int(pid)] = label
         chosen.append(frame)
     cand = pl.concat(chosen) if chosen else usable.head(0).with_columns(phase=pl.lit(None, pl.String))
+    cand = _cut_unclosed_at_next(cand)
     # outermost only: drop ranges inside an earlier one of the same process; clip partial overlaps
     cand = cand.sort(["global_pid", "start", "end"], descending=[False, False, True])
     cand = cand.with_columns(prev_end=pl.col("end").cum_max().shift(1).over("global_pid"))
     cand = cand.filter(pl.col("prev_end").is_null() | (pl.col("end") > pl.col("prev_end")))
     cand = cand.with_columns(start=pl.max_horizontal("start", pl.col("prev_end").fill_null(pl.col("start"))))
     return cand.drop("prev_end"), source
+
+
+def _cut_unclosed_at_next(cand: pl.DataFrame) -> pl.DataFrame:
+    """An unclosed phase range (already ending at the process's last activity) also ends where
+    the next phase range of its process starts: it cannot hold later phases."""
+    if "unclosed" not in cand.columns or not cand["unclosed"].any():
+        return cand
+    starts = cand.select("global_pid", next_start="start").unique().sort("next_start")
+    probe = cand.with_columns(_probe=pl.col("start") + 1).sort("_probe")
+    probe = probe.join_asof(starts, left_on="_probe", right_on="next_start", by="global_pid",
+                            strategy="forward", check_sortedness=False)
+    return probe.with_columns(
+        end=pl.when(pl.col("unclosed") & pl.col("next_start").is_not_null())
+        .then(pl.min_horizontal("end", "next_start"))
+        .otherwise(pl.col("end"))
+    ).drop("_probe", "next_start")
+
+
+def _unclosed_forms(export: Export, ranges: pl.DataFrame) -> pl.Series:
+    """Per range of ``ranges`` (from :func:`tracekit.analyze.nvtx.load_ranges`): ``"null"`` when
+    ``NVTX_EVENTS.end`` is NULL, ``"duration"`` when it equals ``ANALYSIS_DETAILS.duration``,
+    ``"stop"`` when it is at or after ``ANALYSIS_DETAILS.stopTime``, else null (closed)."""
+    details = export.tables.get("ANALYSIS_DETAILS", {})
+
+    def one(column: str) -> int | None:
+        if column not in details:
+            return None
+        try:
+            row = export.conn.execute(f'SELECT max("{column}") FROM ANALYSIS_DETAILS').fetchone()
+            return int(row[0]) if row and row[0] is not None else None
+        except (TypeError, ValueError, OverflowError):
+            return None
+
+    duration, stop = one("duration"), one("stopTime")
+    null_ids: list[int] = []
+    if ranges.height and "end" in export.tables.get("NVTX_EVENTS", {}):
+        null_ids = [r[0] for r in export.conn.execute(
+            'SELECT rowid FROM NVTX_EVENTS WHERE "end" IS NULL AND eventType IN (?, ?)',
+            (enums.NVTX_PUSH_POP, enums.NVTX_START_END),
+        ).fetchall()]
+    end = pl.col("end")
+    is_null = pl.col("range_id").is_in(null_ids) if null_ids else pl.lit(False)
+    expr = pl.when(is_null).then(pl.lit("null"))
+    if duration is not None:
+        expr = expr.when(end == duration).then(pl.lit("duration"))
+    if stop is not None:
+        expr = expr.when(end >= stop).then(pl.lit("stop"))
+    return ranges.with_columns(unclosed_form=expr.otherwise(pl.lit(None, pl.String)))["unclosed_form"]
+
+
+def set_aside_unclosed(export: Export, ranges: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """Find the NVTX ranges that were never popped and end them at their process's last activity.
+
+    ``ranges``: frame of :func:`tracekit.analyze.nvtx.load_ranges`; ``ops``: frame of
+    :func:`tracekit.analyze.gpu_ops.load_gpu_ops`. A range is unclosed in one of the three forms
+    nsys writes (:data:`UNCLOSED_REASONS`): ``end`` NULL, ``end = ANALYSIS_DETAILS.duration``
+    (the session length in ns; an H200 probe with nsys 2025.3 showed never-popped ranges ending
+    there), or ``end >= ANALYSIS_DETAILS.stopTime``. Without ``ANALYSIS_DETAILS`` only the NULL
+    form can be told apart.
+
+    Returns ``ranges`` with ``unclosed`` recomputed from these forms, a column
+    ``unclosed_form`` (``"null" | "duration" | "stop"``, null for closed ranges), and the
+    ``end`` of unclosed ranges replaced by the last activity of the process: the latest end of
+    its GPU operations, of the CUDA calls that launched them, or of its closed NVTX ranges (at
+    least the range's own start). Sorted by (global_tid, start, -end) like ``load_ranges``.
+    """
+    ranges = ranges.with_columns(unclosed_form=_unclosed_forms(export, ranges))
+    ranges = ranges.with_columns(unclosed=pl.col("unclosed_form").is_not_null())
+    if not ranges["unclosed"].any():
+        return ranges
+    acts = [
+        ops.group_by("global_pid").agg(last=pl.max_horizontal("end", "api_end").max()),
+        ranges.filter(~pl.col("unclosed")).group_by("global_pid").agg(last=pl.col("end").max()),
+        ranges.filter(pl.col("unclosed")).group_by("global_pid").agg(last=pl.col("start").max()),
+    ]
+    last = pl.concat([a.cast({"global_pid": pl.Int64, "last": pl.Int64}) for a in acts])
+    last = last.group_by("global_pid").agg(pl.col("last").max())
+    ranges = ranges.join(last, on="global_pid", how="left").with_columns(
+        end=pl.when(pl.col("unclosed")).then(pl.max_horizontal("last", "start")).otherwise(pl.col("end"))
+    ).drop("last")
+    return ranges.sort(["global_tid", "start", "end"], descending=[False, False, True])
 
 
 def infer_boundaries(gaps_ns: np.ndarray, gas: int | None = None) -> np.ndarray:
@@ -197,7 +320,7 @@ def build(
     export.require("NVTX_EVENTS", "finding training phases (forward, backward, update)")
     pmap = parse_phase_map(phase_map)
     ops = load_gpu_ops(export)
-    ranges = nvtx.load_ranges(export)
+    ranges = set_aside_unclosed(export, nvtx.load_ranges(export), ops)
     anomalies = nvtx.anomalies(export, ranges)
     cand, source = _candidates(ranges, pmap)
     if pmap and not source:
@@ -242,7 +365,36 @@ def build(
         ranges=nested,
         source=source,
         anomalies=anomalies,
+        unclosed=_unclosed_table(windows, ranges),
     )
+
+
+def _unclosed_table(windows: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
+    """Rows of :data:`UNCLOSED_COLUMNS` for the windows cut because their range never closed."""
+    w = windows.filter(pl.col("unclosed"))
+    if w.height == 0:
+        return pl.DataFrame(schema=_UNCLOSED_SCHEMA)
+    r = ranges.with_row_index("range_index").select(
+        pl.col("range_index").cast(pl.Int64), "name", form="unclosed_form"
+    )
+    w = w.join(r, on="range_index", how="left").with_columns(
+        reason=pl.col("form").replace_strict(UNCLOSED_REASONS, default=None, return_dtype=pl.String)
+    )
+    return w.select(UNCLOSED_COLUMNS).cast(_UNCLOSED_SCHEMA).sort("global_pid", "start")
+
+
+def steady_model(model: PhaseModel) -> PhaseModel:
+    """``model`` without the iterations that hold an unclosed window (:attr:`PhaseModel.unclosed`):
+    their windows and the GPU operations attributed to them are dropped. Returns ``model``
+    itself when there is none (the common case: no copy, no extra work)."""
+    u = model.unclosed
+    if u is None or u.height == 0 or "unclosed" not in model.windows.columns:
+        return model
+    drop = u.select("global_pid", "iteration").unique()
+    windows = model.windows.join(drop, on=["global_pid", "iteration"], how="anti")
+    ops = model.ops.join(drop, on=["global_pid", "iteration"], how="anti")
+    return PhaseModel(windows=windows, ops=ops, ranges=model.ranges, source=model.source,
+                      anomalies=model.anomalies, unclosed=u.head(0))
 
 
 def _phase_windows(c: pl.DataFrame, last_gpu: int, gas: int | None) -> tuple[pl.DataFrame, bool]:
@@ -254,6 +406,7 @@ def _phase_windows(c: pl.DataFrame, last_gpu: int, gas: int | None) -> tuple[pl.
         "range_index",
         boundary=pl.col("name") == "backward boundary",
         inferred=pl.lit(False),
+        unclosed=pl.col("unclosed") if "unclosed" in c.columns else pl.lit(False),
     ).sort("start")
     has_update = (w["phase"] == "update").any()
     has_backward = (w["phase"] == "backward").any()
@@ -276,6 +429,7 @@ def _phase_windows(c: pl.DataFrame, last_gpu: int, gas: int | None) -> tuple[pl.
             "range_index": pl.Series([None] * int(is_b.sum()), dtype=pl.Int64),
             "boundary": False,
             "inferred": True,
+            "unclosed": False,
         }
     ).filter(pl.col("end") > pl.col("start"))
     return pl.concat([w, upd.cast(w.schema)]).sort("start"), True
@@ -307,7 +461,7 @@ def _iterations(w: pl.DataFrame, ranges: pl.DataFrame, pid: int, first: int = 0)
         fwd=(pl.col("phase") == "forward").cast(pl.Int64).cum_sum().over("iteration"),
         bwd=(pl.col("phase") == "backward").cast(pl.Int64).cum_sum().over("iteration"),
         next_phase=pl.col("phase").shift(-1),
-        complete=pl.col("is_update").any().over("iteration"),
+        complete=(pl.col("is_update").any() & ~pl.col("unclosed").any()).over("iteration"),
     )
     w = w.with_columns(
         micro_step=pl.when(pl.col("phase").is_in(["forward", "backward"]))
@@ -319,7 +473,7 @@ def _iterations(w: pl.DataFrame, ranges: pl.DataFrame, pid: int, first: int = 0)
     )
     return w.select(
         "global_pid", "iteration", "phase", "micro_step", "boundary", "inferred", "complete",
-        "start", "end", "range_index",
+        "unclosed", "start", "end", "range_index",
     )
 
 
@@ -327,7 +481,7 @@ def _tile(phase_windows: pl.DataFrame, span: pl.DataFrame) -> pl.DataFrame:
     """Add ``other`` windows so that each process's windows tile its whole span."""
     schema = {
         "global_pid": pl.Int64, "iteration": pl.Int64, "phase": pl.String, "micro_step": pl.Int64,
-        "boundary": pl.Boolean, "inferred": pl.Boolean, "complete": pl.Boolean,
+        "boundary": pl.Boolean, "inferred": pl.Boolean, "complete": pl.Boolean, "unclosed": pl.Boolean,
         "start": pl.Int64, "end": pl.Int64, "range_index": pl.Int64,
     }
     pw = phase_windows.cast(schema) if phase_windows.height else pl.DataFrame(schema=schema)
@@ -345,6 +499,7 @@ def _tile(phase_windows: pl.DataFrame, span: pl.DataFrame) -> pl.DataFrame:
         boundary=pl.lit(False),
         inferred=pl.lit(False),
         complete="complete",
+        unclosed=pl.lit(False),
         start="g_start",
         end="start",
         range_index=pl.lit(None, pl.Int64),
@@ -365,6 +520,7 @@ def _tile(phase_windows: pl.DataFrame, span: pl.DataFrame) -> pl.DataFrame:
         boundary=pl.lit(False),
         inferred=pl.lit(False),
         complete=pl.lit(False),
+        unclosed=pl.lit(False),
         start="start",
         end="end",
         range_index=pl.lit(None, pl.Int64),

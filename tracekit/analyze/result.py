@@ -6,17 +6,28 @@ Shape (times in ns, sizes in bytes, rates in GB/s = 1e9 B/s)::
      "phase_source": {pid: "tracekit"|"DeepSpeed"|"phase-map"|"none"[+"+inferred-update"]},
      "nvtx_anomalies": {"unclosed_ranges": int, "start_end_ranges": int, "marks": int,
                         "cross_thread_ranges": int},
+     "gpu_op_anomalies": {KIND_REASON: int},  # rows set aside (tracekit.analyze.gpu_ops.SET_ASIDE_REASONS)
      "ranks": [{"pid": int, "device": int,
-                "iterations": [{"index": int, "complete": bool,
+                "iterations": [{"index": int, "complete": bool, "unclosed": bool,
                                 "phases": [{"phase": str, "micro_step": int|null,
-                                            "boundary": bool, "inferred": bool,
+                                            "boundary": bool, "inferred": bool, "unclosed": bool,
                                             "start_ns": int, "end_ns": int, **METRICS,
                                             "gpu_idle_share": float|null,
                                             "h2d_gbps": float|null, "d2h_gbps": float|null}]}],
                 "totals": {PHASE: {same numeric keys}},
                 "sub_phases": {PHASE: [{"iteration": int, "sub_phase": str, ...}]}}],
      "summary": {"ranks": int, "iterations": int, "per_phase": {PHASE: {"mean_wall_ns": float,
-                 "max_wall_ns": int, "slowest_rank_pid": int, "spread_ns": int}}}}
+                 "max_wall_ns": int, "slowest_rank_pid": int, "spread_ns": int}}},
+     "incomplete_iterations": [{"pid": int, "iteration": int, "phase": str, "micro_step": int|null,
+                                "range": str, "form": "duration"|"null"|"stop", "reason": str,
+                                "start_ns": int, "end_ns": int}]}
+
+An iteration is ``complete`` when it has an update and none of its phase windows comes from
+an NVTX range that never closed. Such a window (``unclosed``: true) ends at the process's last
+recorded activity instead of the range's end (``tracekit.analyze.phases.set_aside_unclosed``);
+``incomplete_iterations`` lists each with the reason. ``totals`` still sum every window (they
+are totals); steady-state figures (findings, ``tracekit report`` key numbers, ``compare``)
+leave these iterations out.
 
 ``totals`` covers the whole trace, so its ``other`` holds start-up and anything outside
 iterations. ``sub_phases`` is present for the phase asked with ``--phase``.
@@ -68,7 +79,7 @@ def _clean(row: dict) -> dict:
     return out
 
 
-PHASE_ROW_KEYS = ["phase", "micro_step", "boundary", "inferred", "start_ns", "end_ns", *breakdown.METRICS,
+PHASE_ROW_KEYS = ["phase", "micro_step", "boundary", "inferred", "unclosed", "start_ns", "end_ns", *breakdown.METRICS,
                   "gpu_idle_share", "h2d_gbps", "d2h_gbps"]
 TOTAL_KEYS = [*breakdown.METRICS, "gpu_idle_share", "h2d_gbps", "d2h_gbps", "start_ns", "end_ns"]
 SUB_KEYS = ["iteration", "sub_phase", "wall_ns", "gpu_busy_ns", "gpu_idle_ns", "gpu_idle_share",
@@ -110,6 +121,7 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
                 {
                     "index": int(idx),
                     "complete": bool(it["complete"].all()),
+                    "unclosed": bool(it["unclosed"].any()),
                     "phases": [_clean({k: row[k] for k in PHASE_ROW_KEYS}) for row in it.iter_rows(named=True)],
                 }
             )
@@ -137,11 +149,24 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
             for gp, src in sorted(model.source.items())
         },
         "nvtx_anomalies": model.anomalies,
+        "gpu_op_anomalies": {k: v for k, v in export.set_aside.items() if not k.startswith("nvtx_")},
         "ranks": ranks,
         "summary": summarize(ranks),
         "findings": tr.findings,
         "transfer_notes": tr.notes,
+        "incomplete_iterations": _incomplete(model),
     }
+
+
+def _incomplete(model: phases.PhaseModel) -> list[dict]:
+    """``incomplete_iterations`` of the result: one dict per window cut because its NVTX range
+    never closed (:attr:`tracekit.analyze.phases.PhaseModel.unclosed`)."""
+    return [
+        {"pid": (int(r["global_pid"]) >> 24) & 0xFFFFFF, "iteration": r["iteration"], "phase": r["phase"],
+         "micro_step": r["micro_step"], "range": r["name"], "form": r["form"], "reason": r["reason"],
+         "start_ns": r["start"], "end_ns": r["end"]}
+        for r in model.unclosed.iter_rows(named=True)
+    ]
 
 
 def summarize(ranks: list[dict]) -> dict:

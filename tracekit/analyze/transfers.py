@@ -16,6 +16,10 @@ opportunities   :mod:`tracekit.analyze.opportunities`
 The findings summary always needs overlap, contention, pageable, memory peaks and the
 opportunities at phase level; those are computed for every run (they are cheap). A section
 whose data the trace lacks is skipped with a note naming the nsys option.
+
+Findings leave out the iterations that hold a window whose NVTX range never closed
+(:func:`tracekit.analyze.phases.steady_model`): their frames are computed again without them
+when there are any. The section frames cover every window.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import polars as pl
 from tracekit.analyze import contention, copy_sizes, memory, opportunities, overlap, pageable, pcie_metrics, throughput
 from tracekit.analyze.export import Export
 from tracekit.analyze.findings import build_findings
-from tracekit.analyze.phases import PhaseModel
+from tracekit.analyze.phases import PhaseModel, steady_model
 from tracekit.errors import MissingDataError, TracekitError
 
 # SECTIONS and parse_sections live in a module without polars, so that the CLI can parse
@@ -178,15 +182,37 @@ def analyze_transfers(
             frames["pcie_saturation"] = pcie_metrics.pcie_saturation(export, model, pcie_threshold, series=series)
         except MissingDataError as exc:
             notes.append(f"pcie: skipped, {exc}")
+    steady = steady_model(model)
+    ff = frames if steady is model else _findings_frames(export, steady, frames, pcie_threshold)
     iters: dict[tuple[int, int], dict[str, int]] = {}
-    win = model.windows.filter(pl.col("iteration").is_not_null())
+    win = steady.windows.filter(pl.col("iteration").is_not_null())
     ranks = model.ops.select("global_pid", "device").unique().drop_nulls()
     for (gpid, dev) in ranks.iter_rows():
         w = win.filter(pl.col("global_pid") == gpid)
         iters[(gpid, dev)] = {p: int(g["iteration"].n_unique()) for (p,), g in w.group_by(["phase"])}
-    findings = build_findings(frames, iters, pcie_threshold)
+    findings = build_findings(ff, iters, pcie_threshold)
     kept = {k: v for k, v in frames.items() if any(k in SECTION_FRAMES[s] for s in sections)}
     return TransferResult(frames=kept, sections=tuple(sections), notes=notes, findings=findings)
+
+
+def _findings_frames(export: Export, steady: PhaseModel, frames: dict[str, pl.DataFrame],
+                     pcie_threshold: float) -> dict[str, pl.DataFrame]:
+    """The frames :func:`build_findings` reads, computed again on ``steady`` (the model without
+    its unclosed iterations, :func:`tracekit.analyze.phases.steady_model`)."""
+    ff: dict[str, pl.DataFrame] = {}
+    ff["overlap_phase"] = overlap.overlap(steady, by=("phase",))
+    ff["contention_phase"] = contention.contention_summary(steady, by=("phase",),
+                                                           windows=contention.contention_windows(steady))
+    ff["pageable_phase"] = pageable.pageable_summary(steady, by=("phase", "sub_phase"),
+                                                     copies=pageable.pageable_copies(steady, export))
+    trips = opportunities.gradient_round_trips(steady)
+    ff["round_trip_summary"] = opportunities.gradient_round_trip_summary(export, steady, trips)
+    ff["update_opportunity"] = opportunities.update_opportunity(export, steady)
+    series = frames.get("pcie_series")
+    if series is not None and "pcie_phase" in frames:
+        ff["pcie_phase"] = pcie_metrics.pcie_phase_stats(export, steady, by=("phase",), series=series)
+        ff["pcie_saturation"] = pcie_metrics.pcie_saturation(export, steady, pcie_threshold, series=series)
+    return ff
 
 
 def write_frames(frames: dict[str, pl.DataFrame], out_dir: str | Path, fmt: str = "csv") -> list[Path]:
