@@ -118,6 +118,12 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
             "NVTX records set aside: "
             + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in a.items() if v)
         )
+    g = result.get("gpu_op_anomalies") or {}
+    if any(g.values()):
+        console.print(
+            "GPU operations set aside (whole trace, not in any number above): "
+            + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in g.items() if v)
+        )
     render_findings(console, result)
 
 
