@@ -1,6 +1,8 @@
 """Terminal tables (rich) for the analysis dict of :mod:`tracekit.analyze.result`.
 
-Everything shown is read from that dict, so the tables and ``--json`` always agree.
+Everything shown is read from that dict, so the tables and ``--json`` always agree. Text from
+the trace (path, NVTX names) is printed as data (:mod:`tracekit.textsafe`): every cell, title
+and line is a :class:`rich.text.Text`, never parsed as markup.
 Units on screen: ms (1e6 ns), MB (1e6 bytes), GB/s (1e9 B/s).
 """
 
@@ -10,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tracekit.analyze.render_transfers import render_findings, render_rank_transfers
+from tracekit.textsafe import text as _t
 
 
 def _ms(ns) -> str:
@@ -54,7 +57,7 @@ _COLUMNS = [
 
 
 def _table(title: str, first: list[str]) -> Table:
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=_t(title), title_justify="left", header_style="bold")
     for c in first:
         t.add_column(c)
     for name, _ in _COLUMNS:
@@ -68,62 +71,63 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
         console = Console()
         if not console.is_terminal:  # piped or redirected: do not squeeze tables into 80 columns
             console = Console(width=170)
-    console.print(
-        f"[bold]{result['trace']}[/bold]  nsys {result.get('nsys_version') or '?'} "
-        f"(export schema {result['schema_version']})"
-    )
+    head_line = _t(result["trace"], "bold")
+    head_line.append(_t(f"  nsys {result.get('nsys_version') or '?'} (export schema {result['schema_version']})"))
+    console.print(head_line)
     src = ", ".join(f"pid {pid}: {s}" for pid, s in result["phase_source"].items()) or "none"
-    console.print(f"phases from: {src}")
+    console.print(_t(f"phases from: {src}"))
     for pid, s in result["phase_source"].items():
         if s == "none":
-            console.print(
+            console.print(_t(
                 f"pid {pid}: no phase ranges (tracekit capture or DeepSpeed NVTX) in this trace, so all "
                 "its GPU work is 'other'; map your own NVTX ranges with --phase-map PHASE=REGEX"
-            )
+            ))
     if not result["ranks"]:
-        console.print("no process with GPU work in this trace")
+        console.print(_t("no process with GPU work in this trace"))
     for rank in result["ranks"]:
         head = f"rank pid {rank['pid']} device {rank['device']}"
         t = _table(f"{head}: per iteration and phase", ["iter", "phase"])
         for it in rank["iterations"]:
             for i, p in enumerate(it["phases"]):
                 mark = "" if it["complete"] else " (no update)"
-                t.add_row(str(it["index"]) + mark if i == 0 else "", _phase_label(p), *[f(p) for _, f in _COLUMNS])
+                t.add_row(_t(str(it["index"]) + mark if i == 0 else ""), _t(_phase_label(p)),
+                          *[_t(f(p)) for _, f in _COLUMNS])
             t.add_section()
         if rank["iterations"]:
             console.print(t)
         else:
-            console.print(f"{head}: no iteration found (no forward/backward/update NVTX ranges)")
+            console.print(_t(f"{head}: no iteration found (no forward/backward/update NVTX ranges)"))
         tt = _table(f"{head}: whole trace", ["phase"])
         for name, p in rank["totals"].items():
             if phase and name != phase:
                 continue
-            tt.add_row(name, *[f(p) for _, f in _COLUMNS])
+            tt.add_row(_t(name), *[_t(f(p)) for _, f in _COLUMNS])
         console.print(tt)
         for ph, rows in rank.get("sub_phases", {}).items():
             _render_sub_phases(console, head, ph, rows)
         render_rank_transfers(console, head, rank, phase)
     if len(result["ranks"]) > 1:
-        s = Table(title="across ranks (whole-trace wall time per phase)", title_justify="left")
+        s = Table(title=_t("across ranks (whole-trace wall time per phase)"), title_justify="left")
         for c in ("phase", "mean ms", "max ms", "slowest rank pid", "spread ms"):
             s.add_column(c, justify="right")
         for ph, v in result["summary"]["per_phase"].items():
-            s.add_row(ph, _ms(v["mean_wall_ns"]), _ms(v["max_wall_ns"]), str(v["slowest_rank_pid"]), _ms(v["spread_ns"]))
+            s.add_row(*map(_t, (ph, _ms(v["mean_wall_ns"]), _ms(v["max_wall_ns"]), str(v["slowest_rank_pid"]),
+                                _ms(v["spread_ns"]))))
         console.print(s)
-    console.print("* gradient accumulation boundary backward; GPU idle = share of the window with no "
-                  "kernel, copy or memset running; MB = 1e6 B, GB/s = 1e9 B/s")
+    console.print(_t("* gradient accumulation boundary backward; GPU idle = share of the window with no "
+                     "kernel, copy or memset running; MB = 1e6 B, GB/s = 1e9 B/s"))
     a = result["nvtx_anomalies"]
     if any(a.values()):
-        console.print(
+        console.print(_t(
             "NVTX records set aside: "
             + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in a.items() if v)
-        )
+        ))
     g = result.get("gpu_op_anomalies") or {}
     if any(g.values()):
-        console.print(
+        console.print(_t(
             "GPU operations set aside (whole trace, not in any number above): "
             + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in g.items() if v)
-        )
+        ))
     render_findings(console, result)
 
 
@@ -137,7 +141,7 @@ def _render_sub_phases(console: Console, head: str, phase: str, rows: list[dict]
         for k in a:
             a[k] += r[k] or 0
     total = sum(a["wall_ns"] for a in agg.values()) or 1
-    t = Table(title=f"{head}: {phase} by sub-phase (innermost NVTX range; (none) = no range open)",
+    t = Table(title=_t(f"{head}: {phase} by sub-phase (innermost NVTX range; (none) = no range open)"),
               title_justify="left", header_style="bold")
     for c, j in (("sub-phase", "left"), ("wall ms", "right"), ("share", "right"), ("GPU idle ms", "right"),
                  ("kernel ms", "right"), ("H2D MB", "right"), ("H2D GB/s", "right"),
@@ -146,14 +150,14 @@ def _render_sub_phases(console: Console, head: str, phase: str, rows: list[dict]
     for name, a in sorted(agg.items(), key=lambda kv: -kv[1]["wall_ns"]):
         if a["wall_ns"] == 0 and not (a["h2d_count"] or a["d2h_count"] or a["kernel_busy_ns"]):
             continue
-        t.add_row(
+        t.add_row(*map(_t, (
             name, _ms(a["wall_ns"]), _pct(a["wall_ns"] / total), _ms(a["gpu_idle_ns"]), _ms(a["kernel_busy_ns"]),
             _mb(a["h2d_bytes"]), _gbps(a["h2d_bytes"] / a["h2d_busy_ns"] if a["h2d_busy_ns"] else None),
             _mb(a["d2h_bytes"]), _gbps(a["d2h_bytes"] / a["d2h_busy_ns"] if a["d2h_busy_ns"] else None),
-        )
+        )))
     console.print(t)
     idle = sum(a["gpu_idle_ns"] for a in agg.values())
-    console.print(
+    console.print(_t(
         f"time in {phase} with no GPU activity at all (CPU-bound): {_ms(idle)} ms of {_ms(total)} ms "
         f"({100 * idle / total:.0f}%)"
-    )
+    ))

@@ -1,13 +1,16 @@
 """Terminal tables for the transfer sections and the findings summary (issue 4).
 
 Reads only the analysis dict (:mod:`tracekit.analyze.result`), like :mod:`tracekit.analyze.render`.
-Units on screen: ms (1e6 ns), MB (1e6 B), GB (1e9 B), GB/s (1e9 B/s).
+Units on screen: ms (1e6 ns), MB (1e6 B), GB (1e9 B), GB/s (1e9 B/s). Text from the trace
+(NVTX names in sub-phases and findings) is printed as data (:mod:`tracekit.textsafe`).
 """
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+
+from tracekit.textsafe import text as _t
 
 
 def _ms(v):
@@ -53,18 +56,18 @@ def _it(r):
 
 def _table(console: Console, title: str, rows: list[dict], cols: list[tuple], limit: int | None = None) -> None:
     if not rows:
-        console.print(f"{title}: none")
+        console.print(_t(f"{title}: none"))
         return
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=_t(title), title_justify="left", header_style="bold")
     for name, _, _ in cols:
         t.add_column(name, justify="left" if name in ("phase", "sub-phase", "kind", "dir", "host", "iter") else "right",
                      overflow="fold")
     shown = rows if limit is None else rows[:limit]
     for r in shown:
-        t.add_row(*[fmt(key(r) if callable(key) else r.get(key)) for _, key, fmt in cols])
+        t.add_row(*[_t(fmt(key(r) if callable(key) else r.get(key))) for _, key, fmt in cols])
     console.print(t)
     if limit is not None and len(rows) > limit:
-        console.print(f"  ... {len(rows) - limit} more rows (--json or --out for all)")
+        console.print(_t(f"  ... {len(rows) - limit} more rows (--json or --out for all)"))
 
 
 OVERLAP = [
@@ -144,7 +147,7 @@ def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | 
         _table(console, f"{head}: PCIe contention per phase window", c.get("contention", []), CONTENTION)
         ub = ", ".join(f"{r['direction']} {r['host_kind']} {r['median_gbps']:.1f} GB/s ({r['copies']} copies)"
                        for r in c.get("uncontended_bandwidth", []) if r["median_gbps"] is not None)
-        console.print(f"uncontended copies, median bandwidth: {ub or 'none'}")
+        console.print(_t(f"uncontended copies, median bandwidth: {ub or 'none'}"))
         wins = sorted(c.get("contention_windows", []), key=lambda r: -r["duration_ns"])
         _table(console, f"{head}: longest contention windows", wins, WINDOWS, limit=10)
     if "sizes" in tr:
@@ -164,14 +167,15 @@ def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | 
                 k = (b["phase"], b["direction"])
                 peaks[k] = max(peaks.get(k, 0.0), b["gbps"] or 0.0)
             txt = "; ".join(f"{p} {d} {v:.1f}" for (p, d), v in sorted(peaks.items()) if v > 0)
-            console.print(f"{head}: copy throughput timeline: {len(bins)} bins of {_ms(width)} ms; "
-                          f"peak bin GB/s per phase: {txt or 'no copies'} (rows in --json / --out)")
+            console.print(_t(f"{head}: copy throughput timeline: {len(bins)} bins of {_ms(width)} ms; "
+                             f"peak bin GB/s per phase: {txt or 'no copies'} (rows in --json / --out)"))
     if "pcie" in tr:
         p = tr["pcie"]
         _table(console, f"{head}: PCIe RX (H2D) / TX (D2H) metric per phase window vs copies",
                p.get("pcie", []), PCIE)
         sat = p.get("pcie_saturation", [])
-        console.print(f"{head}: PCIe saturation windows: {len(sat)}, {_ms(sum(r['duration_ns'] for r in sat))} ms in total")
+        console.print(_t(f"{head}: PCIe saturation windows: {len(sat)}, "
+                         f"{_ms(sum(r['duration_ns'] for r in sat))} ms in total"))
     if "opportunities" in tr:
         o = tr["opportunities"]
         _table(console, f"{head}: gradient round trips per backward micro-step (* = accumulation boundary)",
@@ -183,12 +187,12 @@ def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | 
 def render_findings(console: Console, result: dict) -> None:
     """The findings summary and the notes on skipped sections."""
     for note in result.get("transfer_notes", []):
-        console.print(f"note: {note}")
+        console.print(_t(f"note: {note}"))
     findings = result.get("findings") or []
     if not findings:
         return
-    console.print("[bold]findings[/bold]")
+    console.print(_t("findings", "bold"))
     multi = len({(f["pid"], f["device"]) for f in findings}) > 1
     for f in findings:
         prefix = f"pid {f['pid']} device {f['device']}: " if multi else ""
-        console.print(f"- {prefix}{f['text']}", highlight=False)
+        console.print(_t(f"- {prefix}{f['text']}"))

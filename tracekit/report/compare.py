@@ -11,7 +11,7 @@ A is 0 or missing):
 
 Metrics (:data:`METRICS`): wall time, GPU idle time, H2D/D2H bytes, exposed H2D/D2H copy time,
 the share of copy time hidden behind kernels, pageable copies (count, bytes) and the GPU memory
-peak. Units: ns, bytes, ratio 0..1.
+peak. Units: ns, bytes, ratio 0..1. Trace paths are printed as data (:mod:`tracekit.textsafe`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from tracekit.errors import TracekitError
 from tracekit.report import style as S
 from tracekit.report import summary
 from tracekit.report.data import ReportData
+from tracekit.textsafe import mpl as _mpl
+from tracekit.textsafe import text as _t
 
 #: metric -> (label, unit divisor, unit)
 METRICS = {
@@ -167,8 +169,10 @@ def render(result: dict, console=None) -> None:
         if not console.is_terminal:
             console = Console(width=160)
     a, b = result["a"], result["b"]
-    console.print(f"[bold]A[/bold] {a['trace']}  (pid {a['pid']} GPU {a['device']}, iterations {a['iterations']})")
-    console.print(f"[bold]B[/bold] {b['trace']}  (pid {b['pid']} GPU {b['device']}, iterations {b['iterations']})")
+    for key, side in (("A", a), ("B", b)):
+        line = _t(key, "bold")
+        line.append(_t(f" {side['trace']}  (pid {side['pid']} GPU {side['device']}, iterations {side['iterations']})"))
+        console.print(line)
     t = Table(title="per phase, mean per iteration (B - A)", title_justify="left", header_style="bold")
     for c, j in (("phase", "left"), ("metric", "left"), ("unit", "left"), ("A", "right"), ("B", "right"),
                  ("B - A", "right"), ("change", "right")):
@@ -183,8 +187,8 @@ def render(result: dict, console=None) -> None:
             style = ""
             if d["pct"] is not None and abs(d["pct"]) >= 10:
                 style = "red" if (d["delta"] > 0) != (m == "overlap_ratio") else "green"
-            t.add_row(r["phase"] if first else "", label, unit, _fmt(m, d["a"]), _fmt(m, d["b"]),
-                      delta, f"[{style}]{pct}[/{style}]" if style else pct)
+            t.add_row(*map(_t, (r["phase"] if first else "", label, unit, _fmt(m, d["a"]), _fmt(m, d["b"]), delta)),
+                      _t(pct, style))
             first = False
         t.add_section()
     console.print(t)
@@ -207,11 +211,11 @@ def render(result: dict, console=None) -> None:
             delta, pct = _fmt_delta(m, r["metrics"][m])
             shown_zero = delta.lstrip("+-").strip("0.,") == ""
             cells.append(delta if pct in ("–", "±0%") or shown_zero else f"{delta} ({pct})")
-        it.add_row(str(r["position"]) if new else "", str(r["a_iteration"]) if new else "",
-                   str(r["b_iteration"]) if new else "", r["phase"], *cells)
+        it.add_row(*map(_t, (str(r["position"]) if new else "", str(r["a_iteration"]) if new else "",
+                             str(r["b_iteration"]) if new else "", r["phase"], *cells)))
     console.print(it)
-    console.print("Δ = B - A; change = Δ / A; exposed = copy busy time with no kernel running; metrics that "
-                  "are 0 in both runs are not listed; MB = 1e6 B, GB = 1e9 B")
+    console.print(_t("Δ = B - A; change = Δ / A; exposed = copy busy time with no kernel running; metrics that "
+                     "are 0 in both runs are not listed; MB = 1e6 B, GB = 1e9 B"))
 
 
 # ---------------------------------------------------------------------- figure
@@ -224,8 +228,9 @@ def compare_figure(result: dict, labels: tuple[str, str] = ("A", "B")):
     f = frame(result, "per_phase").filter(pl.col("metric").is_in(shown))
     phases = [r["phase"] for r in result["per_phase"]]
     fig, axes = S.new_figure(3, 3, width=14, height=10)
-    fig.suptitle(f"{labels[0]}: {Path(result['a']['trace']).name} (iterations {result['a']['iterations']})   vs   "
-                 f"{labels[1]}: {Path(result['b']['trace']).name} (iterations {result['b']['iterations']})"
+    fig.suptitle(f"{_mpl(labels[0])}: {_mpl(Path(result['a']['trace']).name)} (iterations {result['a']['iterations']})"
+                 f"   vs   {_mpl(labels[1])}: {_mpl(Path(result['b']['trace']).name)} "
+                 f"(iterations {result['b']['iterations']})"
                  "   — mean per iteration", x=0.01, ha="left", fontsize=10)
     w = 0.38
     x = np.arange(len(phases))

@@ -9,7 +9,10 @@ nothing else is touched)::
     DIR/data/N_name.csv              the frame each figure plotted
     DIR/data/key_numbers.csv         per iteration and phase (:func:`summary.iteration_metrics`)
 
-Units in the report: ms (1e6 ns), MB / GB (1e6 / 1e9 bytes), GB/s (1e9 B/s).
+Units in the report: ms (1e6 ns), MB / GB (1e6 / 1e9 bytes), GB/s (1e9 B/s). Text from the
+trace (its path, NVTX names, the nsys version string) is written inert: Markdown syntax
+escaped, code spans fenced to fit, control characters as visible escapes
+(:mod:`tracekit.textsafe`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from tracekit.report import figures as F
 from tracekit.report import style as S
 from tracekit.report import summary
 from tracekit.report.data import ReportData
+from tracekit.textsafe import md, md_code
 
 FORMATS = ("svg", "pdf")
 
@@ -183,9 +187,10 @@ def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, 
     spans = data.iteration_spans(rk)
     means = summary.phase_means(metrics, steady)
     L: list[str] = []
-    L.append(f"# tracekit report: {data.path.name}\n")
-    src = ", ".join(f"pid {(gp >> 24) & 0xFFFFFF}: {s}" for gp, s in sorted(data.model.source.items()))
-    L.append(f"- trace: `{data.path}` (nsys {exp.nsys_version or '?'}, export schema {exp.schema_version})")
+    L.append(f"# tracekit report: {md(data.path.name)}\n")
+    src = ", ".join(f"pid {(gp >> 24) & 0xFFFFFF}: {md(s)}" for gp, s in sorted(data.model.source.items()))
+    L.append(f"- trace: {md_code(data.path)} (nsys {md(exp.nsys_version or '?')}, "
+             f"export schema {md(exp.schema_version)})")
     L.append(f"- phases from: {src or 'none'}")
     ranks = ", ".join(f"{i}: pid {r['pid']} GPU {r['device']}" for i, r in enumerate(data.ranks.iter_rows(named=True)))
     L.append(f"- ranks: {ranks}; shown: rank {rk['index']} (pid {rk['pid']} GPU {rk['device']})")
@@ -204,7 +209,7 @@ def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, 
     L.append("|---|" + "---:|" * 13)
     for r in means.iter_rows(named=True):
         L.append(
-            f"| {r['phase']} | {_ms(r['wall_ns'])} | {_pct(r['wall_ns'] / total_wall if total_wall else None)} | "
+            f"| {md(r['phase'])} | {_ms(r['wall_ns'])} | {_pct(r['wall_ns'] / total_wall if total_wall else None)} | "
             f"{_pct(r['gpu_idle_ns'] / r['wall_ns'] if r['wall_ns'] else None)} | {_mb(r['h2d_bytes'])} | "
             f"{_gbps(r['h2d_gbps'])} | {_ms(r['h2d_exposed_ns'])} | {_mb(r['d2h_bytes'])} | {_gbps(r['d2h_gbps'])} | "
             f"{_ms(r['d2h_exposed_ns'])} | {_pct(r['overlap_ratio'])} | {_count(r['pageable_count'])} | "
@@ -222,7 +227,8 @@ def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, 
         L.append("Findings cover every iteration of the trace, the warm-up one included (the key "
                  "numbers above may leave it out, as they say).\n")
         for f in findings:
-            L.append(f"- **{f['topic']}**" + (f" ({f['phase']})" if f.get("phase") else "") + f": {f['text']}")
+            L.append(f"- **{md(f['topic'])}**" + (f" ({md(f['phase'])})" if f.get("phase") else "")
+                     + f": {md(f['text'])}")
         L.append("")
 
     L.append("## Figures\n")
@@ -271,7 +277,7 @@ def _captions(data: ReportData, rk: dict, it: int, frames: dict[str, pl.DataFram
         r = sp.row(0, named=True)
         out["4_update_sub_phases"] = (
             f"Update sub-phases (innermost NVTX range, self time), mean per iteration: GPU busy vs CPU only, and "
-            f"copy throughput per direction. Longest: `{r['sub_phase']}` {_ms(r['wall_ns'])} ms "
+            f"copy throughput per direction. Longest: {md_code(r['sub_phase'])} {_ms(r['wall_ns'])} ms "
             f"({_pct(r['cpu_only_ns'] / r['wall_ns'] if r['wall_ns'] else None)} CPU only"
             + (f", H2D {_gbps(r['h2d_gbps'])} GB/s" if r["h2d_gbps"] is not None else "") + ")."
         )
