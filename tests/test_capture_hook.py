@@ -61,11 +61,15 @@ class Profiler:
         self.log.append(("pop",))
 
 
+RANK = "rank 0 local_rank 0 world 1"  # the mark the engine's __init__ wrapper emits
+
+
 def fake_engine_module(gas=2, fail_forward_at=None):
     class DeepSpeedEngine:
         training = True
 
         def __init__(self):
+            self.global_rank, self.local_rank, self.world_size = 0, 0, 1
             self.global_steps = 0
             self.micro_steps = 0
             self.calls = 0
@@ -112,11 +116,12 @@ def train(engine, steps, gas):
 def test_engine_sequence_gas2(rec):
     mod = fake_engine_module(gas=2)
     assert hook.patch_module(hook.ENGINE_MODULE, mod) == [
-        "DeepSpeedEngine.forward", "DeepSpeedEngine.backward", "DeepSpeedEngine.step"]
+        "DeepSpeedEngine.__init__", "DeepSpeedEngine.forward", "DeepSpeedEngine.backward",
+        "DeepSpeedEngine.step"]
     train(mod.DeepSpeedEngine(), steps=2, gas=2)
     one = ["  forward", "  backward", "  step (no update)", "  forward", "  backward boundary",
            "  update"]
-    assert rec.tree() == ["iteration 0", *one, "iteration 1", *one]
+    assert rec.tree() == [RANK, "iteration 0", *one, "iteration 1", *one]
 
 
 def test_engine_sequence_gas1_and_eval_forward(rec):
@@ -127,7 +132,7 @@ def test_engine_sequence_gas1_and_eval_forward(rec):
     e.forward(0.0)  # evaluation forward: marked, but opens no iteration
     e.training = True
     train(e, steps=2, gas=1)
-    assert rec.tree() == ["forward", "iteration 0", "  forward", "  backward boundary", "  update",
+    assert rec.tree() == [RANK, "forward", "iteration 0", "  forward", "  backward boundary", "  update",
                           "iteration 1", "  forward", "  backward boundary", "  update"]
 
 
@@ -157,7 +162,7 @@ def test_capture_window_starts_and_stops_profiler(rec):
     hook.set_iteration_window((1, 2))
     train(mod.DeepSpeedEngine(), steps=4, gas=2)
     tops = [t for t in rec.tree() if not t.startswith(" ")]
-    assert tops == ["iteration 0", "<profiler start>", "iteration 1", "iteration 2",
+    assert tops == [RANK, "iteration 0", "<profiler start>", "iteration 1", "iteration 2",
                     "<profiler stop>", "iteration 3"]
 
 
@@ -270,12 +275,19 @@ def run_python(code: str, env_extra: dict, timeout=600) -> subprocess.CompletedP
 
 def test_installed_deepspeed_has_every_hook_point(tmp_path):
     pytest.importorskip("deepspeed")
+    # superoffload and the swappers are imported by DeepSpeed only when configured
     code = ("import deepspeed, _tracekit_hook as h, json; "
+            "import deepspeed.runtime.superoffload.superoffload_stage3, "
+            "deepspeed.runtime.swap_tensor.partitioned_optimizer_swapper, "
+            "deepspeed.runtime.swap_tensor.pipelined_optimizer_swapper, "
+            "deepspeed.runtime.swap_tensor.partitioned_param_swapper; "
             "print(json.dumps(h.report()))")
     done = run_python(code, {"DS_ACCELERATOR": "cpu", "TRACEKIT_HOOK_REPORT_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    expected = sorted(f"{cls}.{m}" for cls, methods in hook.HOOK_POINTS.values() for m in methods)
+    expected = sorted([f"{cls}.{m}" for points in hook.HOOK_POINTS.values() for cls, methods in points
+                       for m in methods]
+                      + [f"{mod}.{f}" for mod, fns in hook.FUNCTION_HOOK_POINTS.items() for f in fns])
     assert sorted(report["wrapped"]) == expected
     assert report["missing"] == [] and report["warnings"] == []
     import deepspeed
