@@ -191,7 +191,9 @@ def advise(export, model, loaded: dict, changes: dict | None = None) -> dict:
 
         {"config": {"source", "path", "versions", "gpus", "note", "settings": [rows]},
          "advice": [items of every rank],  "one_time_costs": [...],
-         "predictions": [{"pid", "device", **scenario}]}
+         "predictions": [{"pid", "device", **scenario}],
+         "_cpu_steps": {(pid, device): {step label: CPU-only ns per iteration}}}  (not JSON: for
+         :func:`tracekit.analyze.findings.name_cpu_steps`)
 
     (``settings`` from the config when there is one, else inferred from rank 0's trace.)
     """
@@ -206,8 +208,13 @@ def advise(export, model, loaded: dict, changes: dict | None = None) -> dict:
         if k not in have and loaded.get("deepspeed_config") is not None:
             rows.append({"key": k, "value": v, "source": "trace", "how": how})
     sett = settings_map(rows)
-    items, once, preds = [], [], []
+    items, once, preds, steps = [], [], [], {}
+    labels = {"overflow_check": "fp16 overflow check (has_overflow)", "unscale": "gradient unscale (unscale_and_clip_grads)",
+              "copy_back": "parameter copy-back", "grad_norm": "gradient norm", "cpu_adam": "CPU optimizer step"}
     for p in ranks:
+        steps[(p["pid"], p["device"])] = {
+            (labels[k] if not (k == "cpu_adam" and v.get("unmarked")) else "unmarked CPU optimizer step"): v["cpu_ns"]
+            for k, v in p["roles"].items()}
         scen = whatif.predict(p, sett, changes)
         items.extend(build_advice(p, scen, sett))
         once.extend(one_time_costs(p))
@@ -216,4 +223,4 @@ def advise(export, model, loaded: dict, changes: dict | None = None) -> dict:
     items.sort(key=lambda x: -x["saving_ms_per_iteration"])
     cfg = {k: loaded.get(k) for k in ("source", "path", "versions", "gpus", "note")}
     cfg["settings"] = rows
-    return {"config": cfg, "advice": items, "one_time_costs": once, "predictions": preds}
+    return {"config": cfg, "advice": items, "one_time_costs": once, "predictions": preds, "_cpu_steps": steps}

@@ -91,10 +91,19 @@ def register(app: typer.Typer) -> None:
             Optional[Path], typer.Option("--out", help="write the frames of the selected sections to this directory")
         ] = None,
         out_format: Annotated[str, typer.Option("--format", help="file format for --out: csv or parquet")] = "csv",
+        ds_config: Annotated[
+            Optional[Path],
+            typer.Option("--ds-config", help="the run's DeepSpeed JSON config (or capture manifest), for the "
+                         "advice; default: NAME.json beside NAME.sqlite"),
+        ] = None,
     ) -> None:
         """Break a DeepSpeed run into iterations and phases: time, GPU busy/idle, H2D/D2H copies."""
         from tracekit.analyze import multi
 
+        if out is not None:  # before any analysis (issue 9, item 22)
+            from tracekit.analyze.transfers import check_out
+
+            check_out(out, out_format)
         if phase is not None and phase not in PHASE_CHOICES:
             raise TracekitError(f"--phase {phase!r}: choose one of {', '.join(PHASE_CHOICES)}")
         if gas is not None and gas < 1:
@@ -117,20 +126,35 @@ def register(app: typer.Typer) -> None:
             check_phase_map_regexes(phase_map)
         options = dict(phase=phase, iteration=iteration, phase_map=phase_map, gas=gas, sections=sections,
                        pcie_threshold=pcie_threshold, bin_ms=bin_ms)
+        from tracekit.analyze import dsconfig  # no polars
+
+        if ds_config is not None or (len(traces) == 1 and traces[0].is_file()):
+            # the config is part of the options, so a cached result is keyed on it too
+            options["ds_config"] = dsconfig.load(traces[0], ds_config)
         if out is not None:
             from tracekit.analyze import transfers
 
             paths = multi.expand_inputs(traces)
-            for path in paths:
-                dest = out if len(paths) == 1 else out / Path(path).stem
-                written = transfers.write_trace_frames(path, options, dest, out_format)
-                print(f"wrote {len(written)} files to {dest}", file=sys.stderr)
+            for path, dest in zip(paths, transfers.frame_dirs(paths, out)):
+                try:
+                    written = transfers.write_trace_frames(path, options, dest, out_format)
+                except TracekitError:
+                    if len(paths) == 1:
+                        raise
+                    continue  # a bad trace among several: analyze_many lists it below
+                print(f"wrote {len(written)} files to {dest} ({path})", file=sys.stderr)
         if len(traces) > 1 or traces[0].is_dir() or dask or not traces[0].exists() and "*" in str(traces[0]):
             many = multi.analyze_many(traces, options, jobs=jobs, dask=dask, cache=cache, expected_ranks=ranks)
             if as_json:
                 multi.write_json(many, sys.stdout)
-                return
-            multi.render_many(many)
+            else:
+                multi.render_many(many)
+            failures = multi.failure_lines(many)
+            if failures:  # every good trace is reported above; then the bad ones, one line each
+                sys.stdout.flush()
+                for line in failures[:-1]:
+                    print(f"tracekit: error: {line}", file=sys.stderr)
+                raise TracekitError(failures[-1])
             return
         if as_json and cache:
             text = multi.cached_json(traces[0], options)  # printed as stored, without parsing

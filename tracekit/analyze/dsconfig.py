@@ -70,9 +70,12 @@ KEYS = [
 
 def manifest_for(trace: str | Path) -> Path | None:
     """The capture manifest beside ``trace`` (``NAME.json`` or ``NAME_capture.json`` for
-    ``NAME.sqlite``), or None."""
+    ``NAME.sqlite``; ``PREFIX_capture.json`` for a cut ``PREFIX_cut.sqlite``), or None."""
     t = Path(trace)
-    for cand in (t.with_suffix(".json"), t.with_name(t.stem + "_capture.json")):
+    cands = [t.with_suffix(".json"), t.with_name(t.stem + "_capture.json")]
+    if t.stem.endswith("_cut"):  # a fixture cut with tracekit trim: PREFIX_cut.sqlite -> PREFIX_capture.json
+        cands.append(t.with_name(t.stem[:-4] + "_capture.json"))
+    for cand in cands:
         if cand.is_file():
             return cand
     return None
@@ -154,8 +157,7 @@ def config_value(cfg: dict, key: str, ds_version: str | None = None) -> tuple[ob
     """``(value, source)`` of ``key`` in the DeepSpeed config ``cfg``: set (``config``) or
     DeepSpeed's default (``default``; pin_memory's depends on ``ds_version``)."""
     if key == "precision":
-        if (_get(cfg, "fp16.enabled") is True) or (isinstance(cfg.get("fp16"), dict) and _get(cfg, "fp16.enabled") is None
-                                                   and cfg["fp16"] != {}):
+        if _get(cfg, "fp16.enabled") is True:
             return "fp16", "config"
         if _get(cfg, "bf16.enabled") is True or _get(cfg, "bfloat16.enabled") is True:
             return "bf16", "config"

@@ -21,9 +21,13 @@ divide by the number of iterations that have the phase.
 
 from __future__ import annotations
 
+import re
+
 import polars as pl
 
 MIN_SAVING_NS = 1_000_000
+#: sub-phases holding ZeRO-3's parameter copy-back (DeepSpeed's range, tracekit's capture range)
+_COPY_BACK = re.compile(r"_reassign_or_swap_out_partitioned_parameters|^param_copy_back$")
 
 
 def _ms(ns) -> str:
@@ -105,6 +109,9 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
                 text = (f"{where}: {_mb(r['bytes'])} of pageable {r['direction']}{sub} in {copies(r['count'])} at "
                         f"{r['gbps']:.1f} GB/s vs {r['pinned_gbps']:.1f} GB/s for pinned copies of that size in this trace; "
                         f"pinning would save ~{_ms(r['saving_ns'])}{per_it(r['saving_ns'], r['phase']) if r['phase'] != 'other' else ''}")
+                if r["direction"] == "H2D" and r.get("sub_phase") and _COPY_BACK.search(r["sub_phase"]):
+                    text += ("; this is DeepSpeed's fp32 -> 16-bit temporary of the parameter copy-back, which "
+                             "offload_optimizer.pin_memory does not pin (see the advice)")
                 if r["host_ns"]:
                     text += f"; the launching thread spent {_ms(r['host_ns'])} inside the copy calls"
                     if r["blocking_count"]:
@@ -149,14 +156,20 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
 
         up = _rank_filter(frames.get("update_opportunity"), gpid, dev)
         if up is not None and up.height:
+            # one basis: the mean over steady iterations (iteration 0, the warm-up, apart)
+            its = sorted(up["iteration"].drop_nulls().unique().to_list())
+            steady_its = [i for i in its if i != 0] if len(its) > 1 and 0 in its else its
+            warm = up.filter(~pl.col("iteration").is_in(steady_its)) if steady_its else up.head(0)
+            up = up.filter(pl.col("iteration").is_in(steady_its)) if steady_its else up
             n = up.height
             idle = up["gpu_idle_ns"].sum()
             wall = up["wall_ns"].sum()
             h2d = up["h2d_bytes"].sum()
-            med_idle, med_wall = up["gpu_idle_ns"].median(), up["wall_ns"].median()
-            text = (f"update: the GPU is idle {_ms(med_idle)} of {_ms(med_wall)} per update (median of {n}; "
-                    f"{100 * idle / wall:.0f}% of all update time, {_ms(idle)} in total) while the CPU runs the "
-                    f"optimizer step")
+            span = f"{steady_its[0]}-{steady_its[-1]}" if len(steady_its) > 1 else f"{steady_its[0]}" if steady_its else "?"
+            text = (f"update: the GPU is idle {_ms(idle / n)} of {_ms(wall / n)} per iteration "
+                    f"({100 * idle / wall if wall else 0:.0f}%; mean over steady iterations {span}"
+                    + (f"; warm-up iteration {warm['iteration'][0]}: {_ms(warm['wall_ns'][0])} update" if warm.height else "")
+                    + ") while the CPU works")
             free = up["free_bytes"].min() if up["free_bytes"].null_count() < n else None
             if free is not None:
                 text += (f"; {_gb(free)} of GPU memory stays free at the update's peak, room for the optimizer state "
@@ -187,4 +200,46 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
                     implied_min_gbps=lo, implied_max_gbps=hi)
         rank_out.sort(key=lambda x: -x[0])
         out.extend(f for _, f in rank_out)
+    from tracekit.analyze.multi_gpu import multi_gpu_findings  # host contention, communication, waiting ranks
+
+    out.extend(multi_gpu_findings(frames))
     return out
+
+
+def name_cpu_steps(findings: list[dict], steps: dict[tuple[int, int], dict[str, float]]) -> list[dict]:
+    """Name the CPU work of each rank's ``update`` finding: ``steps[(pid, device)]`` is
+    ``{step label: CPU-only ns per steady iteration}`` (e.g. from
+    :func:`tracekit.analyze.whatif.measure`'s roles: the fp16 overflow check, the unmarked CPU
+    optimizer step, the parameter copy-back). The largest three are appended to the sentence,
+    so that the finding blames the step that costs most. Returns ``findings`` (changed in place)."""
+    for f in findings:
+        st = steps.get((f.get("pid"), f.get("device")))
+        if f.get("topic") != "update" or not st:
+            continue
+        top = sorted(((v, k) for k, v in st.items() if v >= MIN_SAVING_NS), reverse=True)[:3]
+        if top:
+            f["text"] = f["text"].replace(" while the CPU works", " while the CPU works: " + ", ".join(
+                f"{k} {_ms(v)}" for v, k in top) + " per iteration with the GPU idle", 1)
+            f["values"]["cpu_steps_ns"] = {k: v for v, k in top}
+    return findings
+
+
+def iteration_findings(export, model, iteration: int, pcie_threshold: float = 80.0) -> list[dict]:
+    """The findings of one iteration only (``--iteration N``): the model narrowed to that
+    iteration's windows and the GPU operations attributed to them, then the same frames and
+    sentences as for the whole trace (per-iteration figures divide by 1)."""
+    import dataclasses
+
+    from tracekit.analyze import transfers
+
+    windows = model.windows.filter(pl.col("iteration") == iteration)
+    ops = model.ops.filter(pl.col("iteration") == iteration)
+    one = dataclasses.replace(model, windows=windows, ops=ops)
+    if hasattr(one, "cache"):
+        one.cache = {}
+    ff = transfers._findings_frames(export, one, {}, pcie_threshold)
+    iters = {}
+    for (gpid, dev) in ops.select("global_pid", "device").unique().drop_nulls().iter_rows():
+        w = windows.filter(pl.col("global_pid") == gpid)
+        iters[(gpid, dev)] = {p: 1 for p in w["phase"].unique().to_list()}
+    return build_findings(ff, iters, pcie_threshold)

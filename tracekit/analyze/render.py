@@ -82,6 +82,7 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
                 f"pid {pid}: no phase ranges (tracekit capture or DeepSpeed NVTX) in this trace, so all "
                 "its GPU work is 'other'; map your own NVTX ranges with --phase-map PHASE=REGEX"
             ))
+    render_config_and_advice(console, result)
     if not result["ranks"]:
         console.print(_t("no process with GPU work in this trace"))
     for rank in result["ranks"]:
@@ -161,3 +162,46 @@ def _render_sub_phases(console: Console, head: str, phase: str, rows: list[dict]
         f"time in {phase} with no GPU activity at all (CPU-bound): {_ms(idle)} ms of {_ms(total)} ms "
         f"({100 * idle / total:.0f}%)"
     ))
+
+
+def render_config_and_advice(console: Console, result: dict) -> None:
+    """The run's config (or what the trace says of it) and the advice, first in ``analyze``:
+    items sorted by saving per steady iteration, one-time costs apart."""
+    cfg = result.get("config")
+    if cfg:
+        if cfg.get("source"):
+            where = "--ds-config" if cfg["source"] == "ds-config" else "capture manifest"
+            vers = ", ".join(f"{k} {v}" for k, v in (cfg.get("versions") or {}).items())
+            console.print(_t(f"config: {where} {cfg.get('path')}" + (f" ({vers})" if vers else "")))
+        else:
+            console.print(_t("config: no manifest beside the trace and no --ds-config; values inferred from the trace"))
+        if cfg.get("note"):
+            console.print(_t(f"note: {cfg['note']}"))
+        rows = cfg.get("settings") or []
+        if rows:
+            t = Table(title=_t("DeepSpeed settings that matter for offload"), title_justify="left", header_style="bold")
+            for c in ("key", "value", "from"):
+                t.add_column(c, overflow="fold")
+            for r in rows:
+                v = r["value"]
+                v = str(v).lower() if isinstance(v, bool) else (f"{v:,}" if isinstance(v, int) else str(v))
+                src = r["how"] if r["source"] != "trace" else f"inferred: {r['how']}"
+                t.add_row(_t(r["key"]), _t(v), _t(src))
+            console.print(t)
+    items = result.get("advice") or []
+    if items:
+        multi = len({(a["pid"], a["device"]) for a in items}) > 1
+        console.print(_t("advice, largest saving first (per iteration: mean over steady iterations, warm-up apart; "
+                         "docs/advice.md)", "bold"))
+        for i, a in enumerate(items, 1):
+            who = f"pid {a['pid']} device {a['device']}: " if multi else ""
+            pct = f", {a['saving_pct']:.1f}%" if a.get("saving_pct") is not None else ""
+            console.print(_t(f"{i}. {who}{a['knob']}: {a['change']}  saves {a['saving_ms_per_iteration']:,.1f} ms per "
+                             f"iteration{pct} ({a['baseline_iteration_ms']:,.1f} -> {a['predicted_iteration_ms']:,.1f} ms; "
+                             f"confidence {a['confidence']})"), highlight=False)
+            console.print(_t(f"   problem: {a['problem']}"), highlight=False)
+            console.print(_t(f"   predicted from: {a['basis']}"), highlight=False)
+    elif result.get("config") is not None:
+        console.print(_t("advice: none (no change of the what-if model saves 0.5% of a steady iteration)"))
+    for c in result.get("one_time_costs") or []:
+        console.print(_t(f"one-time cost (total, not per iteration): {c['problem']} [{c['knob']}: {c['change']}]"))
