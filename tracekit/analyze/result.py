@@ -37,6 +37,16 @@ for the sections selected in :class:`Options` (frames of
 :func:`tracekit.analyze.transfers.analyze_transfers`, without ``global_pid``/``device``), and
 the top level ``"findings": [{"topic", "pid", "device", "phase", "text", "values"}]`` and
 ``"transfer_notes": [str]`` (sections skipped for missing data, with the nsys option).
+With ``--iteration N`` the findings cover that iteration only.
+
+Advice (docs/advice.md, :mod:`tracekit.analyze.advice`): top level ``"config": {"source",
+"path", "versions", "gpus", "note", "settings": [{"key", "value", "source": "config"|"default"|
+"trace", "how"}]}``, ``"advice": [{"problem", "knob", "change", "baseline_iteration_ms",
+"predicted_iteration_ms", "saving_ms_per_iteration", "saving_pct", "basis", "confidence",
+"scenario", "pid", "device", "config_fixable"}]`` (per rank, per steady iteration, largest saving
+first), ``"one_time_costs": [{"problem", "total_ms", "knob", "change", "pid", "device"}]`` and
+``"predictions": [{"pid", "device", "scenario", "applicable", "baseline_ns", "predicted_ns",
+"saving_ns", "basis", "confidence", ...}]`` (every what-if scenario, applicable or not).
 """
 
 from __future__ import annotations
@@ -68,6 +78,9 @@ class Options:
     sections: tuple[str, ...] = ()
     pcie_threshold: float = 80.0
     bin_ms: float = 1.0
+    #: the run's DeepSpeed config as :func:`tracekit.analyze.dsconfig.load` returns it (from
+    #: ``--ds-config`` or the manifest); None = look for the manifest beside the trace
+    ds_config: dict | None = None
 
 
 def _clean(row: dict) -> dict:
@@ -152,7 +165,7 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
         "gpu_op_anomalies": {k: v for k, v in export.set_aside.items() if not k.startswith("nvtx_")},
         "ranks": ranks,
         "summary": summarize(ranks),
-        "findings": tr.findings,
+        **_advice_and_findings(export, model, tr, options),
         "transfer_notes": tr.notes,
         "incomplete_iterations": _incomplete(model),
     }
@@ -167,6 +180,31 @@ def _incomplete(model: phases.PhaseModel) -> list[dict]:
          "start_ns": r["start"], "end_ns": r["end"]}
         for r in model.unclosed.iter_rows(named=True)
     ]
+
+
+def _advice_and_findings(export: Export, model, tr, options: Options) -> dict:
+    """``findings`` (scoped to ``options.iteration``, the update's CPU steps named), and
+    ``config``, ``advice``, ``one_time_costs``, ``predictions`` of
+    :func:`tracekit.analyze.advice.advise` (docs/advice.md); per rank, per steady iteration."""
+    from tracekit.analyze import advice, dsconfig
+    from tracekit.analyze.findings import name_cpu_steps
+
+    loaded = options.ds_config if options.ds_config is not None else dsconfig.load(export.path)
+    adv = advice.advise(export, model, loaded)
+    steps = adv.pop("_cpu_steps")
+    findings = _scoped_findings(export, model, tr, options)
+    if options.iteration is None:  # the steps are means over steady iterations: same basis only
+        findings = name_cpu_steps(findings, steps)
+    return {"findings": findings, **adv}
+
+
+def _scoped_findings(export: Export, model, tr, options: Options) -> list[dict]:
+    """The findings, narrowed to ``options.iteration`` when one is asked for."""
+    if options.iteration is None:
+        return tr.findings
+    from tracekit.analyze.findings import iteration_findings
+
+    return iteration_findings(export, model, options.iteration, options.pcie_threshold)
 
 
 def summarize(ranks: list[dict]) -> dict:
