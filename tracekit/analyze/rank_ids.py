@@ -2,7 +2,8 @@
 
 **Rank.** tracekit's capture hook records, at engine start, an NVTX mark or range in the
 ``tracekit`` domain named ``rank R local_rank L world W`` (:data:`RANK_PATTERN` also accepts
-``rank=R``, ``local_rank: L``, ``world_size W``). When a process has one, its rank is R. When
+``rank=R``, ``local_rank: L``, ``world_size W``; ``?`` for a local rank or world size the hook could not read). When a
+process has one, its rank is R. When
 no process of the export has one, ranks are numbered in **device order** (by host, then device
 id, then process id) and ``source`` says ``device order``: with one process per GPU, as
 ``torchrun``/``deepspeed`` launch them, that is the usual mapping of ``LOCAL_RANK`` to
@@ -25,7 +26,7 @@ from tracekit.analyze.phases import TRACEKIT_DOMAIN, PhaseModel
 
 #: Name of the capture hook's rank record (``re.search``, case-insensitive).
 RANK_PATTERN = re.compile(
-    r"(?i)\brank\s*[=:]?\s*(\d+)[\s,;]+local_rank\s*[=:]?\s*(\d+)[\s,;]+world(?:_size)?\s*[=:]?\s*(\d+)"
+    r"(?i)\brank\s*[=:]?\s*(\d+)[\s,;]+local_rank\s*[=:]?\s*(\d+|\?)[\s,;]+world(?:_size)?\s*[=:]?\s*(\d+|\?)"
 )
 
 #: Columns of :func:`distributed_ranks`.
@@ -80,13 +81,17 @@ def rank_records(export: Export) -> pl.DataFrame:
             continue
         domain = dnames.get(int(did or 0), "")
         out.append({"global_pid": int(tid) & ~0xFFFFFF, "start": start, "domain": domain, "name": name,
-                    "rank": int(m.group(1)), "local_rank": int(m.group(2)), "world": int(m.group(3))})
+                    "rank": int(m.group(1)), "local_rank": _int(m.group(2)), "world": _int(m.group(3))})
     if not out:
         return pl.DataFrame(schema=schema)
     f = pl.DataFrame(out, schema=schema)
     # prefer the tracekit domain, then the earliest record, per process
     f = f.sort(pl.col("domain") != TRACEKIT_DOMAIN, "start")
     return f.unique(subset=["global_pid"], keep="first", maintain_order=True).sort("global_pid")
+
+
+def _int(text: str) -> int | None:
+    return None if text == "?" else int(text)
 
 
 def distributed_ranks(export: Export, model: PhaseModel) -> pl.DataFrame:

@@ -37,6 +37,12 @@ for the sections selected in :class:`Options` (frames of
 :func:`tracekit.analyze.transfers.analyze_transfers`, without ``global_pid``/``device``), and
 the top level ``"findings": [{"topic", "pid", "device", "phase", "text", "values"}]`` and
 ``"transfer_notes": [str]`` (sections skipped for missing data, with the nsys option).
+
+Many GPUs (issue 12, :mod:`tracekit.analyze.multi_gpu`): ranks are listed by distributed rank
+and carry ``"rank", "local_rank", "world", "host"``; phase rows and totals carry ``comm_busy_ns``
+and ``comm_count`` (communication kernels, apart from ``kernel_busy_ns``); top level
+``"rank_order"``, ``"hosts": [{"host", "host_contention": {"devices", "concurrent_ns", "h2d_ns",
+"d2h_ns", "mixed_ns", "windows", ...}}]`` and ``"waiting_ranks"``.
 With ``--iteration N`` the findings cover that iteration only.
 
 Advice (docs/advice.md, :mod:`tracekit.analyze.advice`): top level ``"config": {"source",
@@ -125,7 +131,11 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
         if sub.height:
             sub = sub.filter(pl.col("iteration") == options.iteration)
     ranks = []
-    for r in breakdown.ranks(model).iter_rows(named=True):
+    from tracekit.analyze.multi_gpu import rank_index, to_json
+
+    ids = rank_index(tr.multi_gpu)  # ranks listed by distributed rank (issue 12)
+    for r in sorted(breakdown.ranks(model).iter_rows(named=True),
+                    key=lambda r: (ids.get((r["global_pid"], r["device"]), {}).get("rank", 1 << 30), r["pid"])):
         rt = table.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"]))
         iterations = []
         for (idx,), it in rt.filter(pl.col("iteration").is_not_null()).group_by(["iteration"], maintain_order=True):
@@ -144,7 +154,8 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
             row["phase"]: _clean({k: row[k] for k in TOTAL_KEYS})
             for row in sorted(rtot.iter_rows(named=True), key=lambda d: PHASE_ORDER.get(d["phase"], 9))
         }
-        entry = {"pid": int(r["pid"]), "device": int(r["device"]), "iterations": iterations, "totals": totals}
+        entry = {"pid": int(r["pid"]), "device": int(r["device"]), **ids.get((r["global_pid"], r["device"]), {}),
+                 "iterations": iterations, "totals": totals}
         if options.phase:
             rs = sub.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"])) if sub.height else sub
             entry["sub_phases"] = {
@@ -165,8 +176,9 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
         "gpu_op_anomalies": {k: v for k, v in export.set_aside.items() if not k.startswith("nvtx_")},
         "ranks": ranks,
         "summary": summarize(ranks),
-        **_advice_and_findings(export, model, tr, options),
         "transfer_notes": tr.notes,
+        **to_json(tr.multi_gpu),
+        **_advice_and_findings(export, model, tr, options),
         "incomplete_iterations": _incomplete(model),
     }
 

@@ -64,6 +64,9 @@ class TransferResult:
     sections: tuple[str, ...]
     notes: list[str] = field(default_factory=list)
     findings: list[dict] = field(default_factory=list)
+    #: frames of :func:`tracekit.analyze.multi_gpu.analyze_multi_gpu` (host contention,
+    #: communication, waiting ranks), computed for every run
+    multi_gpu: dict[str, pl.DataFrame] = field(default_factory=dict)
 
     def rank_sections(self, global_pid: int, device: int, phase: str | None = None,
                       iteration: int | None = None) -> dict:
@@ -190,9 +193,12 @@ def analyze_transfers(
     for (gpid, dev) in ranks.iter_rows():
         w = win.filter(pl.col("global_pid") == gpid)
         iters[(gpid, dev)] = {p: int(g["iteration"].n_unique()) for (p,), g in w.group_by(["phase"])}
-    findings = build_findings(ff, iters, pcie_threshold)
+    from tracekit.analyze.multi_gpu import analyze_multi_gpu
+
+    mg = analyze_multi_gpu(export, model)
+    findings = build_findings({**ff, **mg}, iters, pcie_threshold)
     kept = {k: v for k, v in frames.items() if any(k in SECTION_FRAMES[s] for s in sections)}
-    return TransferResult(frames=kept, sections=tuple(sections), notes=notes, findings=findings)
+    return TransferResult(frames=kept, sections=tuple(sections), notes=notes, findings=findings, multi_gpu=mg)
 
 
 def _findings_frames(export: Export, steady: PhaseModel, frames: dict[str, pl.DataFrame],
