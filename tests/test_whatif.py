@@ -1,0 +1,144 @@
+"""What-if model on a hand-made synthetic trace whose outcome is known by construction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from synthetic import SyntheticTrace
+
+from tracekit.analyze import advice, dsconfig, phases, whatif
+from tracekit.analyze.export import Export
+
+MS = 1_000_000
+B = 16 << 20  # bytes of the pageable copy-back and of the pinned copy of the same size
+PINNED_NS = 400_000  # the pinned copy: 16 MiB in 0.4 ms
+PAGEABLE_NS = 4 * MS  # the pageable copy-back: 16 MiB in 4 ms
+DS = "DeepSpeed"
+S3 = "DeepSpeedZeroOptimizer_Stage3."
+
+
+def build(path, iterations=3, fp16=True, extra_pageable_in_last=0, grad_pageable_ns=None):
+    """Per iteration k (t0 = 100 ms * k): forward 10 ms (kernel 8 ms), backward 20 ms with one
+    pinned 16 MiB H2D (0.4 ms) and a kernel, then the optimizer step 30 ms: overflow check
+    5 ms (has_overflow inside, when fp16), copy-back 10 ms with a pageable 16 MiB H2D of 4 ms,
+    and 15 ms of unmarked CPU Adam."""
+    s = SyntheticTrace()
+    pid, tid = 100, 1
+    for k in range(iterations):
+        t0 = 100 * MS * k
+        s.range("DeepSpeedEngine.forward", t0, t0 + 10 * MS, tid=(pid << 24) + tid, domain=DS)
+        s.kernel(t0 + 1 * MS, t0 + 9 * MS, pid, tid, launch=t0 + MS // 2)
+        s.range("DeepSpeedEngine.backward", t0 + 10 * MS, t0 + 30 * MS, tid=(pid << 24) + tid, domain=DS)
+        s.kernel(t0 + 11 * MS, t0 + 19 * MS, pid, tid, launch=t0 + 10 * MS + 1000)
+        if grad_pageable_ns:  # the gradient copy from pageable memory instead (pin_memory false)
+            s.copy(t0 + 20 * MS, t0 + 20 * MS + grad_pageable_ns, B, 2, pid, tid, launch=t0 + 19 * MS + 500, src=2, dst=0)
+        else:
+            s.copy(t0 + 20 * MS, t0 + 20 * MS + PINNED_NS, B, 1, pid, tid, launch=t0 + 19 * MS + 500, src=1, dst=2)
+        s.range(S3 + "step", t0 + 30 * MS, t0 + 60 * MS, tid=(pid << 24) + tid, domain=DS)
+        s.range(S3 + "_overflow_check_and_loss_scale_update", t0 + 31 * MS, t0 + 36 * MS, tid=(pid << 24) + tid,
+                domain=DS)
+        if fp16:
+            s.range(S3 + "has_overflow", t0 + 31 * MS + MS // 2, t0 + 35 * MS + MS // 2, tid=(pid << 24) + tid,
+                    domain=DS)
+        s.range(S3 + "_reassign_or_swap_out_partitioned_parameters", t0 + 45 * MS, t0 + 55 * MS,
+                tid=(pid << 24) + tid, domain=DS)
+        nbytes = B + (extra_pageable_in_last if k == iterations - 1 else 0)
+        dur = PAGEABLE_NS * nbytes // B
+        s.copy(t0 + 50 * MS, t0 + 50 * MS + dur, nbytes, 1, pid, tid, launch=t0 + 50 * MS - 1000,
+               api_end=t0 + 50 * MS + dur + 1000, src=0, dst=2)
+    return s.write(path)
+
+
+@pytest.fixture
+def synthetic_whatif(tmp_path):
+    return build(tmp_path / "synthetic_whatif.sqlite")
+
+
+def pieces_of(path):
+    with Export.open(path) as ex:
+        model = phases.build(ex)
+        return whatif.measure(ex, model)
+
+
+def test_measured_pieces_match_construction(synthetic_whatif):
+    (p,) = pieces_of(synthetic_whatif)
+    assert p["iterations"] == [1, 2] and p["warmup"] == [0]
+    # a steady iteration: 40 ms gap (other) + 10 + 20 + 30 ms
+    assert p["iteration_ns"] == pytest.approx(100 * MS)
+    assert p["update_ns"] == pytest.approx(30 * MS)
+    assert p["roles"]["overflow_check"]["wall_ns"] == pytest.approx(5 * MS)
+    assert p["roles"]["copy_back"]["wall_ns"] == pytest.approx(10 * MS)
+    # unmarked CPU Adam: the step minus its marked children
+    assert p["roles"]["cpu_adam"]["wall_ns"] == pytest.approx(15 * MS)
+    assert p["roles"]["cpu_adam"].get("unmarked") is True
+    # copy-back bytes per iteration, one sub-group
+    assert p["copy_back_bytes"] == B and p["sub_groups"] == 1
+
+
+def test_pageable_to_pinned_saving_by_hand(synthetic_whatif):
+    (p,) = pieces_of(synthetic_whatif)
+    scen = {s["scenario"]: s for s in whatif.predict(p, {"precision": "fp16",
+                                                         "zero_optimization.offload_optimizer.device": "cpu",
+                                                         "zero_optimization.offload_optimizer.pin_memory": True})}
+    # by hand: 4 ms pageable - 16 MiB at the pinned 16 MiB / 0.4 ms = 3.6 ms per iteration (no kernel hides it)
+    expect = PAGEABLE_NS - B / (B / PINNED_NS)
+    assert scen["pageable_to_pinned"]["saving_ns"] == pytest.approx(expect)
+    assert scen["pageable_to_pinned"]["predicted_ns"] == pytest.approx(100 * MS - expect)
+    assert scen["pageable_to_pinned"]["confidence"] == "high"  # pinned bandwidth measured in this trace
+    # pin_memory already true: nothing to gain from the config, the copy-back is DeepSpeed's temporary
+    assert scen["pin_memory"]["applicable"] is False and scen["pin_memory"]["saving_ns"] == 0
+    # fp16 -> bf16: the 5 ms overflow check goes
+    assert scen["bf16"]["saving_ns"] == pytest.approx(5 * MS)
+    # ratio with one sub-group moves nothing (DeepSpeed: GPU when i < int((1 - ratio) * n))
+    r = whatif.predict(p, {"zero_optimization.offload_optimizer.device": "cpu"}, {"ratio": 0.5})
+    r = {s["scenario"]: s for s in r}["ratio"]
+    assert r["gpu_sub_groups"] == 0 and r["saving_ns"] == 0 and r["applicable"] is False
+
+
+def test_pin_memory_false_saves_the_pageable_gradient_copies(tmp_path):
+    """A pageable 16 MiB gradient D2H of 2 ms and no pinned D2H in the trace: pin_memory
+    false -> true saves 2 ms - 16 MiB at the assumed pinned bandwidth, per iteration; the
+    copy-back (DeepSpeed's temporary) is not counted."""
+    (p,) = pieces_of(build(tmp_path / "synthetic_whatif_pin.sqlite", grad_pageable_ns=2 * MS))
+    inferred = dsconfig.infer_settings(whatif.trace_facts(p))
+    assert inferred["zero_optimization.offload_optimizer.pin_memory"][0] is False
+    sett = {"zero_optimization.offload_optimizer.device": "cpu", "zero_optimization.offload_optimizer.pin_memory": False}
+    scen = {s["scenario"]: s for s in whatif.predict(p, sett)}
+    expect = 2 * MS - B / whatif.FALLBACK_PINNED_GBPS["D2H"]
+    assert scen["pin_memory"]["saving_ns"] == pytest.approx(expect)
+    assert scen["pin_memory"]["confidence"] == "medium"  # no pinned D2H measured: assumed bandwidth
+
+
+def test_bf16_not_applicable_without_overflow_check(tmp_path):
+    (p,) = pieces_of(build(tmp_path / "synthetic_whatif_bf16.sqlite", fp16=False))
+    facts = whatif.trace_facts(p)
+    inferred = dsconfig.infer_settings(facts)
+    assert inferred["precision"][0] == "bf16 or fp32"
+    scen = {s["scenario"]: s for s in whatif.predict(p, {k: v[0] for k, v in inferred.items()})}
+    assert scen["bf16"]["applicable"] is False and scen["bf16"]["saving_ns"] == 0
+
+
+def test_advice_sorted_and_json_shape(synthetic_whatif, tmp_path):
+    with Export.open(synthetic_whatif) as ex:
+        res = advice.advise(ex, phases.build(ex), dsconfig.load(synthetic_whatif))
+    items = res["advice"]
+    assert items, res
+    savings = [a["saving_ms_per_iteration"] for a in items]
+    assert savings == sorted(savings, reverse=True)
+    for a in items:
+        assert isinstance(a["problem"], str) and isinstance(a["knob"], str) and isinstance(a["change"], str)
+        for k in ("baseline_iteration_ms", "predicted_iteration_ms", "saving_ms_per_iteration"):
+            assert isinstance(a[k], float)
+        assert a["confidence"] in ("high", "medium", "low")
+        assert a["predicted_iteration_ms"] == pytest.approx(a["baseline_iteration_ms"] - a["saving_ms_per_iteration"],
+                                                            abs=1e-3)
+        assert "steady iterations 1-2" in a["problem"]
+    by = {a["scenario"]: a for a in items}
+    assert by["bf16"]["saving_ms_per_iteration"] == pytest.approx(5.0)
+    assert by["bf16"]["knob"].startswith("fp16.enabled")
+    cb = [a for a in items if not a["config_fixable"]]
+    assert cb and "DS_PIN_MEMORY_BACKEND=native" in cb[0]["problem"]
+    assert cb[0]["saving_ms_per_iteration"] == pytest.approx(3.6)
+    json.dumps(res["advice"])  # serialisable
+    assert "_cpu_steps" in res  # for the findings; result.py pops it
