@@ -145,6 +145,10 @@ def _analyze_one_checked(path: str, options: dict, cache: bool) -> dict:
         return analyze_one(path, options, cache)
     except TracekitError:
         raise
+    except MemoryError:
+        from tracekit import memlimit
+
+        raise TracekitError(f"{path}: {memlimit.message()}") from None
     except Exception as exc:  # a bug or an unexpected trace: name the trace, one line
         raise TracekitError(f"{path}: analysis failed ({type(exc).__name__}: {exc})", exit_code=1) from None
 
@@ -170,39 +174,77 @@ def analyze_many(
         cache: use the per-trace Parquet / result cache.
         expected_ranks: how many ranks the run had (numbered 0..N-1), to report missing ones.
 
-    Returns ``{"traces": [result per trace, in input order], "summary": summarize_ranks(...)}``
-    (times in ns).
+    Returns ``{"traces": [result per good trace, in input order], "failed": [{"trace": str,
+    "error": str (one line, naming the trace), "exit_code": int}], "summary":
+    summarize_ranks(...)}`` (times in ns). A trace that cannot be analyzed (not an nsys
+    export, truncated, out of memory, a worker that died) does not stop the others: it is
+    listed in ``failed`` and left out of the summary (but not counted as a missing rank).
 
-    Raises :class:`TracekitError` (one line, naming the trace or address): a trace missing or
-    not an nsys export, a trace whose analysis failed, an unreachable Dask scheduler.
+    Raises :class:`TracekitError` (one line): an input missing (:func:`expand_inputs`), an
+    unreachable Dask scheduler.
     """
     paths = expand_inputs(items)
     opts = _options_dict(options)
     if dask:
-        results = _run_dask(dask, paths, opts, cache)
+        outcomes = _run_dask(dask, paths, opts, cache)
     else:
         n = min(jobs or os.cpu_count() or 1, len(paths))
         if n <= 1:
-            results = [_analyze_one_checked(str(p), opts, cache) for p in paths]
+            outcomes = [_outcome(lambda p=p: _analyze_one_checked(str(p), opts, cache)) for p in paths]
         else:
-            results = _run_processes(paths, opts, cache, n)
-    return {"traces": results, "summary": summarize_ranks(results, paths, expected_ranks)}
+            outcomes = _run_processes(paths, opts, cache, n)
+    good = [(p, o) for p, o in zip(paths, outcomes) if not isinstance(o, TracekitError)]
+    failed = [{"trace": str(p), "error": _named(p, o), "exit_code": o.exit_code}
+              for p, o in zip(paths, outcomes) if isinstance(o, TracekitError)]
+    results = [o for _, o in good]
+    summary = summarize_ranks(results, [p for p, _ in good], expected_ranks,
+                              failed=[Path(f["trace"]) for f in failed])
+    return {"traces": results, "failed": failed, "summary": summary}
 
 
-def _run_processes(paths: list[Path], opts: dict, cache: bool, jobs: int) -> list[dict]:
+def _named(path: Path, exc: TracekitError) -> str:
+    """The first line of ``exc``'s message, starting with the trace's path when it does not name it."""
+    msg = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return msg if str(path) in msg else f"{path}: {msg}"
+
+
+def _outcome(call) -> dict | TracekitError:
+    """``call()``, or the TracekitError it raised (one trace's failure does not stop the others)."""
+    try:
+        return call()
+    except TracekitError as exc:
+        return exc
+
+
+#: what a trace's failure says when the worker process analyzing it died
+WORKER_DIED = ("the worker process analyzing it died ({why}: often out of memory, the other traces of the "
+               "pool were lost with it); retry with --jobs 1 or fewer traces")
+
+
+def _run_processes(paths: list[Path], opts: dict, cache: bool, jobs: int) -> list[dict | TracekitError]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     # spawn, not fork: polars' thread pool does not survive a fork
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         futures = [pool.submit(_analyze_one_checked, str(p), opts, cache) for p in paths]
+        out: list[dict | TracekitError] = []
         try:
-            return [f.result() for f in futures]
+            for p, f in zip(paths, futures):
+                try:
+                    out.append(f.result())
+                except TracekitError as exc:
+                    out.append(exc)
+                except BrokenProcessPool as exc:
+                    why = str(exc).split(".")[0] or "killed"
+                    out.append(TracekitError(f"{p}: {WORKER_DIED.format(why=why.lower())}"))
         except BaseException:
             for f in futures:
                 f.cancel()
             raise
+        return out
 
 
 def _run_dask(address: str, paths: list[Path], opts: dict, cache: bool) -> list[dict]:
@@ -235,12 +277,13 @@ def _run_dask(address: str, paths: list[Path], opts: dict, cache: bool) -> list[
             cache=cache,
             pure=False,
         )
-        results = client.gather(futures)
+        results = [_outcome(f.result) for f in futures]
     finally:
         client.close()
     for p, r in zip(paths, results):
-        r["trace"] = str(p)
-    return list(results)
+        if isinstance(r, dict):
+            r["trace"] = str(p)
+    return results
 
 
 # ---------------------------------------------------------------------- summary
@@ -289,9 +332,11 @@ def _who(row: dict) -> dict:
 
 
 def summarize_ranks(
-    results: list[dict], paths: list[Path] | None = None, expected_ranks: int | None = None
+    results: list[dict], paths: list[Path] | None = None, expected_ranks: int | None = None,
+    failed: list[Path] | None = None,
 ) -> dict:
-    """Compare the ranks of several results (times in ns).
+    """Compare the ranks of several results (times in ns). ``failed``: traces that could not be
+    analyzed; their rank numbers do not count as missing.
 
     Returns::
 
@@ -349,6 +394,9 @@ def summarize_ranks(
         s = max(timed, key=lambda r: r["mean_iteration_ns"])
         slowest = _who(s) | {"mean_iteration_ns": s["mean_iteration_ns"]}
     numbers = {r["rank"] if r["rank"] is not None else r["node"] for r in rows} - {None}
+    if failed:
+        all_paths = list(paths or [Path(r["trace"]) for r in results]) + list(failed)
+        numbers |= set(rank_numbers(all_paths)[-len(failed):]) - {None}
     if expected_ranks:
         missing = sorted(set(range(expected_ranks)) - numbers)
     else:
@@ -417,6 +465,20 @@ def render_many(out: dict, console=None) -> None:
         console.print(f"[bold red]missing ranks:[/] {', '.join(map(str, s['missing_ranks']))}")
     for w in s["ranks_without_iterations"]:
         console.print(f"[yellow]no iterations:[/] {Path(w['trace']).name} pid {w['pid']}")
+
+
+def failure_lines(out: dict) -> list[str]:
+    """One line per trace of :func:`analyze_many`'s dict that could not be analyzed, then one
+    line saying how many failed of how many (empty when none failed). Plain text, for stderr."""
+    failed = out.get("failed") or []
+    if not failed:
+        return []
+    n = len(failed) + len(out.get("traces", []))
+    good = n - len(failed)
+    lines = [f["error"] for f in failed]
+    lines.append(f"{len(failed)} of {n} traces could not be analyzed (listed above); "
+                 f"the other {good} {'is' if good == 1 else 'are'} reported")
+    return lines
 
 
 # ---------------------------------------------------------------------- JSON output
