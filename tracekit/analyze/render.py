@@ -11,6 +11,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from tracekit.analyze.render_multi_gpu import render_multi_gpu, render_rank_order
 from tracekit.analyze.render_transfers import render_findings, render_rank_transfers
 from tracekit.textsafe import text as _t
 
@@ -46,6 +47,7 @@ _COLUMNS = [
     ("wall ms", lambda p: _ms(p["wall_ns"])),
     ("GPU idle", lambda p: _pct(p.get("gpu_idle_share"))),
     ("kernel ms", lambda p: _ms(p["kernel_busy_ns"])),
+    ("comm ms", lambda p: _ms(p.get("comm_busy_ns")) if p.get("comm_count") else ""),
     ("H2D MB", lambda p: _mb(p["h2d_bytes"])),
     ("H2D ms", lambda p: _ms(p["h2d_busy_ns"]) if p["h2d_count"] else ""),
     ("H2D GB/s", lambda p: _gbps(p.get("h2d_gbps"))),
@@ -85,8 +87,11 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
     render_config_and_advice(console, result)
     if not result["ranks"]:
         console.print(_t("no process with GPU work in this trace"))
+    render_rank_order(console, result)
     for rank in result["ranks"]:
         head = f"rank pid {rank['pid']} device {rank['device']}"
+        if len(result["ranks"]) > 1 and rank.get("rank") is not None:
+            head = f"rank {rank['rank']} (pid {rank['pid']} device {rank['device']})"
         t = _table(f"{head}: per iteration and phase", ["iter", "phase"])
         for it in rank["iterations"]:
             for i, p in enumerate(it["phases"]):
@@ -115,8 +120,11 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
             s.add_row(*map(_t, (ph, _ms(v["mean_wall_ns"]), _ms(v["max_wall_ns"]), str(v["slowest_rank_pid"]),
                                 _ms(v["spread_ns"]))))
         console.print(s)
+    render_multi_gpu(console, result)
     console.print(_t("* gradient accumulation boundary backward; GPU idle = share of the window with no "
                      "kernel, copy or memset running; MB = 1e6 B, GB/s = 1e9 B/s"))
+    console.print(_t("kernel ms = compute kernels; comm ms = communication kernels (NCCL and the like), "
+                     "which neither kernel ms nor GPU idle count"))
     a = result["nvtx_anomalies"]
     if any(a.values()):
         console.print(_t(
