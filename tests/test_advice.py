@@ -1,0 +1,110 @@
+"""Advice and config on the command line: --json shape, --iteration scopes findings, the
+manifest beside the trace, --ds-config errors, DeepSpeed defaults."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import FIXTURES, assert_one_line_error, run_cli
+from test_whatif import B, build
+
+from tracekit.analyze import dsconfig
+
+
+@pytest.fixture
+def synthetic_advice(tmp_path):
+    # the last iteration's copy-back moves 16 MiB more (32 MiB): --iteration must see it alone
+    return build(tmp_path / "synthetic_advice.sqlite", iterations=3, extra_pageable_in_last=B)
+
+
+def test_json_advice_shape_and_order(synthetic_advice):
+    rc, out, err = run_cli("analyze", synthetic_advice, "--json", "--no-cache")
+    assert rc == 0, err
+    d = json.loads(out)
+    items = d["advice"]
+    assert isinstance(items, list) and items
+    keys = {"problem": str, "knob": str, "change": str, "baseline_iteration_ms": float,
+            "predicted_iteration_ms": float, "saving_ms_per_iteration": float, "basis": str, "confidence": str}
+    for a in items:
+        for k, t in keys.items():
+            assert isinstance(a[k], t), (k, a[k])
+    s = [a["saving_ms_per_iteration"] for a in items]
+    assert s == sorted(s, reverse=True)
+    # no manifest beside the trace: every setting shown is inferred, with how
+    assert d["config"]["source"] is None
+    assert {r["source"] for r in d["config"]["settings"]} == {"trace"}
+    assert all(r["how"] for r in d["config"]["settings"])
+
+
+def test_iteration_scopes_findings(synthetic_advice):
+    """Pageable bytes of the copy-back: 16 MiB in iteration 1, 32 MiB in iteration 2 (by construction)."""
+    def pageable_bytes(*extra):
+        rc, out, err = run_cli("analyze", synthetic_advice, "--json", "--no-cache", *extra)
+        assert rc == 0, err
+        f = [f for f in json.loads(out)["findings"] if f["topic"] == "pageable"]
+        return sum(x["values"]["bytes"] for x in f)
+
+    assert pageable_bytes("--iteration", "1") == B
+    assert pageable_bytes("--iteration", "2") == 2 * B
+    assert pageable_bytes() == B + B + 2 * B  # whole trace: iterations 0, 1, 2
+
+
+def test_update_finding_one_basis_and_named_cpu_step(tmp_path):
+    trace = build(tmp_path / "synthetic_update.sqlite")
+    rc, out, err = run_cli("analyze", trace, "--json", "--no-cache")
+    up = [f for f in json.loads(out)["findings"] if f["topic"] == "update"]
+    assert up, out
+    text = up[0]["text"]
+    assert "mean over steady iterations 1-2" in text and "median" not in text
+    # 15 ms of unmarked CPU Adam, 10 - 4 ms of copy-back and 5 ms of overflow check, GPU idle, by construction
+    assert "unmarked CPU optimizer step 15.0 ms, parameter copy-back 6.0 ms" in text
+    assert "fp16 overflow check (has_overflow) 5.0 ms" in text
+
+
+def test_manifest_beside_trace_and_text_output(tmp_path, synthetic_advice):
+    man = json.loads((FIXTURES / "zero3_offload_gas2_capture.json").read_text())
+    man["deepspeed_config"]["fp16"] = {"enabled": True}
+    del man["deepspeed_config"]["bf16"]
+    synthetic_advice.with_suffix(".json").write_text(json.dumps(man))
+    rc, out, err = run_cli("analyze", synthetic_advice, "--no-cache")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert any(l.startswith("config: capture manifest") for l in lines[:5]), out[:500]
+    head = out.split("per iteration and phase")[0]
+    assert "advice, largest saving first" in head  # advice leads the output
+    assert "fp16.enabled / bf16.enabled: fp16 -> bf16" in head
+
+
+def test_bad_ds_config_is_one_line(tmp_path, synthetic_advice):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert_one_line_error(*run_cli("analyze", synthetic_advice, "--ds-config", bad), "--ds-config")
+    notds = tmp_path / "other.json"
+    notds.write_text(json.dumps({"hello": 1}))
+    assert_one_line_error(*run_cli("analyze", synthetic_advice, "--ds-config", notds), "no DeepSpeed key")
+    assert_one_line_error(*run_cli("analyze", synthetic_advice, "--ds-config", tmp_path / "missing.json"),
+                          "cannot read")
+
+
+def test_config_defaults_and_pin_memory_by_version():
+    cfg = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    # DeepSpeed 0.19.6 made pinned offload buffers the default (PR #8207)
+    assert dsconfig.config_value(cfg, "zero_optimization.offload_optimizer.pin_memory", "0.19.8") == (True, "default")
+    assert dsconfig.config_value(cfg, "zero_optimization.offload_optimizer.pin_memory", "0.18.2") == (False, "default")
+    assert dsconfig.config_value(cfg, "zero_optimization.offload_optimizer.pin_memory", None) == (None, "unknown")
+    assert dsconfig.config_value(cfg, "zero_optimization.sub_group_size") == (1_000_000_000, "default")
+    assert dsconfig.config_value(cfg, "zero_optimization.overlap_comm") == (True, "default")  # stage 3
+    assert dsconfig.config_value({"fp16": {"enabled": True}}, "precision") == ("fp16", "config")
+    rows = dsconfig.settings({"deepspeed_config": cfg, "path": "x.json", "versions": {"deepspeed": "0.19.8"}})
+    assert dsconfig.setting(rows, "zero_optimization.stage") == 3
+
+
+def test_cut_fixture_finds_its_manifest(tmp_path):
+    t = tmp_path / "zero3_offload_gas2_cut.sqlite"
+    shutil.copy(FIXTURES / "zero3_offload_gas2_cut.sqlite", t)
+    shutil.copy(FIXTURES / "zero3_offload_gas2_capture.json", tmp_path)
+    loaded = dsconfig.load(t)
+    assert loaded["source"] == "manifest" and loaded["versions"]["deepspeed"] == "0.19.8"
+    assert loaded["deepspeed_config"]["zero_optimization"]["offload_optimizer"]["pin_memory"] is True
