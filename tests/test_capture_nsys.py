@@ -167,3 +167,15 @@ def test_find_importer_layouts(tmp_path):
 def test_missing_libraries_of_fake_importer():
     assert n.missing_libraries(str(FAKE_DIR / "QdstrmImporter")) == ["libdw.so.1"]
     assert os.access(FAKE_DIR / "QdstrmImporter", os.X_OK)
+
+
+def test_output_percent_is_literal_for_nsys():
+    # nsys expands %p, %h, %q{VAR} and %n in --output and writes %% as one % (d10)
+    assert n.output_option("runs/a%p%%b") == "--output=runs/a%%p%%%%b"
+    cmd = n.build_profile_command("nsys", n.ProfileSettings(output="r%q{RANK}", gpu_metrics=False), ["t"])
+    assert cmd[-2:] == ["--output=r%%q{RANK}", "t"]
+
+
+def test_gpu_metrics_of_one_device():
+    cmd = n.build_profile_command("nsys", n.ProfileSettings(output="o", gpu_metrics_devices="3"), ["t"])
+    assert "--gpu-metrics-devices=3" in cmd and "--gpu-metrics-devices=all" not in cmd

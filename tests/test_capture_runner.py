@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -221,3 +223,129 @@ def test_output_name_with_nsys_rep_suffix_is_dropped(tmp_path):
     assert rc == 0, err
     assert "--output=ok" in profile_call(calls)["argv"]
     assert sorted(p.name for p in tmp_path.glob("ok*")) == ["ok.json", "ok.nsys-rep", "ok.sqlite"]
+
+
+# ------------------------------------------------------------------ issue 9: d09, d10, d11
+def _tree(folder: Path) -> dict[str, bytes]:
+    """Every regular file under ``folder`` (relative name -> bytes)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv to drop root's DAC override")
+def test_readonly_output_folder_fails_before_training(tmp_path):
+    """d09: a folder the user cannot write is one line and exit 2, and the training never
+    starts (it would create ``ran``). Root ignores mode 0555, so the DAC-override
+    capabilities are dropped as in ../shared/repro/d09."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+            "--inh-caps=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    marker = tmp_path / "ran"
+    done = subprocess.run([*drop, sys.executable, "-m", "tracekit.cli", "capture", "--nsys", FAKE_NSYS,
+                           "-o", str(ro / "run"), "--", sys.executable, "-c",
+                           f"open({str(marker)!r}, 'w').write('training ran')"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tracekit: error: output folder") and "not writable" in lines[0]
+    assert not marker.exists()
+    assert list(ro.iterdir()) == []  # no probe file left behind
+
+
+def test_output_folder_taken_by_directory_is_refused(tmp_path):
+    (tmp_path / "run.sqlite").mkdir()
+    rc, err, calls = capture(tmp_path, "-o", "run", "--force", "--", "true")
+    assert rc == 2 and "run.sqlite exists and is not a regular file" in err
+    assert not any(c["argv"][0] == "profile" for c in calls)
+
+
+@pytest.mark.parametrize("name", ["run#1", "run?x=1", "run%1", "run%p", "a b#c?d%20e"])
+def test_output_names_with_uri_and_nsys_characters(tmp_path, name):
+    """d10: '#', '?' and '%' in -o are file-name characters: the export is found (no re-export,
+    exit 0), no stray file appears (an unquoted 'file:run#1...' URI opened 'run' read-write),
+    and nsys gets '%' as '%%' (it expands %p, %h, %q{VAR} in --output)."""
+    rc, err, calls = capture(tmp_path, "-o", name, "--", "true")
+    assert rc == 0, err
+    assert "export is missing" not in err
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "fake_nsys.jsonl") == sorted(
+        f"{name}{s}" for s in (".json", ".nsys-rep", ".sqlite"))
+    assert f"--output={name.replace('%', '%%')}" in profile_call(calls)["argv"]
+    assert runner.sqlite_ok(tmp_path / f"{name}.sqlite")
+    con = sqlite3.connect(tmp_path / f"{name}.sqlite")
+    assert con.execute("select note from FAKE_EXPORT").fetchall() == [("written by tests/fake_nsys/nsys",)]
+    con.close()
+
+
+def test_sqlite_ok_never_creates_a_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert runner.sqlite_ok(Path("missing#1.sqlite")) is False
+    (tmp_path / "x#1.sqlite").write_bytes(b"")
+    assert runner.sqlite_ok(Path("x#1.sqlite")) is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x#1.sqlite"]
+    assert runner.sqlite_uri(Path("/a b/r#1?%.sqlite")) == "file:/a%20b/r%231%3F%25.sqlite?mode=ro"
+
+
+def _good_capture(tmp_path):
+    rc, err, _ = capture(tmp_path, "-o", "run", "--", "true")
+    assert rc == 0, err
+    # mark the earlier capture so that a replaced file is told from a kept one
+    con = sqlite3.connect(tmp_path / "run.sqlite")
+    con.execute("insert into FAKE_EXPORT values ('the earlier capture')")
+    con.commit()
+    con.close()
+    return _tree(tmp_path)
+
+
+@pytest.mark.parametrize("mode", ["no-report", "importer-fail", "export-fail"])
+def test_force_keeps_earlier_capture_when_new_one_is_incomplete(tmp_path, mode):
+    """d11: --force replaces the earlier capture only with a complete one (report + export)."""
+    before = _good_capture(tmp_path)
+    rc, err, calls = capture(tmp_path, "-o", "run", "--force", "--", "true", mode=mode)
+    assert rc == runner.EXIT_CAPTURE_FAILED
+    after = _tree(tmp_path)
+    for name in ("run.nsys-rep", "run.sqlite", "run.json"):
+        assert after[name] == before[name], name  # byte for byte
+    assert "the earlier capture is kept unchanged" in err
+    last = [c for c in calls if c.get("argv", [""])[0] == "profile" and "--gpu-metrics-devices=help" not in c["argv"]][-1]
+    pid_base = next(a.split("=", 1)[1] for a in last["argv"] if a.startswith("--output="))
+    assert pid_base.startswith("run.new-")
+    new = sorted(n for n in after if n.startswith(pid_base))
+    if mode == "no-report":
+        assert new == [] and "this run recorded nothing" in err
+    elif mode == "importer-fail":
+        assert new == [f"{pid_base}.json", f"{pid_base}.qdstrm"]
+        m = json.loads(after[f"{pid_base}.json"])
+        assert m["files"]["raw_capture"]["path"] == f"{pid_base}.qdstrm"
+        assert f"QdstrmImporter --input-file {pid_base}.qdstrm" in err
+    else:
+        assert new == [f"{pid_base}.json", f"{pid_base}.nsys-rep"]
+        assert f"--output={pid_base}.sqlite {pid_base}.nsys-rep" in err  # the retry command
+
+
+def test_force_replaces_earlier_capture_when_new_one_is_complete(tmp_path):
+    _good_capture(tmp_path)
+    (tmp_path / "run.qdstrm").write_bytes(b"old raw capture")  # of the capture being replaced
+    rc, err, calls = capture(tmp_path, "-o", "run", "--force", "--", sys.executable, "-c", "print(1)")
+    assert rc == 0, err
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name != "fake_nsys.jsonl")
+    assert names == ["run.json", "run.nsys-rep", "run.sqlite"]  # no scratch names, no old .qdstrm
+    con = sqlite3.connect(tmp_path / "run.sqlite")
+    assert con.execute("select count(*) from FAKE_EXPORT").fetchone() == (1,)  # the new export
+    con.close()
+    m = json.loads((tmp_path / "run.json").read_text())
+    assert m["files"]["sqlite"]["path"] == "run.sqlite" and m["options"]["output"] == "run"
+    last = [c for c in calls if c.get("argv", [""])[0] == "profile" and "--gpu-metrics-devices=help" not in c["argv"]][-1]
+    assert last["argv"][-3:] == [sys.executable, "-c", "print(1)"]
+    assert any(a.startswith("--output=run.new-") for a in last["argv"])
+
+
+def test_capture_lines_print_paths_as_data(tmp_path):
+    """d08 in capture: a bracketed name is printed as given, an ESC as a visible escape."""
+    (tmp_path / "d[v1]").mkdir()
+    rc, err, _ = capture(tmp_path, "-o", "d[v1]/run[red]x", "--", "true")
+    assert rc == 0, err
+    assert "wrote d[v1]/run[red]x.nsys-rep, d[v1]/run[red]x.sqlite, d[v1]/run[red]x.json" in err
+    rc, err, _ = capture(tmp_path, "-o", "e\x1b[31m", "--", "true")
+    assert rc == 0, err
+    assert "\x1b" not in err and "e\\x1b[31m.sqlite" in err

@@ -28,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=args, standalone_mode=False)
     except TracekitError as exc:
-        print(f"tracekit: error: {exc}", file=sys.stderr)
+        from tracekit.textsafe import clean
+
+        print(f"tracekit: error: {clean(str(exc))}", file=sys.stderr)  # paths as data (d08)
         return exc.exit_code
     except Exception as exc:
         code = click_exit_code(exc)

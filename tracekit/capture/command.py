@@ -12,6 +12,12 @@ CAPTURE_HELP = """Profile a training command under Nsight Systems with tracekit'
 
 Writes NAME.nsys-rep, NAME.sqlite (for tracekit analyze) and NAME.json (manifest).
 Exits with the training's exit code; 3 when the training succeeded but the capture did not.
+
+Multi-node or one nsys per rank: let the launcher start tracekit as each rank's program,
+with --per-rank (outputs NAME.rankR.*), e.g.
+
+    deepspeed --hostfile hosts --module tracekit.capture --per-rank -o runs/z3 -- python train.py ...
+    torchrun --nproc-per-node 8 --no-python tracekit capture --per-rank -o runs/z3 -- python train.py ...
 """
 
 
@@ -37,9 +43,15 @@ def capture_main(
     gpu_metrics: bool = True,
     gpu_metrics_frequency: int = 1000,
     nsys_option: Optional[List[str]] = None,
+    per_rank: bool = False,
+    local_rank: Optional[str] = None,
 ) -> int:
     """Run one capture; returns 0, or raises :class:`TracekitError` carrying the training's
-    non-zero exit code (or 3 when the training succeeded but the capture failed)."""
+    non-zero exit code (or 3 when the training succeeded but the capture failed).
+
+    ``local_rank``: the ``--local_rank=N`` that the deepspeed launcher (deepspeed/launcher/
+    launch.py) puts right after the program it starts, i.e. before tracekit's own options;
+    it is handed on to the training command, which would have received it without tracekit."""
     from tracekit.capture.nsys import ProfileSettings
     from tracekit.capture.runner import run_capture
     from tracekit.errors import TracekitError
@@ -51,10 +63,14 @@ def capture_main(
                                gpu_metrics_frequency_hz=gpu_metrics_frequency,
                                iterations=window, force=force,
                                user_options=tuple(nsys_option or ()))
-    result = run_capture(list(command or []), settings, nsys)
+    command = list(command or [])
+    if local_rank is not None and command:
+        command.append(f"--local_rank={local_rank}")
+    result = run_capture(command, settings, nsys, per_rank=per_rank)
     if result.exit_code != 0:
         if result.problems:
-            message = "the capture is incomplete (see the lines above); manifest " + result.manifest
+            message = "the capture is incomplete (see the lines above)" + (
+                f"; manifest {result.manifest}" if result.manifest else "")
         else:
             message = (f"the training exited with status {result.exit_code}; what was recorded "
                        f"is in {result.sqlite}")
@@ -87,6 +103,15 @@ def register(app: typer.Typer) -> None:
             None, "--nsys-option",
             help="extra nsys profile option, e.g. --nsys-option=--trace=cuda,nvtx,osrt; "
                  "repeatable; replaces tracekit's default for the same option"),
+        per_rank: bool = typer.Option(
+            False, "--per-rank",
+            help="this is one rank of a job, started by the launcher: outputs NAME.rankR.* "
+                 "(R from RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, PMIX_RANK or SLURM_PROCID), GPU "
+                 "metrics of this rank's GPU only; -o may also hold {rank}, {local_rank}, "
+                 "{node_rank}, {host}"),
+        local_rank: Optional[str] = typer.Option(
+            None, "--local_rank", "--local-rank", hidden=True,
+            help="set by the deepspeed launcher; passed on to the training command"),
     ) -> None:
         capture_main(command, output, force, nsys, iterations, gpu_metrics,
-                     gpu_metrics_frequency, nsys_option)
+                     gpu_metrics_frequency, nsys_option, per_rank, local_rank)

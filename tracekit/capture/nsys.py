@@ -181,11 +181,14 @@ class ProfileSettings:
     """What ``tracekit capture`` asks of nsys.
 
     ``gpu_metrics_frequency_hz`` is the GPU metrics sampling rate in Hz (samples per second);
-    ``iterations`` is an inclusive ``(A, B)`` optimizer-step window or None for the whole run.
+    ``iterations`` is an inclusive ``(A, B)`` optimizer-step window or None for the whole run;
+    ``gpu_metrics_devices`` the value of nsys's ``--gpu-metrics-devices`` (``all``, or one GPU
+    index as ``nvidia-smi`` numbers them, for a capture of one rank).
     """
 
     output: str
     gpu_metrics: bool = True
+    gpu_metrics_devices: str = "all"
     gpu_metrics_frequency_hz: int = 1000
     iterations: tuple[int, int] | None = None
     force: bool = False
@@ -202,7 +205,7 @@ def default_options(settings: ProfileSettings) -> list[tuple[str, str | None]]:
         ("--trace-fork-before-exec", "true"),
     ]
     if settings.gpu_metrics:
-        opts += [("--gpu-metrics-devices", "all"),
+        opts += [("--gpu-metrics-devices", settings.gpu_metrics_devices),
                  ("--gpu-metrics-frequency", str(settings.gpu_metrics_frequency_hz))]
     if settings.iterations is not None:
         opts += [("--capture-range", "cudaProfilerApi"), ("--capture-range-end", "stop")]
@@ -210,6 +213,13 @@ def default_options(settings: ProfileSettings) -> list[tuple[str, str | None]]:
     if settings.force:
         opts.append(("--force-overwrite", "true"))
     return opts
+
+
+def output_option(base: str) -> str:
+    """``--output=BASE`` with each ``%`` written ``%%``: nsys expands ``%p`` (pid), ``%h``
+    (host name), ``%q{VAR}`` (environment) and ``%n`` in the output name and writes ``%%`` as
+    one ``%`` (Nsight Systems User Guide, ``--output``), so tracekit's own name is kept literally."""
+    return "--output=" + base.replace("%", "%%")
 
 
 def build_profile_command(nsys: str, settings: ProfileSettings, command: list[str]) -> list[str]:
@@ -224,7 +234,7 @@ def build_profile_command(nsys: str, settings: ProfileSettings, command: list[st
     if any(k == "--output" for k, _ in user):
         raise TracekitError("give the output name with tracekit's -o NAME, not as an nsys option")
     options = merge_options(default_options(settings), user)
-    return [nsys, "profile", *options, f"--output={settings.output}", *command]
+    return [nsys, "profile", *options, output_option(settings.output), *command]
 
 
 def export_command(nsys: str, report: str, sqlite_path: str) -> list[str]:

@@ -21,12 +21,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 from rich.console import Console
 
 import tracekit
 from tracekit.capture import nsys as nsys_mod
 from tracekit.errors import TracekitError
+from tracekit.textsafe import clean, text
 
 HOOK_DIR = Path(__file__).resolve().parent / "hook"
 
@@ -42,7 +44,7 @@ class CaptureResult:
     nsys_exit_code: int
     report: str | None
     sqlite: str | None
-    manifest: str
+    manifest: str | None
     raw_capture: str | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -58,28 +60,77 @@ def output_paths(output: str) -> dict[str, Path]:
             "manifest": Path(f"{base}.json"), "qdstrm": Path(f"{base}.qdstrm")}
 
 
-def check_outputs(paths: dict[str, Path], force: bool) -> None:
-    """Refuse to overwrite an earlier capture unless ``force``; with ``force`` remove it.
+CAPTURE_FILES = ("report", "sqlite", "manifest", "qdstrm")
 
-    Raises :class:`TracekitError` (exit 2) naming the existing file; also when the output
-    folder does not exist.
+
+def check_outputs(paths: dict[str, Path], force: bool) -> list[Path]:
+    """Check, before anything runs, that the capture ``paths`` can be written.
+
+    Returns the files of an earlier capture under these names (only possible with ``force``;
+    nothing is removed here: :func:`run_capture` records under :func:`scratch_paths` and
+    replaces them only once the new capture is complete). Raises :class:`TracekitError`
+    (exit 2) when the output folder is missing or not writable (tested by creating and
+    removing a probe file, so ACLs, read-only mounts and dropped capabilities count), when a
+    file exists without ``force``, or when an output name is taken by something that is not
+    a regular file (a folder, a FIFO).
     """
     parent = paths["base"].parent
     if not parent.is_dir():
         raise TracekitError(f"output folder {parent} does not exist")
-    existing = [p for k, p in paths.items() if k != "base" and p.exists()]
+    existing = [paths[k] for k in CAPTURE_FILES if os.path.lexists(paths[k])]
     if existing and not force:
         raise TracekitError(f"{existing[0]} exists; choose another -o NAME or pass --force")
     for p in existing:
-        p.unlink()
+        if p.is_symlink() or not p.is_file():
+            raise TracekitError(f"{p} exists and is not a regular file; choose another -o NAME")
+    check_writable(parent)
+    return existing
+
+
+def check_writable(folder: Path) -> None:
+    """Raise :class:`TracekitError` unless a file can be created in ``folder`` (a probe file
+    ``.tracekit-probe-*`` is created and removed)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tracekit-probe-", dir=folder)
+    except OSError as exc:
+        raise TracekitError(f"output folder {folder}: not writable ({exc.strerror}); choose "
+                            "another -o NAME") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def scratch_paths(paths: dict[str, Path], pid: int | None = None) -> dict[str, Path]:
+    """Where a capture that would replace an earlier one is recorded first:
+    ``NAME.new-PID.*`` beside ``NAME.*`` (same folder, so the final rename is atomic)."""
+    return output_paths(f"{paths['base']}.new-{os.getpid() if pid is None else pid}")
+
+
+def promote(work: dict[str, Path], final: dict[str, Path]) -> None:
+    """Move the complete capture ``work`` (report and export; a raw capture if any) onto the
+    names ``final``, replacing the earlier capture file by file (``os.replace``: each name
+    always holds a whole file); an earlier file of a kind the new capture lacks (an old
+    ``.qdstrm``) is removed, since it belonged to the capture being replaced."""
+    for key in ("report", "sqlite", "qdstrm"):
+        if work[key].is_file():
+            os.replace(work[key], final[key])
+        elif os.path.lexists(final[key]):
+            final[key].unlink()
+
+
+def sqlite_uri(path: Path) -> str:
+    """The read-only SQLite URI of ``path``: ``file:`` + the percent-encoded absolute path +
+    ``?mode=ro`` (RFC 8089 / sqlite.org/uri.html: an unquoted ``#`` or ``?`` would end the
+    path, ``%`` would start an escape)."""
+    return f"file:{quote(str(Path(path).resolve()))}?mode=ro"
 
 
 def sqlite_ok(path: Path) -> bool:
-    """True when ``path`` is an SQLite database holding at least one table."""
+    """True when ``path`` is an SQLite database holding at least one table (opened read-only
+    through :func:`sqlite_uri`, so any file name works and nothing is created)."""
     if not path.is_file() or path.stat().st_size == 0:
         return False
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con = sqlite3.connect(sqlite_uri(path), uri=True)
         try:
             (n,) = con.execute("select count(*) from sqlite_master where type='table'").fetchone()
         finally:
@@ -164,30 +215,185 @@ def _file_info(path: Path | None) -> dict | None:
     return {"path": str(path), "bytes": path.stat().st_size}
 
 
+# --------------------------------------------------------------------------- ranks
+#: environment variables that name a process's global rank, local rank and node rank, in
+#: the order they are trusted: torchrun / torch.distributed.launch / the deepspeed launcher
+#: (RANK, LOCAL_RANK, GROUP_RANK or CROSS_RANK), Open MPI, MPICH / Intel MPI (PMI), PMIx,
+#: Slurm's srun. RANK comes first so that torchrun inside srun names ranks, not srun tasks.
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+LOCAL_RANK_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+NODE_RANK_VARS = ("GROUP_RANK", "CROSS_RANK", "NODE_RANK", "SLURM_NODEID")
+WORLD_SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+PLACEHOLDERS = ("rank", "local_rank", "node_rank", "host")
+
+
+def _first_int(env: dict, names: tuple[str, ...]) -> tuple[int | None, str | None]:
+    for name in names:
+        value = env.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value), name
+    return None, None
+
+
+def rank_identity(env: dict) -> dict:
+    """Who this process is in a distributed job, from the launcher's environment (see
+    :data:`RANK_VARS` and the lists beside it): ``{"rank", "rank_from", "local_rank",
+    "node_rank", "world_size", "host"}``; a value the environment does not give is None."""
+    rank, rank_from = _first_int(env, RANK_VARS)
+    local_rank, _ = _first_int(env, LOCAL_RANK_VARS)
+    node_rank, _ = _first_int(env, NODE_RANK_VARS)
+    world, _ = _first_int(env, WORLD_SIZE_VARS)
+    return {"rank": rank, "rank_from": rank_from, "local_rank": local_rank, "node_rank": node_rank,
+            "world_size": world, "host": platform.node().split(".")[0] or None}
+
+
+def expand_output(output: str, ident: dict, per_rank: bool) -> str:
+    """``-o`` with ``{rank}``, ``{local_rank}``, ``{node_rank}`` and ``{host}`` replaced from
+    ``ident`` (:func:`rank_identity`); with ``per_rank`` and no ``{rank}`` in it,
+    ``.rank{rank}`` is appended (``runs/z3`` -> ``runs/z3.rank5``, which ``tracekit analyze
+    runs/`` reads as rank 5). Other braces are kept. Raises :class:`TracekitError` when a
+    placeholder (or ``per_rank``) needs a value the environment does not give."""
+    base = output[: -len(".nsys-rep")] if output.endswith(".nsys-rep") else output
+    if per_rank and "{rank}" not in base:
+        base += ".rank{rank}"
+    for key in PLACEHOLDERS:
+        token = "{" + key + "}"
+        if token not in base:
+            continue
+        value = ident.get(key)
+        if value is None:
+            names = {"rank": RANK_VARS, "local_rank": LOCAL_RANK_VARS, "node_rank": NODE_RANK_VARS}.get(key, ())
+            raise TracekitError(f"-o {output}: {token} needs one of {', '.join(names)} in the environment "
+                                "(run tracekit capture --per-rank as the program each rank runs, "
+                                "under the launcher; see docs/capture.md)")
+        base = base.replace(token, str(value))
+    return base
+
+
+def rank_gpu(env: dict, local_rank: int | None) -> str | None:
+    """The GPU (as ``nvidia-smi`` numbers them) that local rank ``local_rank`` uses: item
+    ``local_rank`` of ``CUDA_VISIBLE_DEVICES`` (its only item when it names one GPU, as
+    Slurm's ``--gpus-per-task=1`` does), else ``local_rank`` itself; None when that is not a
+    plain index (a GPU UUID, a MIG instance)."""
+    if local_rank is None:
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return str(local_rank)
+    items = [v.strip() for v in visible.split(",") if v.strip()]
+    pick = items[local_rank] if local_rank < len(items) else items[0] if len(items) == 1 else None
+    return pick if pick is not None and pick.isdigit() else None
+
+
+_DS_LAUNCHERS = ("deepspeed", "ds")
+
+
+def multinode_problem(command: list[str], cwd: str | None = None) -> str | None:
+    """Why ``command`` cannot be captured by one local nsys, or None.
+
+    The ``deepspeed`` launcher runs remote ranks through pdsh/ssh, mpirun or srun
+    (deepspeed/launcher/runner.py, 0.19.8): they run outside this nsys, and remote ranks see
+    only the launcher's export list (variables starting with PYTHON, NCCL, UCX, MV2, MLFLOW)
+    and ``.deepspeed_env``. Detected: ``--hostfile``/``-H`` (or the default
+    ``/job/hostfile``) naming more than one host, ``--num_nodes`` > 1, ``--force_multi``,
+    and no ``--no_ssh`` (with it the user starts one launcher per node).
+    """
+    if not command or os.path.basename(command[0]) not in _DS_LAUNCHERS:
+        return None
+    hostfile, num_nodes, force_multi, no_ssh = "/job/hostfile", None, False, False
+    i = 1
+    while i < len(command):
+        tok = command[i]
+        if not tok.startswith("-"):
+            break  # the user script: the rest is its own arguments
+        key, _, value = tok.partition("=")
+        takes = key in ("--hostfile", "-H", "--num_nodes", "--include", "-i", "--exclude", "-e",
+                        "--num_gpus", "--num_accelerators", "--master_port", "--master_addr",
+                        "--node_rank", "--launcher", "--launcher_args", "--save_pid",
+                        "--enable_each_rank_log", "--autotuning", "--bind_core_list", "--ssh_port",
+                        "--venv_script", "--log_level", "--elastic_training", "--min_elastic_nodes",
+                        "--max_elastic_nodes", "--comment")
+        if takes and not value and i + 1 < len(command):
+            value = command[i + 1]
+            i += 1
+        if key in ("--hostfile", "-H"):
+            hostfile = value
+        elif key == "--num_nodes" and value.lstrip("-").isdigit():
+            num_nodes = int(value)
+        elif key == "--force_multi":
+            force_multi = True
+        elif key == "--no_ssh":
+            no_ssh = True
+        i += 1
+    if no_ssh:
+        return None  # one launcher per node, started by the user: this node only
+    hosts: list[str] = []
+    path = Path(hostfile) if cwd is None or os.path.isabs(hostfile) else Path(cwd) / hostfile
+    try:
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                hosts.append(line.split()[0])
+    except OSError:
+        hosts = []
+    if force_multi or (num_nodes is not None and num_nodes > 1) or len(set(hosts)) > 1:
+        where = f"hostfile {hostfile} names {len(set(hosts))} hosts" if len(set(hosts)) > 1 else \
+            "--force_multi" if force_multi else f"--num_nodes {num_nodes}"
+        return (f"the deepspeed launcher starts remote ranks ({where}) outside this nsys; wrap each rank "
+                f"instead: deepspeed --hostfile {hostfile} --module tracekit.capture --per-rank -o NAME "
+                "-- python train.py ... (docs/capture.md, multi-node)")
+    return None
+
+
+def _say(console: Console, line: str, style: str = "") -> None:
+    """Print one line built from paths, commands and hook messages as data (no markup)."""
+    console.print(text(line, style))
+
+
 def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_explicit: str | None,
-                console: Console | None = None, environ: dict | None = None) -> CaptureResult:
+                console: Console | None = None, environ: dict | None = None,
+                per_rank: bool = False) -> CaptureResult:
     """Profile ``command`` under nsys with the hook; returns a :class:`CaptureResult`.
 
     ``exit_code`` is the training's exit code when the report and export exist, else
     :data:`EXIT_CAPTURE_FAILED` (3) if the training itself succeeded. Raises
-    :class:`TracekitError` for bad input (exit 2) before anything runs.
+    :class:`TracekitError` for bad input (exit 2) before anything runs: a missing or
+    unwritable output folder, an existing capture without ``force``, a multi-node
+    ``deepspeed`` command (:func:`multinode_problem`).
+
+    With ``per_rank`` this process is one rank of a job (started by the launcher in place of
+    the training): the output name gets the rank (:func:`expand_output`), GPU metrics are
+    sampled on this rank's GPU only (:func:`rank_gpu`), and the manifest records the rank.
+
+    An earlier capture under the same names (``force``) is replaced only when the new one is
+    complete (report and SQLite export): until then nsys records under
+    :func:`scratch_paths`; an incomplete new capture stays there, beside the earlier one.
     """
     console = console or Console(stderr=True, highlight=False, soft_wrap=True)
     env_in = dict(os.environ if environ is None else environ)
     if not command:
         raise TracekitError("no training command given: tracekit capture [OPTIONS] -- deepspeed train.py ...")
-    paths = output_paths(settings.output)
-    settings.output = str(paths["base"])  # nsys appends .nsys-rep itself
+    ident = rank_identity(env_in)
+    paths = output_paths(expand_output(settings.output, ident, per_rank))
+    if not per_rank:
+        problem = multinode_problem(command)
+        if problem:
+            raise TracekitError(problem)
     location = nsys_mod.find_nsys(nsys_explicit, env_in)
     version = nsys_mod.nsys_version(location.path)
-    check_outputs(paths, settings.force)
-    console.print(f"tracekit: nsys {version} at {location.path} (found via {location.source})")
+    existing = check_outputs(paths, settings.force)
+    work = scratch_paths(paths) if existing else paths
+    if existing:
+        check_outputs(work, force=False)  # never write over an earlier attempt's files
+    settings.output = str(work["base"])  # nsys appends .nsys-rep itself
+    who = f" (rank {ident['rank']} from {ident['rank_from']})" if per_rank else ""
+    _say(console, f"tracekit{who}: nsys {version} at {location.path} (found via {location.source})")
 
     user_pairs = nsys_mod.normalize_options(nsys_mod.split_user_options(list(settings.user_options)))
     user_keys = {k for k, _ in user_pairs}
     user_trace = dict(user_pairs).get("--trace")
     if user_trace is not None and "nvtx" not in user_trace.split(","):
-        console.print(f"tracekit: warning: --trace={user_trace} has no nvtx: the tracekit phase "
+        _say(console, f"tracekit: warning: --trace={user_trace} has no nvtx: the tracekit phase "
                       "ranges will not be recorded")
     metrics_note = None
     metrics_devices: list[str] | None = None
@@ -197,10 +403,21 @@ def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_exp
         if not devices:
             settings.gpu_metrics = False
             last = raw.strip().splitlines()[-1] if raw.strip() else "no output"
-            metrics_note = f"GPU metrics off: nsys lists no supported GPU ({last})"
-            console.print(f"tracekit: {metrics_note}")
+            metrics_note = f"GPU metrics off: nsys lists no supported GPU ({clean(last)})"
+        elif per_rank:
+            # one nsys per rank: each samples only its own GPU (two sessions cannot sample one GPU)
+            gpu = rank_gpu(env_in, ident["local_rank"])
+            listed = {d.split(":", 1)[0].strip() for d in devices}
+            if gpu is not None and gpu in listed:
+                settings.gpu_metrics_devices = gpu
+            else:
+                settings.gpu_metrics = False
+                metrics_note = (f"GPU metrics off: this rank's GPU ({gpu or 'unknown'}, from LOCAL_RANK and "
+                                "CUDA_VISIBLE_DEVICES) is not among those nsys can sample")
+        if metrics_note:
+            _say(console, f"tracekit: {metrics_note}")
     cmd = nsys_mod.build_profile_command(location.path, settings, command)
-    console.print("tracekit: " + shlex.join(cmd))
+    _say(console, "tracekit: " + shlex.join(cmd))
 
     report_dir = tempfile.mkdtemp(prefix="tracekit-hook-")
     env = hook_environment(env_in, report_dir, settings.iterations)
@@ -213,9 +430,9 @@ def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_exp
 
     problems: list[str] = []
     retry: list[str] = []
-    report = paths["report"] if paths["report"].is_file() else None
-    raw = paths["qdstrm"] if paths["qdstrm"].is_file() else None
-    sqlite_path = paths["sqlite"] if sqlite_ok(paths["sqlite"]) else None
+    report = work["report"] if work["report"].is_file() else None
+    raw = work["qdstrm"] if work["qdstrm"].is_file() else None
+    sqlite_path = work["sqlite"] if sqlite_ok(work["sqlite"]) else None
 
     if report is None and raw is not None:
         importer = nsys_mod.find_importer(location.path)
@@ -228,21 +445,36 @@ def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_exp
                             "(Debian/Ubuntu package libdw1 for libdw.so.1) and run the import:")
         if importer:
             retry.append(shlex.join([importer, "--input-file", str(raw)]))
-        retry.append(shlex.join(nsys_mod.export_command(location.path, str(paths["report"]),
-                                                        str(paths["sqlite"]))))
+        retry.append(shlex.join(nsys_mod.export_command(location.path, str(work["report"]),
+                                                        str(work["sqlite"]))))
     elif report is None:
         problems.append(f"nsys exited with status {rc} and wrote no report "
                         f"(nothing recorded? with --iterations, did the training reach them?)")
     elif sqlite_path is None:
-        console.print("tracekit: the SQLite export is missing; running nsys export once more")
-        export = nsys_mod.export_command(location.path, str(report), str(paths["sqlite"]))
+        _say(console, "tracekit: the SQLite export is missing; running nsys export once more")
+        export = nsys_mod.export_command(location.path, str(report), str(work["sqlite"]))
         done = subprocess.run(export, env=env_in)
-        if done.returncode == 0 and sqlite_ok(paths["sqlite"]):
-            sqlite_path = paths["sqlite"]
+        if done.returncode == 0 and sqlite_ok(work["sqlite"]):
+            sqlite_path = work["sqlite"]
         else:
             problems.append(f"nsys export failed (status {done.returncode}); the report "
                             f"{report} is kept; retry with:")
             retry.append(shlex.join(export))
+
+    # where the new capture ends up (see the docstring)
+    final = work
+    recorded = report is not None or raw is not None or sqlite_path is not None
+    if existing and report is not None and sqlite_path is not None:
+        promote(work, paths)
+        final = paths
+        report, sqlite_path = paths["report"], paths["sqlite"]
+        raw = paths["qdstrm"] if paths["qdstrm"].is_file() else None
+    elif existing:
+        kept = ", ".join(str(p) for p in existing)
+        problems.append(f"the earlier capture is kept unchanged ({kept}); "
+                        + (f"what this run recorded is under {work['base']}.*" if recorded
+                           else "this run recorded nothing"))
+    write_manifest = recorded or not existing
 
     training_ok_guess = rc == 0
     if problems:
@@ -259,11 +491,14 @@ def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_exp
         "command_line": shlex.join(command),
         "nsys": {"path": location.path, "found_via": location.source, "version": version,
                  "command": cmd},
-        "options": {"output": str(paths["base"]), "gpu_metrics": settings.gpu_metrics,
+        "options": {"output": str(final["base"]), "gpu_metrics": settings.gpu_metrics,
+                    "gpu_metrics_devices": settings.gpu_metrics_devices if settings.gpu_metrics else None,
                     "gpu_metrics_frequency_hz": settings.gpu_metrics_frequency_hz
                     if settings.gpu_metrics else None,
                     "iterations": list(settings.iterations) if settings.iterations else None,
-                    "nsys_options": list(settings.user_options), "force": settings.force},
+                    "nsys_options": list(settings.user_options), "force": settings.force,
+                    "per_rank": per_rank},
+        "rank": ident if per_rank else None,
         "gpu_metrics_note": metrics_note,
         "gpu_metrics_devices": metrics_devices,
         "versions": {
@@ -284,23 +519,25 @@ def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_exp
         "problems": problems,
         "retry_commands": retry,
     }
-    write_json_atomic(paths["manifest"], manifest)
+    if write_manifest:
+        write_json_atomic(final["manifest"], manifest)
 
     if not hooks:
-        console.print("tracekit: warning: no process reported the DeepSpeed hook "
+        _say(console, "tracekit: warning: no process reported the DeepSpeed hook "
                       "(was DeepSpeed imported by a Python that reads PYTHONPATH?)")
     for warning in dict.fromkeys(w for h in hooks for w in h.get("warnings", [])):
-        console.print(f"tracekit: hook warning: {warning}")
+        _say(console, f"tracekit: hook warning: {warning}")
     for line in problems:
-        console.print(f"tracekit: error: {line}")
+        _say(console, f"tracekit: error: {line}")
     for line in retry:
-        console.print(f"  {line}")
-    console.print(f"tracekit: {elapsed:.1f} s; wrote " + ", ".join(
-        str(p) for p in (report, sqlite_path, paths["manifest"], raw) if p is not None))
+        _say(console, f"  {line}")
+    wrote = [p for p in (report, sqlite_path, final["manifest"] if write_manifest else None, raw) if p is not None]
+    _say(console, f"tracekit: {elapsed:.1f} s; wrote " + (", ".join(str(p) for p in wrote) or "nothing"))
     return CaptureResult(exit_code=exit_code, nsys_exit_code=rc,
                          report=str(report) if report else None,
                          sqlite=str(sqlite_path) if sqlite_path else None,
-                         manifest=str(paths["manifest"]), raw_capture=str(raw) if raw else None,
+                         manifest=str(final["manifest"]) if write_manifest else None,
+                         raw_capture=str(raw) if raw else None,
                          problems=problems)
 
 
