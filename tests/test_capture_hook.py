@@ -362,7 +362,8 @@ def test_real_deepspeed_on_cpu(tmp_path, stage):
     log = tmp_path / "hook.log"
     env = dict(os.environ, PYTHONPATH=str(HOOK_DIR), TRACEKIT_HOOK="1", TRACEKIT_HOOK_LOG=str(log),
                DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               TRACEKIT_HOOK_REPORT_DIR=str(tmp_path))
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "train_llama.py"),
                            "--deepspeed_config", str(tmp_path / "ds.json"), "--steps", "2",
                            "--hidden", "64", "--layers", "2", "--heads", "2", "--intermediate", "128",
@@ -374,13 +375,21 @@ def test_real_deepspeed_on_cpu(tmp_path, stage):
     if stage == 2:
         # 2 layers * 9 tensors + embeddings, final norm, head = 21 gradient copies per backward
         grads = ["    grad_copy_to_host"] * 21
-        sub = ["    grad_norm", "    cpu_optimizer_step", "    param_copy_to_device"]
+        # ZeRO-1/2 checks for overflow with bf16 too (check_grad_overflow); ZeRO-3 only with fp16
+        sub = ["    overflow_check", "    grad_norm", "    unscale_clip", "    cpu_optimizer_step",
+               "    param_copy_to_device"]
     else:
         grads = ["    grad_copy_to_host"]
-        sub = ["    grad_norm", "    cpu_optimizer_step", "    param_copy_back"]
+        sub = ["    grad_norm", "    unscale_clip", "    cpu_optimizer_step", "    param_copy_back"]
     one = ["  forward", "  backward", *grads, "  step (no update)", "  forward",
            "  backward boundary", *grads, "  update", *sub]
-    assert tree == ["iteration 0", *one, "iteration 1", *one]
+    assert tree == ["rank 0 local_rank 0 world 1", "iteration 0", *one, "iteration 1", *one]
+    (report,) = [json.loads(p.read_text()) for p in tmp_path.glob("hook-*.json")]
+    assert report["missing"] == [] and report["warnings"] == []
+    assert (report["rank"], report["local_rank"], report["world_size"]) == (0, 0, 1)
+    expected_class = {2: "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer",
+                      3: "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3"}[stage]
+    assert report["optimizer_class"] == expected_class
 
 
 def test_missing_nvtx_package_warns_once_and_training_goes_on(tmp_path):

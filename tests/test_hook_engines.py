@@ -548,3 +548,71 @@ def test_real_superoffload_worker_emits_cpu_optimizer_step(tmp_path):
         ("push", "cpu_optimizer_step it=3 sg=2"), ("pop", None)]
     report = json.loads((logs / f"hook-{worker}.json").read_text())
     assert report["role"] == "superoffload cpu optimizer worker"
+
+
+ZENFLOW_WORKER = """
+    import os, sys, torch
+    import _tracekit_hook as h
+    from multiprocessing import get_context
+    from deepspeed.ops.op_builder import CPUAdamBuilder
+    from deepspeed.runtime.zenflow import zenflow_utils
+
+    if __name__ == "__main__":
+        h._state.channel = h._IterationChannel.create()  # what the engine's __init__ does
+        op = CPUAdamBuilder().load()
+        torch.manual_seed(0)
+        param = torch.randn(256).share_memory_()
+        grads = [torch.randn(256).share_memory_(), torch.randn(256).share_memory_()]
+        stale = torch.zeros(256).share_memory_()
+        ctrl = torch.zeros(op.zenflow_adam_ctrl_size(), dtype=torch.uint8).share_memory_()
+        op.zenflow_adam_ctrl_init(ctrl.data_ptr(), 1)
+        ctx = get_context("spawn")
+        ready = ctx.Event()
+        proc = ctx.Process(target=zenflow_utils.zenflow_optimizer_process,
+                           args=([(param, grads[0], grads[1], stale)], ctrl, ready, [0], True), daemon=True)
+        proc.start()
+        assert ready.wait(timeout=300), "worker not ready"
+        for step, it in ((1, 5), (2, 6)):
+            h._state.channel.write(it)
+            op.zenflow_adam_submit(ctrl.data_ptr(), step % 2, step, [1e-2], [0.9], [0.999], [1e-8], [0.0], [1])
+            assert op.zenflow_adam_wait(ctrl.data_ptr(), 120), "no completion"
+        op.zenflow_adam_ctrl_exit(ctrl.data_ptr())
+        proc.join(60)
+        torch.save({"param": param, "stale": stale}, sys.argv[1])
+        print("exitcode", proc.exitcode, "worker", proc.pid)
+"""
+
+
+def test_real_zenflow_worker_relay(tmp_path):
+    """ZenFlow's real native worker loop, relayed: the same numbers as unrelayed, plus ranges."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("deepspeed")
+    results = {}
+    for relay in ("1", "0"):
+        logs = tmp_path / f"logs{relay}"
+        logs.mkdir()
+        script_dir = tmp_path / f"run{relay}"
+        script_dir.mkdir()
+        (script_dir / "script.py").write_text(textwrap.dedent(ZENFLOW_WORKER))
+        env = dict(os.environ, PYTHONPATH=str(HOOK_DIR), TRACEKIT_HOOK="1", DS_ACCELERATOR="cpu",
+                   TRACEKIT_HOOK_LOG=str(logs / "{pid}.log"), TRACEKIT_ZENFLOW_RELAY=relay)
+        env.pop(hook.ENV_CHANNEL, None)
+        out = script_dir / "out.pt"
+        done = subprocess.run([sys.executable, str(script_dir / "script.py"), str(out)], env=env,
+                              capture_output=True, text=True, timeout=900, cwd=script_dir)
+        if "CPUAdamBuilder" in done.stderr and done.returncode != 0:
+            pytest.skip("DeepSpeed's CPU Adam op cannot be built here")
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        words = done.stdout.split()
+        assert words[words.index("exitcode") + 1] == "0"  # the relayed worker exits cleanly
+        worker = int(words[words.index("worker") + 1])
+        results[relay] = (torch.load(out), _log_lines(logs, worker))
+    relayed, plain = results["1"], results["0"]
+    for key in ("param", "stale"):
+        assert torch.equal(relayed[0][key], plain[0][key]), key
+    start = torch.manual_seed(0) and torch.randn(256)
+    assert not torch.equal(relayed[0]["param"], start)  # the steps did update the parameters
+    pushes = [line.split(" ", 2)[2] for line in relayed[1] if line.startswith("push")]
+    assert pushes == ["cpu_optimizer_step it=5 sg=all", "cpu_optimizer_step it=6 sg=all"]
+    assert sum(line.startswith("pop") for line in relayed[1]) == 2
+    assert [line for line in plain[1] if line.startswith("push")] == []

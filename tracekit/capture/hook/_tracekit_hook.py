@@ -373,6 +373,8 @@ def _become_worker(kind: str) -> None:
     _state.worker = kind
     _state.report["role"] = f"{kind} cpu optimizer worker"
     _state.report["parent_pid"] = os.getppid()
+    _state.report.update(rank=_env_int("RANK"), local_rank=_env_int("LOCAL_RANK"),
+                         world_size=_env_int("WORLD_SIZE"))
     try:
         _state.channel = _IterationChannel.open_parent()
     except Exception as exc:
