@@ -130,3 +130,17 @@ def test_two_gpu_comm_and_compute_match_sql(two_gpu):
     # plain SQL: SELECT deviceId, sum("end" - start) ... WHERE shortName -> ncclDevKernel_SendRecv (no overlap)
     comm = dict(zip(tot["device"].to_list(), tot["comm_busy_ns"].to_list()))
     assert comm == {0: 17_172_652, 1: 8_229_100}
+
+
+def test_rank_figure_shows_communication(tmp_path):
+    """The report's per-rank figure: communication time per steady iteration, from the grid."""
+    from tracekit.report import figures
+    from tracekit.report.data import ReportData
+
+    _two_device_trace(tmp_path)
+    fig, frame = figures.rank_summary(ReportData.load(tmp_path / "synthetic_two_device_comm.sqlite"))
+    got = frame.group_by("device").agg(pl.col("comm_ns").sum()).sort("device")["comm_ns"].to_list()
+    # one complete iteration: device 0's NCCL [250, 600), device 1's [0, 400)
+    assert got == [len(_grid([(250, 600)])), len(_grid([(0, 400)]))] == [350, 400]
+    gids = {p.get_gid() for ax in fig.axes for p in ax.patches}
+    assert {"comm:0", "comm:1"} <= gids

@@ -611,8 +611,10 @@ def rank_summary(data: ReportData):
     """Per-rank summary: mean phase wall time per steady iteration (stacked) and H2D / D2H
     bytes per iteration, one bar per rank, so a slow or copy-heavy rank stands out.
 
-    Frame: ``rank, pid, device, phase, iterations, wall_ns, h2d_bytes, d2h_bytes`` (means per
-    steady iteration of that rank, :meth:`ReportData.steady_iterations`).
+    Frame: ``rank, pid, device, phase, iterations, wall_ns, h2d_bytes, d2h_bytes, comm_ns`` (means
+    per steady iteration of that rank, :meth:`ReportData.steady_iterations`; ``comm_ns``: time in
+    communication kernels, :mod:`tracekit.analyze.communication`, drawn as a thin dark bar under
+    the rank's wall-time bar).
     """
     rows = []
     for i in range(data.ranks.height):
@@ -623,11 +625,13 @@ def rank_summary(data: ReportData):
         if n == 0:
             continue
         g = t.group_by("phase").agg(pl.col("wall_ns").sum() / n, pl.col("h2d_bytes").sum() / n,
-                                    pl.col("d2h_bytes").sum() / n)
+                                    pl.col("d2h_bytes").sum() / n,
+                                    comm_ns=(pl.col("comm_busy_ns").sum() / n) if "comm_busy_ns" in t.columns
+                                    else pl.lit(0.0))
         rows.append(g.with_columns(rank=pl.lit(i, pl.Int64), pid=pl.lit(rk["pid"], pl.Int64),
                                    device=pl.lit(rk["device"], pl.Int64), iterations=pl.lit(n, pl.Int64)))
     schema = {"rank": pl.Int64, "pid": pl.Int64, "device": pl.Int64, "phase": pl.String, "iterations": pl.Int64,
-              "wall_ns": pl.Float64, "h2d_bytes": pl.Float64, "d2h_bytes": pl.Float64}
+              "wall_ns": pl.Float64, "h2d_bytes": pl.Float64, "d2h_bytes": pl.Float64, "comm_ns": pl.Float64}
     frame = (pl.concat(rows).select(list(schema)).cast(schema) if rows else pl.DataFrame(schema=schema))
     frame = frame.sort("rank", pl.col("phase").replace_strict({p: i for i, p in enumerate(S.PHASES)}, default=9))
     nr = frame["rank"].n_unique()
@@ -648,6 +652,11 @@ def rank_summary(data: ReportData):
             b[0].set_gid(f"wall:{rk}:{r['phase']}")
             left += r["wall_ns"] / div
         ax_w.text(left, y, f" {left:,.1f}", va="center", fontsize=8)
+        comm = frame.filter(pl.col("rank") == rk)["comm_ns"].sum() / div
+        if comm > 0:  # communication kernels (NCCL): how much of the iteration the rank spent in them
+            b = ax_w.barh(y + 0.38, comm, 0.12, color="#333333")
+            b[0].set_gid(f"comm:{rk}")
+            ax_w.text(comm, y + 0.38, f" comm {comm:,.1f}", va="center", fontsize=7)
     ax_w.set_xlim(0, tot["wall_ns"].max() / div * 1.12)
     ax_w.set_yticks(range(nr), labels, fontsize=8)
     ax_w.invert_yaxis()
