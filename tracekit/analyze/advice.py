@@ -115,10 +115,14 @@ def build_advice(pieces: dict, scenarios: list[dict], settings: dict) -> list[di
     s = sc.get("no_offload")
     if s and s["applicable"]:
         cpu = sum(roles[k]["cpu_ns"] for k in roles)
+        mem = (f"the optimizer state ({s['state_bytes'] / 1e9:,.1f} GB at 16 B per parameter) fits the "
+               f"{s['free_bytes'] / 1e9:,.1f} GB of GPU memory free at the peak" if s.get("free_bytes") is not None else
+               f"check that the optimizer state ({s['state_bytes'] / 1e9:,.1f} GB at 16 B per parameter) fits: free GPU "
+               "memory unknown (record with --cuda-memory-usage=true)")
         add(s, f"the optimizer step runs on the CPU: update {upd / 1e6:,.1f} ms per iteration, {cpu / 1e6:,.1f} ms "
-               f"of it with the GPU idle ({ev}); the optimizer state ({s['state_bytes'] / 1e9:,.1f} GB at 16 B per "
-               f"parameter) fits the {s['free_bytes'] / 1e9:,.1f} GB of GPU memory free at the peak",
-            "zero_optimization.offload_optimizer.device", "cpu -> none (keep the optimizer on the GPU)")
+               f"of it with the GPU idle ({ev}); {mem}",
+            "zero_optimization.offload_optimizer.device", "cpu -> none (keep the optimizer on the GPU)",
+            confidence=None if s.get("free_bytes") is not None else "low")
     s = sc.get("ratio")
     if s and s["applicable"] and not (sc.get("no_offload") or {}).get("applicable"):  # else: no offload at all
         add(s, f"the CPU optimizer step and copy-back take {(roles['cpu_adam']['wall_ns'] + roles['copy_back']['wall_ns']) / 1e6:,.1f} "

@@ -83,7 +83,8 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
          "free_bytes"|None, "total_memory"|None, "range_names": set, "micro_steps": int|None}
 
     ``copies``: host copies launched in the steady iterations: ``iteration, phase,
-    micro_step, boundary, role, direction, host_kind, bytes, duration_ns, exposed_ns, bucket``.
+    micro_step, boundary, role, direction, host_kind, bytes, duration_ns, exposed_ns,
+    host_ns`` (launching thread's time in the API call; null without a runtime record)``, bucket``.
     ``bandwidth``: per ``direction, host_kind, bucket`` over the whole trace: ``bytes, ns,
     gbps``. ``roles[role]``: ``wall_ns`` (union of its ranges, per iteration), ``cpu_ns``
     (part with nothing running on the GPU), ``calls`` per iteration. All per-iteration values
@@ -156,8 +157,9 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
                    if c.height else np.zeros(0))
         c = c.with_columns(exposed_ns=pl.Series(exposed, dtype=pl.Float64),
                            bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64))
+        c = c.with_columns(host_ns=(pl.col("api_end") - pl.col("launch")).cast(pl.Float64))
         copies = c.select("iteration", "phase", "micro_step", "boundary", "role", "direction", "host_kind", "bytes",
-                          "duration_ns", "exposed_ns", "bucket")
+                          "duration_ns", "exposed_ns", "host_ns", "bucket")
         bw = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
         bw = bw.with_columns(bucket=pl.Series(size_bucket(bw["bytes"].to_numpy()), dtype=pl.Int64))
         bw = bw.group_by("direction", "host_kind", "bucket").agg(bytes=pl.col("bytes").sum(), ns=pl.col("duration_ns").sum())
@@ -303,9 +305,12 @@ def pinned_bandwidth(pieces: dict, direction: str, nbytes: float) -> tuple[float
 
 # ---------------------------------------------------------------------- scenarios
 def _pin_saving(pieces: dict, copies: pl.DataFrame) -> tuple[float, bool, list[str]]:
-    """Saving per iteration (ns) if the pageable ``copies`` ran at pinned bandwidth: per copy
-    ``max(duration - bytes / pinned_gbps, 0)`` times its exposed share (copy time under kernels
-    costs nothing now and saves nothing)."""
+    """Saving per iteration (ns) if the pageable ``copies`` ran from pinned memory: per copy
+    ``max(cost_now - cost_pinned, 0)`` with ``cost_now = max(host_ns, exposed_ns)`` (a copy from
+    or to pageable memory is staged by the driver and keeps the launching thread in the API
+    call, so the iteration pays the longer of the host's stall and the GPU copy time no kernel
+    hides) and ``cost_pinned = bytes / pinned_gbps * exposed share`` (the pinned copy as exposed
+    as the pageable one was; its API call returns at once)."""
     n = len(pieces["iterations"])
     total = 0.0
     measured = True
@@ -316,8 +321,9 @@ def _pin_saving(pieces: dict, copies: pl.DataFrame) -> tuple[float, bool, list[s
         bases.add(why)
         if r["duration_ns"] <= 0:
             continue
-        pinned_ns = r["bytes"] / g
-        total += max(r["duration_ns"] - pinned_ns, 0.0) * (r["exposed_ns"] / r["duration_ns"])
+        share = r["exposed_ns"] / r["duration_ns"]
+        now = max(r["host_ns"] or 0.0, r["exposed_ns"])
+        total += max(now - r["bytes"] / g * share, 0.0)
     return total / n, measured, sorted(bases)
 
 
@@ -353,7 +359,8 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     # 1. every pageable copy at pinned bandwidth
     s, measured, bases = _pin_saving(pieces, copies)
     out.append(_result(pieces, "pageable_to_pinned", s,
-                       "each pageable copy of the steady iterations at the pinned bandwidth of its size ("
+                       "each pageable copy of the steady iterations: the longer of its host stall in the API call and its exposed "
+                       "time, replaced by its bytes at the pinned bandwidth of its size ("
                        + "; ".join(bases) + "), times its exposed share" if bases else "no pageable copy",
                        "high" if measured else "medium", applicable=s > 0,
                        why="" if s > 0 else "no pageable copy in the steady iterations"))
@@ -367,8 +374,8 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     ok = offload not in (None, "none") and pin is not True
     out.append(_result(pieces, "pin_memory", s if ok else 0.0,
                        "pageable gradient copies (all but the parameter copy-back, whose fp32->16-bit temporary "
-                       "stays pageable) at the pinned bandwidth of their size (" + "; ".join(bases) + "), times "
-                       "their exposed share", "high" if measured else "medium",
+                       "stays pageable): the longer of each one's host stall in the API call and its exposed time, "
+                       "replaced by its bytes at the pinned bandwidth of its size (" + "; ".join(bases) + ")", "high" if measured else "medium",
                        applicable=ok and s > 0,
                        why="" if ok else ("pin_memory is already true" if pin is True else "no optimizer offload")))
 
