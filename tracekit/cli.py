@@ -74,6 +74,11 @@ def _one_line(exc: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tracekit`` console script; returns the process exit code."""
+    from tracekit import memlimit
+
+    guarded = memlimit.run_guarded(argv)  # under a memory limit: a child, one line if it runs out
+    if guarded is not None:
+        return guarded
     try:
         rv = app(args=argv, standalone_mode=False)
     except TracekitError as exc:
@@ -83,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         print("tracekit: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        if memlimit.is_memory_error(exc):  # MemoryError, or a library that could not be mapped
+            print(f"tracekit: error: {memlimit.message()}", file=sys.stderr)
+            return 2
         code = click_exit_code(exc)  # usage errors of click/typer: their message, exit 2
         if code is not None:
             return code
@@ -93,6 +101,15 @@ def main(argv: list[str] | None = None) -> int:
             "(rerun with TRACEKIT_DEBUG=1 for the traceback, and please report it)",
             file=sys.stderr,
         )
+        return 1
+    except BaseException as exc:  # a Rust panic in polars (pyo3's PanicException) is no Exception
+        if type(exc).__name__ != "PanicException" or os.environ.get("TRACEKIT_DEBUG"):
+            raise
+        if memlimit.is_memory_error(exc):
+            print(f"tracekit: error: {memlimit.message()}", file=sys.stderr)
+            return 2
+        print(f"tracekit: internal error: PanicException: {_one_line(exc)} (rerun with TRACEKIT_DEBUG=1 for "
+              "the traceback, and please report it)", file=sys.stderr)
         return 1
     # without standalone mode typer returns the code of an Exit (130 for Ctrl-C) instead of raising
     if isinstance(rv, int) and not isinstance(rv, bool):

@@ -140,17 +140,22 @@ def analyze_one(path: str | Path, options=None, cache: bool = True) -> dict:
 
 
 def _analyze_one_checked(path: str, options: dict, cache: bool) -> dict:
-    """:func:`analyze_one` for a worker: any failure comes back as a TracekitError naming the trace."""
+    """:func:`analyze_one` for a worker: any failure comes back as a TracekitError naming the
+    trace, on one line (out of memory: :func:`tracekit.memlimit.message`, exit code 2; a bug or
+    a Rust panic of polars: exit code 1)."""
     try:
         return analyze_one(path, options, cache)
     except TracekitError:
         raise
-    except MemoryError:
+    except BaseException as exc:  # Exception, or pyo3's PanicException (a BaseException)
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise  # KeyboardInterrupt, SystemExit
         from tracekit import memlimit
 
-        raise TracekitError(f"{path}: {memlimit.message()}") from None
-    except Exception as exc:  # a bug or an unexpected trace: name the trace, one line
-        raise TracekitError(f"{path}: analysis failed ({type(exc).__name__}: {exc})", exit_code=1) from None
+        if memlimit.is_memory_error(exc):
+            raise TracekitError(f"{path}: {memlimit.message()}") from None
+        first = (str(exc).splitlines() or [""])[0]
+        raise TracekitError(f"{path}: analysis failed ({type(exc).__name__}: {first})", exit_code=1) from None
 
 
 # ---------------------------------------------------------------------- many traces
@@ -216,9 +221,9 @@ def _outcome(call) -> dict | TracekitError:
         return exc
 
 
-#: what a trace's failure says when the worker process analyzing it died
-WORKER_DIED = ("the worker process analyzing it died ({why}: often out of memory, the other traces of the "
-               "pool were lost with it); retry with --jobs 1 or fewer traces")
+#: what a trace's failure says when the worker process analyzing it (or another one of the
+#: pool, which takes the pool down with it) died
+WORKER_DIED = "a worker process died while analyzing it (killed or aborted, often out of memory)"
 
 
 def _run_processes(paths: list[Path], opts: dict, cache: bool, jobs: int) -> list[dict | TracekitError]:
@@ -237,9 +242,12 @@ def _run_processes(paths: list[Path], opts: dict, cache: bool, jobs: int) -> lis
                     out.append(f.result())
                 except TracekitError as exc:
                     out.append(exc)
-                except BrokenProcessPool as exc:
-                    why = str(exc).split(".")[0] or "killed"
-                    out.append(TracekitError(f"{p}: {WORKER_DIED.format(why=why.lower())}"))
+                except BrokenProcessPool:
+                    from tracekit import memlimit
+
+                    limit = memlimit.current_limit()
+                    advice = memlimit.message(limit) if limit else "retry with --jobs 1 or fewer traces"
+                    out.append(TracekitError(f"{p}: {WORKER_DIED}; {advice}"))
         except BaseException:
             for f in futures:
                 f.cancel()
@@ -476,8 +484,8 @@ def failure_lines(out: dict) -> list[str]:
     n = len(failed) + len(out.get("traces", []))
     good = n - len(failed)
     lines = [f["error"] for f in failed]
-    lines.append(f"{len(failed)} of {n} traces could not be analyzed (listed above); "
-                 f"the other {good} {'is' if good == 1 else 'are'} reported")
+    rest = f"; the other {good} {'is' if good == 1 else 'are'} reported" if good else ""
+    lines.append(f"{len(failed)} of {n} traces could not be analyzed (listed above){rest}")
     return lines
 
 

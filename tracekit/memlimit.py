@@ -1,0 +1,159 @@
+"""Running under a memory limit: one line that names the limit, never an abort (issue 9, d12).
+
+Under an address-space limit (``ulimit -v``, ``prlimit --as``) or a data-segment limit
+(``ulimit -d``) polars' Rust allocator may fail. Rust does not raise then: it prints
+``memory allocation of N bytes failed`` and a backtrace and aborts the process (SIGABRT,
+exit 134), which no Python handler can catch. Python's own allocation failures raise
+:class:`MemoryError`.
+
+So when such a limit is set, the commands that read traces (``analyze``, ``report``,
+``compare``, ``trim``) run in a child process under the same limit (:func:`run_guarded`).
+Its stdout is the parent's; its stderr is forwarded line by line, except the Rust abort
+message and backtrace, and when the child dies of an allocation failure the parent prints
+:func:`message` as the one error line and exits 2. Without a limit nothing changes (no child;
+the machine's memory or a cgroup limit end in the kernel's OOM killer, which tracekit cannot
+report). ``capture`` is never run this way (the training keeps its terminal).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+#: set in the child, so that it runs the command itself
+CHILD_ENV = "TRACEKIT_MEMLIMIT_CHILD"
+#: commands that read traces and run in a child under a limit
+GUARDED = ("analyze", "report", "compare", "trim")
+_RUST_ALLOC = b"memory allocation of "
+#: lines of the Rust runtime that follow an allocation failure or a panic
+_TRACE_LINES = (b"stack backtrace:", b"note: ", b"skipping backtrace printing", b"fatal runtime error",
+                b"thread caused non-unwinding panic", b" ", b"\t")
+
+
+def current_limit() -> tuple[str, int] | None:
+    """``(description, bytes)`` of the smallest finite soft limit among the address-space
+    (``RLIMIT_AS``) and data-segment (``RLIMIT_DATA``) limits of this process, or None."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return None
+    found = []
+    for name, what in (("RLIMIT_AS", "address-space limit (ulimit -v, prlimit --as)"),
+                       ("RLIMIT_DATA", "data-segment limit (ulimit -d)")):
+        res = getattr(resource, name, None)
+        if res is None:
+            continue
+        try:
+            soft, _hard = resource.getrlimit(res)
+        except (OSError, ValueError):
+            continue
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            found.append((soft, what))
+    if not found:
+        return None
+    soft, what = min(found)
+    return what, int(soft)
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.0f} MB"
+
+
+def message(limit: tuple[str, int] | None = None) -> str:
+    """The one line for running out of memory: the limit (``limit``, else
+    :func:`current_limit`) and what to do."""
+    limit = limit or current_limit()
+    where = f"under the {limit[0]} of {_size(limit[1])}" if limit else "(no ulimit is set: the machine's memory)"
+    return (f"out of memory {where}; analyze less at once: --section with the sections you need instead of "
+            f"--all, fewer traces per run, --jobs 1, or raise the limit")
+
+
+def is_memory_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means the process ran out of memory: :class:`MemoryError`, an
+    :class:`OSError` with ``ENOMEM``, or an :class:`ImportError` of a compiled module that could
+    not be mapped (``failed to map segment from shared object``, ``Cannot allocate memory``),
+    which is how numpy or polars fail to load under a tight address-space limit; under such a
+    limit also a thread that could not start (no room for its stack)."""
+    import errno
+
+    if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return True
+    text = str(exc)
+    if isinstance(exc, RuntimeError) and "can't start new thread" in text:  # no room for a thread stack
+        return current_limit() is not None
+    if type(exc).__name__ == "PanicException":  # polars' Rust code panicked (pyo3)
+        if "memory allocation" in text or "Cannot allocate memory" in text:
+            return True
+        return "failed to spawn thread" in text and current_limit() is not None
+    return isinstance(exc, ImportError) and ("failed to map segment" in text or "Cannot allocate memory" in text)
+
+
+def run_guarded(argv: list[str] | None = None) -> int | None:
+    """Run the command of ``argv`` (default ``sys.argv[1:]``) in a child process when a memory
+    limit is set and the command reads traces (see module doc); returns its exit code, or None
+    when the caller should run the command itself (no limit, another command, or already the
+    child)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get(CHILD_ENV) or not argv or argv[0] not in GUARDED:
+        return None
+    limit = current_limit()
+    if limit is None:
+        return None
+    env = {**os.environ, CHILD_ENV: "1"}
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "tracekit.cli", *argv], env=env, stderr=subprocess.PIPE)
+    except OSError:  # cannot even start a child (no memory for it): run in this process
+        return None
+    saw_alloc = False
+    try:
+        saw_alloc = _forward(child.stderr)
+        rc = child.wait()
+    except KeyboardInterrupt:  # the child got the same SIGINT and says "interrupted" itself
+        try:
+            rc = child.wait(timeout=10)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            child.kill()
+            rc = child.wait()
+        return 130 if rc in (130, -signal.SIGINT) else (rc if rc >= 0 else 128 - rc)
+    if rc < 0:
+        if saw_alloc or rc in (-signal.SIGABRT, -signal.SIGKILL, -signal.SIGSEGV):
+            sys.stdout.flush()
+            print(f"tracekit: error: {message(limit)}", file=sys.stderr)
+            return 2
+        return 128 - rc
+    return rc
+
+
+def _forward(stream) -> bool:
+    """Copy ``stream`` (the child's stderr) to ours line by line, leaving out Rust's
+    allocation-failure message, a Rust panic's message (``thread '...' panicked at ...`` and
+    the line after it; the child reports the panic itself, on one line) and the backtrace
+    after either; returns whether an allocation failure was seen."""
+    out = getattr(sys.stderr, "buffer", None)
+    saw = in_trace = False
+    skip_next = False
+    for line in iter(stream.readline, b""):
+        if line.startswith(_RUST_ALLOC):
+            saw = in_trace = True
+            continue
+        if line.startswith(b"thread '") and b"' panicked at " in line:
+            in_trace = skip_next = True
+            continue
+        if skip_next:  # the panic's message
+            skip_next = False
+            continue
+        if in_trace and (line.startswith(_TRACE_LINES) or not line.strip()):
+            continue
+        in_trace = False
+        if out is not None:
+            out.write(line)
+            out.flush()
+        else:
+            sys.stderr.write(line.decode("utf-8", "replace"))
+            sys.stderr.flush()
+    stream.close()
+    return saw
