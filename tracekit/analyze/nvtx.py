@@ -6,7 +6,8 @@ one file, depending on the NVTX API and domain). Domain names come from the
 default domain and is called ``""``.
 
 Anomalies that are counted and set aside rather than trusted (:func:`anomalies`):
-ranges that never closed (``end`` NULL or equal to the end of the capture), start/end ranges
+ranges that never closed (``end`` NULL or equal to the end of the capture), ranges without a
+``start`` or ending before their start (left out entirely), start/end ranges
 (eventType 60, they may overlap arbitrarily and are not used for nesting), marks (eventType 34,
 instants), and push/pop ranges whose pop happened on another thread (``endGlobalTid`` differs).
 """
@@ -67,6 +68,12 @@ def load_ranges(export: Export, capture_end: int | None = None) -> pl.DataFrame:
     domains = raw.filter(pl.col("event_type") == enums.NVTX_DOMAIN_CREATE)
     domain_names = {int(d): t for d, t in zip(domains["domain_id"], domains["text"]) if d is not None}
     ranges = raw.filter(pl.col("event_type") != enums.NVTX_DOMAIN_CREATE)
+    # a range without a start, or ending before it starts, cannot be placed: set aside, counted
+    unusable = pl.col("start").is_null() | (pl.col("end").is_not_null() & (pl.col("end") < pl.col("start")))
+    bad = ranges.filter(unusable).height
+    export.set_aside["nvtx_unusable_ranges"] = bad
+    if bad:
+        ranges = ranges.filter(~unusable)
     ids = ranges.filter(pl.col("text").is_null())["text_id"].drop_nulls().unique().to_list()
     names = export.strings(ids)
     if capture_end is None:
@@ -92,7 +99,8 @@ def load_ranges(export: Export, capture_end: int | None = None) -> pl.DataFrame:
 
 
 def anomalies(export: Export, ranges: pl.DataFrame) -> dict[str, int]:
-    """Counts of NVTX records set aside: unclosed ranges, start/end ranges, marks, cross-thread pops."""
+    """Counts of NVTX records set aside: unclosed ranges, start/end ranges, marks, cross-thread
+    pops, and ``unusable_ranges`` (NULL start, or end before start: left out by :func:`load_ranges`)."""
     marks = 0
     if export.has("NVTX_EVENTS"):
         marks = export.conn.execute(
@@ -103,6 +111,7 @@ def anomalies(export: Export, ranges: pl.DataFrame) -> dict[str, int]:
         "start_end_ranges": int((ranges["event_type"] == enums.NVTX_START_END).sum()),
         "marks": int(marks),
         "cross_thread_ranges": int(ranges["cross_thread"].sum()),
+        "unusable_ranges": int(export.set_aside.get("nvtx_unusable_ranges", 0)),
     }
 
 

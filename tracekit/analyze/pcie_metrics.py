@@ -119,6 +119,7 @@ def pcie_series(export: Export, model: PhaseModel | None = None) -> pl.DataFrame
     """
     ids = pcie_metric_ids(export)
     s = export.query(*_series_query(ids))
+    s = s.drop_nulls(["type_id", "metric_id", "time", "value_pct"])  # a damaged sample cannot be placed
     s = s.join(ids.select("metric_id", "direction"), on="metric_id").drop("metric_id")
     types = sorted(s["type_id"].unique().to_list())
     gpus = sorted(export.load("TARGET_INFO_GPU", {"id": "id"})["id"].drop_nulls().unique().to_list())
