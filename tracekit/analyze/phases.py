@@ -92,10 +92,10 @@ UNCLOSED_COLUMNS = [
 
 #: Why a range counts as never closed, per form (see :func:`set_aside_unclosed`).
 UNCLOSED_REASONS = {
-    "duration": "its range never closed (its end is ANALYSIS_DETAILS.duration, which nsys writes for a "
-                "range that was never popped)",
-    "null": "its range never closed (no end recorded)",
-    "stop": "its range never closed (it ends at the capture's stop time)",
+    "duration": "never closed (its end is ANALYSIS_DETAILS.duration, which nsys writes for a range that "
+                "was never popped)",
+    "null": "never closed (no end recorded)",
+    "stop": "never closed (it ends at the capture's stop time)",
 }
 
 

@@ -95,7 +95,7 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
         t = _table(f"{head}: per iteration and phase", ["iter", "phase"])
         for it in rank["iterations"]:
             for i, p in enumerate(it["phases"]):
-                mark = "" if it["complete"] else " (no update)"
+                mark = " (unclosed)" if it.get("unclosed") else "" if it["complete"] else " (no update)"
                 t.add_row(_t(str(it["index"]) + mark if i == 0 else ""), _t(_phase_label(p)),
                           *[_t(f(p)) for _, f in _COLUMNS])
             t.add_section()
@@ -130,6 +130,13 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
         console.print(_t(
             "NVTX records set aside: "
             + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in a.items() if v)
+        ))
+    for u in result.get("incomplete_iterations") or []:  # ranges never popped (phases.set_aside_unclosed)
+        console.print(_t(
+            f"iteration {u['iteration']} (pid {u['pid']}) is incomplete: its {u['phase']} range {u['range']} "
+            f"{u['reason']}; its window ends at the process's last recorded activity "
+            f"({_ms(u['end_ns'] - u['start_ns'])} ms after it opened), and the iteration is left out of "
+            "steady-state figures (findings; report key numbers and compare)"
         ))
     g = result.get("gpu_op_anomalies") or {}
     if any(g.values()):
