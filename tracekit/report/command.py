@@ -40,6 +40,11 @@ def register(app: typer.Typer) -> None:
             Optional[int], typer.Option(help="gradient accumulation steps, used only when updates must be inferred")
         ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print what was written as JSON")] = False,
+        ds_config: Annotated[
+            Optional[Path],
+            typer.Option("--ds-config", help="the run's DeepSpeed JSON config (or capture manifest), for the "
+                         "advice; default: NAME.json beside NAME.sqlite"),
+        ] = None,
     ) -> None:
         """Write the five figures (PNG + SVG/PDF), a per-rank figure, their data (CSV) and report.md."""
         from tracekit.report.report import progress, write_report
@@ -47,6 +52,7 @@ def register(app: typer.Typer) -> None:
         _check(rank, gas)
         with progress(not as_json) as step:
             res = write_report(trace, out, rank=rank, iteration=iteration, fmt=fmt, phase_map=phase_map, gas=gas,
+                               ds_config=ds_config,
                                step=step)
         if as_json:
             json.dump({"out_dir": str(res.out_dir), "report": str(res.out_dir / "report.md"),

@@ -110,6 +110,7 @@ def write_report(
     gas: int | None = None,
     step: Callable[[str], None] | None = None,
     dpi: int = S.DPI,
+    ds_config: str | Path | None = None,
 ) -> ReportResult:
     """Write the figures, their data and ``report.md`` for ``trace`` into ``out_dir``.
 
@@ -156,6 +157,7 @@ def write_report(
         res.files.append(p)
         findings = _findings(data, rk, res.notes)
         md = render_markdown(data, rk, it, metrics, frames, findings, fmt)
+        md = _with_advice(md, data, rk, trace, ds_config, res.notes)
         p = out / "report.md"
         p.write_text(md, encoding="utf-8")
         res.files.append(p)
@@ -177,6 +179,68 @@ def _findings(data: ReportData, rk: dict, notes: list[str]) -> list[dict]:
         return []
     notes.extend(tr.notes)
     return [f for f in tr.findings if f.get("pid") == rk["pid"] and f.get("device") == rk["device"]]
+
+
+def _with_advice(text: str, data: ReportData, rk: dict, trace, ds_config, notes: list[str]) -> str:
+    """``report.md`` with the run's config and the advice (:func:`tracekit.analyze.advice.advise`)
+    put before the key numbers: it leads the report (docs/advice.md)."""
+    from tracekit.analyze import advice, dsconfig
+
+    try:
+        res = advice.advise(data.export, data.model, dsconfig.load(trace, ds_config))
+    except TracekitError as exc:
+        notes.append(f"advice skipped: {exc}")
+        return text
+    L = advice_markdown(res, rk)
+    key = "## Key numbers"
+    i = text.find(key)
+    return text[:i] + "\n".join(L) + "\n" + text[i:] if i >= 0 else text + "\n".join(L) + "\n"
+
+
+def advice_markdown(res: dict, rk: dict) -> list[str]:
+    """Markdown lines of the config and advice of one rank (trace text escaped)."""
+    from tracekit.textsafe import md as _md
+
+    L = ["## Config\n"]
+    cfg = res["config"]
+    if cfg.get("source"):
+        vers = ", ".join(f"{k} {v}" for k, v in (cfg.get("versions") or {}).items())
+        L.append(f"From {'--ds-config' if cfg['source'] == 'ds-config' else 'the capture manifest'} "
+                 f"`{_md(Path(cfg['path']).name)}`" + (f" ({_md(vers)})" if vers else "") + ".\n")
+    else:
+        L.append("No manifest beside the trace and no `--ds-config`: the values below are inferred from the trace.\n")
+    if cfg["settings"]:
+        L.append("| key | value | from |")
+        L.append("|---|---|---|")
+        for r in cfg["settings"]:
+            v = str(r["value"]).lower() if isinstance(r["value"], bool) else str(r["value"])
+            how = r["how"] if r["source"] != "trace" else f"inferred: {r['how']}"
+            L.append(f"| `{r['key']}` | {_md(v)} | {_md(how)} |")
+        L.append("")
+    items = [a for a in res["advice"] if a["pid"] == rk["pid"] and a["device"] == rk["device"]]
+    L.append("## Advice\n")
+    L.append("Largest saving per iteration first; per iteration = mean over steady iterations, warm-up apart "
+             "(model and validation: docs/advice.md).\n")
+    if not items:
+        L.append("No change of the what-if model saves 0.5 % of a steady iteration.\n")
+    else:
+        L.append("| # | knob | change | saves ms / iteration | saves | iteration ms now → predicted | confidence |")
+        L.append("|---:|---|---|---:|---:|---:|---|")
+        for i, a in enumerate(items, 1):
+            L.append(f"| {i} | `{a['knob']}` | {_md(a['change'])} | {a['saving_ms_per_iteration']:,.1f} | "
+                     f"{a['saving_pct']:.1f}% | {a['baseline_iteration_ms']:,.1f} → {a['predicted_iteration_ms']:,.1f} | "
+                     f"{a['confidence']} |")
+        L.append("")
+        for i, a in enumerate(items, 1):
+            L.append(f"{i}. **Problem**: {_md(a['problem'])}. **Predicted from**: {_md(a['basis'])}.")
+        L.append("")
+    once = [c for c in res["one_time_costs"] if c["pid"] == rk["pid"] and c["device"] == rk["device"]]
+    if once:
+        L.append("One-time costs (totals, not per iteration):\n")
+        for c in once:
+            L.append(f"- {_md(c['problem'])} ({c['total_ms']:,.1f} ms)")
+        L.append("")
+    return L
 
 
 def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, frames: dict[str, pl.DataFrame],
