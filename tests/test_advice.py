@@ -149,3 +149,15 @@ def test_pair_prediction_within_stated_error(changed, scenario, stated):
     # the base's own iteration agrees with its plain-SQL step-to-step time
     assert pieces["iterations"] == [1, 2]
     assert pieces["iteration_ns"] / 1e6 == pytest.approx(_step_to_step_ms(base), rel=0.15)
+
+
+def test_compare_fail_above_exits_1_on_regression():
+    """pin -> base is a regression of the iteration (plain SQL step-to-step: +45 %); base -> pin is not."""
+    base, pin = PAIR.format("base"), PAIR.format("pin")
+    slower = 100 * (_step_to_step_ms(base) - _step_to_step_ms(pin)) / _step_to_step_ms(pin)
+    assert slower > 20
+    rc, out, err = run_cli("compare", pin, base, "--fail-above", "20")
+    assert rc == 1, err
+    assert "regression: iteration" in err and "Traceback" not in err
+    rc, out, err = run_cli("compare", base, pin, "--fail-above", "20")
+    assert rc == 0, err

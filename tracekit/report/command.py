@@ -85,6 +85,11 @@ def register(app: typer.Typer) -> None:
             Optional[int], typer.Option(help="gradient accumulation steps, used only when updates must be inferred")
         ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
+        fail_above: Annotated[
+            Optional[float],
+            typer.Option("--fail-above", help="exit 1 when a phase or the iteration (mean wall time per steady "
+                         "iteration) got slower from A to B by more than this percent (for CI)"),
+        ] = None,
     ) -> None:
         """Compare two runs per phase and iteration: time, bytes, overlap, pageable copies, memory peak."""
         from tracekit.report import compare as C
@@ -113,5 +118,12 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write("\n")
             return
         C.render(result)
+        if fail_above is not None:
+            slow = C.regressions(result, fail_above)
+            for r in slow:
+                print(f"regression: {r['what']} {r['a_ms']:,.1f} -> {r['b_ms']:,.1f} ms per iteration "
+                      f"({r['pct']:+.1f}% > {fail_above:g}%)", file=sys.stderr)
+            if slow:
+                raise typer.Exit(1)
         if written:
             print("wrote " + ", ".join(str(p) for p in written))

@@ -269,3 +269,17 @@ def compare_figure(result: dict, labels: tuple[str, str] = ("A", "B")):
                         Patch(facecolor="#999999", edgecolor="#333333", label=f"{labels[1]} (solid, change vs A)")],
                loc="upper right", fontsize=8, frameon=False)
     return fig, f
+
+
+# ---------------------------------------------------------------------- regressions (CI)
+def regressions(result: dict, fail_above_pct: float) -> list[dict]:
+    """Phases, and the whole iteration, whose mean wall time per steady iteration got slower
+    from A to B by more than ``fail_above_pct`` percent: ``[{"what", "a_ms", "b_ms", "pct"}]``
+    (``what`` = a phase name or ``"iteration"``), for ``tracekit compare --fail-above PCT``."""
+    out = []
+    rows = [(r["phase"], r["metrics"]["wall_ns"]) for r in result["per_phase"]]
+    rows.append(("iteration", result["iteration_total"]["wall_ns"]))
+    for what, d in rows:
+        if d["pct"] is not None and d["pct"] > fail_above_pct:
+            out.append({"what": what, "a_ms": d["a"] / 1e6, "b_ms": d["b"] / 1e6, "pct": d["pct"]})
+    return out
