@@ -150,3 +150,62 @@ def test_bad_input_errors(tmp_path):
     truncated.write_bytes(data[: len(data) // 3])
     with pytest.raises(TracekitError, match="truncated or corrupt"):
         Export.open(truncated)
+
+
+def _synthetic_strings(tmp_path):
+    import shutil
+
+    p = tmp_path / "synthetic_odd_strings.sqlite"
+    shutil.copyfile(ZERO3_CUT, p)
+    con = sqlite3.connect(p)
+    a, b, c = [r[0] for r in con.execute("SELECT id FROM StringIds ORDER BY id LIMIT 3")]
+    con.execute("UPDATE StringIds SET value = CAST(X'41D6E542' AS TEXT) WHERE id = ?", (a,))  # 'A', cp1251, 'B'
+    con.execute("UPDATE StringIds SET value = X'C3A9' WHERE id = ?", (b,))  # a blob holding UTF-8 'é'
+    con.execute("UPDATE StringIds SET value = 123 WHERE id = ?", (c,))
+    con.commit()
+    con.close()
+    return p, (a, b, c)
+
+
+def test_strings_decode_with_replacement_and_stringify_odd_values(tmp_path):
+    p, (a, b, c) = _synthetic_strings(tmp_path)
+    raw = b"A\xd6\xe5B"
+    with Export.open(p) as e:
+        s = e.strings()
+        assert s[a] == raw.decode("utf-8", "replace") == "A\ufffd\ufffdB"
+        assert (s[b], s[c]) == ("\u00e9", "123")
+        assert e.strings([a, c]) == {a: "A\ufffd\ufffdB", c: "123"}
+
+
+@pytest.mark.parametrize("reader", ["adbc", "sqlite3"])
+def test_query_with_invalid_utf8_gives_replaced_text_through_either_reader(tmp_path, monkeypatch, reader):
+    import polars as pl
+
+    from tracekit.analyze import export as export_mod
+
+    if reader == "adbc":
+        pytest.importorskip("adbc_driver_sqlite")
+    monkeypatch.setattr(export_mod, "_READER", reader)
+    p, (a, _, _) = _synthetic_strings(tmp_path)
+    with Export.open(p) as e:
+        f = e.query(f"SELECT id, value FROM StringIds WHERE id = {a}", schema={"id": pl.Int64, "value": pl.String})
+    assert f.to_dicts() == [{"id": a, "value": "A\ufffd\ufffdB"}]
+
+
+def test_quote_ident_and_a_table_named_with_quotes(tmp_path):
+    import shutil
+
+    from tracekit.analyze.export import quote_ident
+
+    assert quote_ident('we"ird') == '"we""ird"'
+    p = tmp_path / "synthetic_quoted_table.sqlite"
+    shutil.copyfile(ZERO3_CUT, p)
+    con = sqlite3.connect(p)
+    con.execute('CREATE TABLE "we""ird" ("a""b" INTEGER)')
+    con.execute('INSERT INTO "we""ird" VALUES (7)')
+    con.commit()
+    con.close()
+    with Export.open(p) as e:
+        assert e.tables['we"ird'] == {'a"b': "INTEGER"}
+        assert e.has('we"ird', min_rows=1)
+        assert e.load('we"ird', {"x": 'a"b'})["x"].to_list() == [7]
