@@ -206,3 +206,23 @@ def test_fixture_unclosed_left_out_of_report_and_compare(tmp_path):
     upd = [p for p in c["per_phase"] if p["phase"] == "update"][0]["metrics"]["wall_ns"]
     assert upd["b"] == steps[0][2] - steps[0][1]
     assert upd["a"] == pytest.approx(((steps[0][2] - steps[0][1]) + (steps[1][2] - steps[1][1])) / 2)
+
+
+def test_many_traces_leave_unclosed_iteration_out(tmp_path):
+    """``analyze runs/``: the per-rank sums and means are over the iterations whose ranges closed."""
+    from tracekit.analyze.multi import analyze_many
+
+    path, steps = _unclose(tmp_path, "duration")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    shutil.copy(ZERO3_CUT, runs / "rank0.sqlite")
+    shutil.move(path, runs / "rank1.sqlite")
+    out = analyze_many([runs], jobs=1, cache=False)
+    closed, cut = out["summary"]["rank_rows"]
+    assert closed["unclosed_iterations"] == [] and cut["unclosed_iterations"] == [2]
+    assert closed["phase_ns"]["update"] == sum(e - s for _, s, e in steps)
+    assert cut["phase_ns"]["update"] == steps[0][2] - steps[0][1]
+    assert [d["index"] for d in cut["per_iteration"]] == [1] and cut["iterations"] == 1
+    rc, text, err = run_cli("analyze", runs, "--jobs", "1", "--no-cache")
+    assert rc == 0, err
+    assert "rank1.sqlite pid 642: iteration 2 left out" in " ".join(text.split())

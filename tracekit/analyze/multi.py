@@ -299,7 +299,10 @@ def rank_rows(results: list[dict], paths: list[Path] | None = None) -> list[dict
     """One row per rank of every result: ``{"trace", "rank" (from the file name or None),
     "pid", "device", "iterations" (count), "complete_iterations", "iteration_ns" (sum of the
     iterations' phase wall times), "mean_iteration_ns", "phase_ns": {phase: sum over the
-    iterations of that phase's wall time}, "per_iteration": [{"index", "wall_ns"}]}`` (ns)."""
+    iterations of that phase's wall time}, "per_iteration": [{"index", "wall_ns"}],
+    "unclosed_iterations": [index]}`` (ns). Iterations with a phase range that never closed
+    (``unclosed`` in the result; their wall time stops at the capture's last activity) are
+    listed in ``unclosed_iterations`` and left out of every other field."""
     paths = paths or [Path(r["trace"]) for r in results]
     numbers = rank_numbers(list(paths))
     rows = []
@@ -309,7 +312,11 @@ def rank_rows(results: list[dict], paths: list[Path] | None = None) -> list[dict
             phase_ns = {p: 0 for p in PHASES}
             per_it = {}
             complete = 0
+            unclosed = []
             for it in r.get("iterations", []):
+                if it.get("unclosed"):
+                    unclosed.append(int(it["index"]))
+                    continue
                 wall = 0
                 for ph in it["phases"]:
                     phase_ns[ph["phase"]] = phase_ns.get(ph["phase"], 0) + int(ph["wall_ns"])
@@ -330,6 +337,7 @@ def rank_rows(results: list[dict], paths: list[Path] | None = None) -> list[dict
                     "mean_iteration_ns": total / len(per_it) if per_it else None,
                     "phase_ns": phase_ns,
                     "per_iteration": [{"index": i, "wall_ns": w} for i, w in sorted(per_it.items())],
+                    "unclosed_iterations": unclosed,
                 }
             )
     return rows
@@ -473,6 +481,13 @@ def render_many(out: dict, console=None) -> None:
         console.print(f"[bold red]missing ranks:[/] {', '.join(map(str, s['missing_ranks']))}")
     for w in s["ranks_without_iterations"]:
         console.print(f"[yellow]no iterations:[/] {Path(w['trace']).name} pid {w['pid']}")
+    for r in s["rank_rows"]:
+        if r.get("unclosed_iterations"):
+            from tracekit.textsafe import text
+
+            its = ", ".join(map(str, r["unclosed_iterations"]))
+            console.print(text(f"{Path(r['trace']).name} pid {r['pid']}: iteration {its} left out of the table "
+                               "above (a phase range never closed; see tracekit analyze on that trace)"))
 
 
 def failure_lines(out: dict) -> list[str]:
