@@ -264,6 +264,10 @@ def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, 
                  f"means below are per iteration over {F.iterations_note(steady)}"
                  + (" (iteration 0, the warm-up step, is left out)" if 0 in its and 0 not in steady else ""))
         L.append(f"- iteration shown in time (figures 2 and 5): {it}")
+    for u in data.model.unclosed.filter(pl.col("global_pid") == rk["global_pid"]).iter_rows(named=True):
+        L.append(f"- iteration {u['iteration']} is incomplete and left out of the means: its {u['phase']} range "
+                 f"{md_code(u['name'])} {md(u['reason'])}; its window ends at the process's last recorded "
+                 f"activity ({_ms(u['end'] - u['start'])} ms after it opened)")
     L.append("- units: ms = 1e6 ns, MB = 1e6 B, GB = 1e9 B, GB/s = 1e9 B/s\n")
 
     L.append("## Key numbers (mean per iteration)\n")
