@@ -699,3 +699,35 @@ def test_real_zenflow_training_on_cpu(tmp_path, overlap_step):
         assert reports[worker]["parent_pid"] == main_pid
     else:
         assert workers == {}
+
+
+def test_real_zero3_offload_param_example_on_cpu(tmp_path):
+    """examples/ds_zero3_offload_param.json (unpinned) trains on the CPU with the ZeRO-3 tree:
+    parameters offloaded to CPU memory (not NVMe) use no swapper, so no swap ranges."""
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("transformers")
+    import socket
+
+    cfg = json.loads((ROOT / "examples" / "ds_zero3_offload_param.json").read_text())
+    zero = cfg["zero_optimization"]
+    zero["offload_optimizer"]["pin_memory"] = zero["offload_param"]["pin_memory"] = False
+    zero["overlap_comm"] = False
+    (tmp_path / "ds.json").write_text(json.dumps(cfg))
+    log = tmp_path / "hook.log"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(HOOK_DIR), TRACEKIT_HOOK="1", DS_ACCELERATOR="cpu",
+               TRACEKIT_HOOK_LOG=str(log), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env.pop(hook.ENV_CHANNEL, None)
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "train_llama.py"),
+                           "--deepspeed_config", str(tmp_path / "ds.json"), "--steps", "2",
+                           "--hidden", "64", "--layers", "2", "--heads", "2", "--intermediate", "128",
+                           "--vocab", "256", "--seq", "16"],
+                          env=env, capture_output=True, text=True, timeout=1500, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    one = ["  forward", "  backward", "    grad_copy_to_host", "  step (no update)", "  forward",
+           "  backward boundary", "    grad_copy_to_host", "  update", "    grad_norm",
+           "    unscale_clip", "    cpu_optimizer_step", "    param_copy_back"]
+    assert _tree(log) == ["rank 0 local_rank 0 world 1", "iteration 0", *one, "iteration 1", *one]
