@@ -226,3 +226,15 @@ def test_many_traces_leave_unclosed_iteration_out(tmp_path):
     rc, text, err = run_cli("analyze", runs, "--jobs", "1", "--no-cache")
     assert rc == 0, err
     assert "rank1.sqlite pid 642: iteration 2 left out" in " ".join(text.split())
+
+
+def test_report_md_names_the_unclosed_iteration(tmp_path):
+    path, steps = _unclose(tmp_path, "null")
+    out = tmp_path / "rep"
+    rc, _, err = run_cli("report", path, "-o", out)
+    assert rc == 0, err
+    text = (out / "report.md").read_text()
+    line = [ln for ln in text.splitlines() if "is incomplete" in ln]
+    assert len(line) == 1 and line[0].startswith("- iteration 2 is incomplete and left out of the means")
+    assert "never closed (no end recorded)" in line[0]
+    assert "means below are per iteration over iteration 1" in text
