@@ -731,3 +731,56 @@ def test_real_zero3_offload_param_example_on_cpu(tmp_path):
            "  backward boundary", "    grad_copy_to_host", "  update", "    grad_norm",
            "    unscale_clip", "    cpu_optimizer_step", "    param_copy_back"]
     assert _tree(log) == ["rank 0 local_rank 0 world 1", "iteration 0", *one, "iteration 1", *one]
+
+
+def test_nvme_swapper_sub_phases(rec):
+    class PartitionedOptimizerSwapper:
+        def swap_in_optimizer_state(self, parameter, async_parameter=None):
+            pass
+
+        def swap_out_optimizer_state(self, parameter, async_swap=False):
+            pass
+
+        def swap_out_gradients(self, parameter, gradient_offsets, gradient_tensors):
+            pass
+
+    class AsyncPartitionedParameterSwapper:
+        def swap_in(self, params, async_op=True, swap_in_buffers=None):
+            pass
+
+        def swap_out_and_release(self, params, async_op=False, force_buffer_release=False):
+            pass
+
+        def swap_out_partitioned_params(self, dst_fp16_params, src_fp32_params):
+            pass
+
+        def synchronize_reads(self):
+            pass
+
+        def synchronize_writes(self):
+            pass
+
+    assert len(hook.patch_module(hook.OPT_SWAPPER_MODULE, types.SimpleNamespace(
+        PartitionedOptimizerSwapper=PartitionedOptimizerSwapper))) == 3
+    assert len(hook.patch_module(hook.PARAM_SWAPPER_MODULE, types.SimpleNamespace(
+        AsyncPartitionedParameterSwapper=AsyncPartitionedParameterSwapper))) == 5
+    opt, par = PartitionedOptimizerSwapper(), AsyncPartitionedParameterSwapper()
+    # ZeRO-3's _prepare_sub_group / _release_sub_group around one sub-group's CPU step
+    opt.swap_in_optimizer_state(None)
+    opt.swap_out_optimizer_state(None)
+    opt.swap_out_gradients(None, [], [])
+    par.swap_in([])
+    par.synchronize_reads()
+    par.swap_out_and_release([])
+    par.swap_out_partitioned_params([], [])
+    par.synchronize_writes()
+    assert rec.tree() == ["swap_in", "swap_out", "grad_swap_out", "param_swap_in", "param_swap_in_wait",
+                          "param_swap_out", "param_swap_out", "param_swap_out_wait"]
+
+
+def test_zenflow_relay_refuses_an_unknown_control_block():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(RuntimeError, match="control block of 100 bytes"):
+        hook._ZenFlowRelay(torch.zeros(100, dtype=torch.uint8))
+    with pytest.raises(RuntimeError):
+        hook._ZenFlowRelay(torch.zeros(hook._ZenFlowRelay.SIZE, dtype=torch.float32))
