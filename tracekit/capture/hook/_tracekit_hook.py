@@ -28,6 +28,13 @@ range message               where
 ``param_copy_back``         ZeRO-3: ``_reassign_or_swap_out_partitioned_parameters``
 ==========================  ===============================================================
 
+Other engines (SuperOffload, ZenFlow, the pipeline engine, direct ``loss.backward()``, the NVMe
+swappers), the CPU optimizer workers' ``cpu_optimizer_step it=N sg=S`` ranges, the ``rank R
+local_rank L world W`` mark, ``overflow_check``, ``unscale_clip`` and ``cpu_update_wait``: see
+:data:`HOOK_POINTS`, :data:`FUNCTION_HOOK_POINTS` and docs/capture.md ("Hook points per engine").
+When the engine is built, :func:`check_coverage` reports every phase method that the optimizer's
+class or instance overrides without a wrapper (``missing`` in the report, and a warning).
+
 With ``TRACEKIT_ITERATIONS=A-B`` the hook calls ``torch.cuda.profiler.start()`` just before
 ``iteration A`` opens and ``torch.cuda.profiler.stop()`` just after ``iteration B`` closes
 (for ``nsys --capture-range=cudaProfilerApi``).
