@@ -151,16 +151,23 @@ def test_iteration_timeline_series_equal_sql(data, sql):
     its = iterations_from_sql(sql)
     # iteration 2 spans from the end of iteration 1's update to the end of its own update
     assert (t0, t1) == (its[1][-1][2], its[2][-1][2])
-    bins = frame.filter(pl.col("series") == "H2D")
-    bin_ns = int((bins["t_end_ns"] - bins["t_ns"])[0])
+    # copies: each H2D/D2H memcpy overlapping the iteration is one interval, at bytes / duration
     for d in ("H2D", "D2H"):
         f = frame.filter(pl.col("series") == d)
-        got = float((f["value"] * bin_ns).sum())  # GB/s x ns = bytes
-        want = 0.0
-        for dd, s, e, b, _k in copies(sql):
-            if dd == d and e > t0 and s < t1:
-                want += b * (min(e, t1) - max(s, t0)) / max(e - s, 1)
-        assert got == pytest.approx(want, rel=1e-9)
+        want = sorted((s, e, b) for dd, s, e, b, _k in copies(sql) if dd == d and e > t0 and s < t1)
+        assert sorted(f.select("t_ns", "t_end_ns", "bytes").rows()) == want
+        assert f["value"].to_list() == pytest.approx([b / max(e - s, 1) for s, e, b in
+                                                      f.select("t_ns", "t_end_ns", "bytes").rows()])
+    # drawn: one collection per direction and host kind, one rectangle per copy, height = GB/s
+    colls = {c.get_gid(): c for a in fig.axes for c in a.collections if (c.get_gid() or "").startswith("copies:")}
+    for d in ("H2D", "D2H"):
+        n = sum(1 for dd, s, e, _b, _k in copies(sql) if dd == d and e > t0 and s < t1)
+        assert sum(len(c.get_paths()) for g, c in colls.items() if g.startswith(f"copies:{d}:")) == n
+    pageable = frame.filter((pl.col("series") == "H2D") & (pl.col("label") == "pageable")).sort("t_ns")
+    heights = [p.vertices[:, 1].max() for p in colls["copies:H2D:pageable"].get_paths()]
+    assert heights == pytest.approx(pageable["value"].to_list())
+    bin_ns = int((frame.filter(pl.col("series") == "pcie_RX")["t_end_ns"]
+                  - frame.filter(pl.col("series") == "pcie_RX")["t_ns"])[0])
     # memory: the level at the iteration start = allocations - deallocations of device memory before it
     mem = frame.filter(pl.col("series") == "memory").sort("t_ns")
     (level,) = sql.execute(
@@ -207,13 +214,24 @@ def test_copy_sizes_equal_sql(data, sql, iterations_only):
         w = want.setdefault((d, k, _bucket(b)), [0, 0])
         w[0] += 1
         w[1] += b
-    got = {(r["direction"], r["host_kind"], r["bucket"]): [r["count"], r["bytes"]] for r in frame.iter_rows(named=True)}
+    got = {}
+    for r in frame.iter_rows(named=True):  # summed over the phases
+        w = got.setdefault((r["direction"], r["host_kind"], r["bucket"]), [0, 0])
+        w[0] += r["count"]
+        w[1] += r["bytes"]
     assert got == want
-    # bars: stacked per bucket, values in copies and GB
+    # bars: stacked per bucket and phase, values in copies and GB
     g = gids(fig)
     for (d, k, b), (n, nbytes) in want.items():
-        assert g[f"{d}:{k}:count:{b}"].get_height() == pytest.approx(n)
-        assert g[f"{d}:{k}:bytes:{b}"].get_height() == pytest.approx(nbytes / 1e9)
+        cnt = sum(p.get_height() for gid, p in g.items() if gid.startswith(f"{d}:") and gid.endswith(f":{k}:count:{b}"))
+        byt = sum(p.get_height() for gid, p in g.items() if gid.startswith(f"{d}:") and gid.endswith(f":{k}:bytes:{b}"))
+        assert cnt == pytest.approx(n)
+        assert byt == pytest.approx(nbytes / 1e9)
+    # the phase split: pageable H2D bytes launched inside the update ranges (SQL) = the update's pageable bars
+    upd = [(s, e) for it in its.values() for p, s, e in it if p == "update"]
+    pg = sum(b for lo, hi in upd for d, s, e, b, k in copies(sql, (lo, hi)) if d == "H2D" and k == "pageable" and b > 0)
+    assert frame.filter((pl.col("phase") == "update") & (pl.col("direction") == "H2D")
+                        & (pl.col("host_kind") == "pageable"))["bytes"].sum() == pg > 0
     S.close(fig)
 
 
@@ -275,7 +293,11 @@ def test_overlap_equals_brute_force(data, sql):
     assert float((busy["copy_ns"] * (busy["end_ns"] - busy["start_ns"])).sum()) == pytest.approx(union_len(cs))
     g = gids(fig)
     div, _ = S.time_unit(ov["copy_ns"].max())
-    for r in ov.iter_rows(named=True):
+    per_phase = ov.group_by("phase").agg(pl.col("copy_ns").sum())
+    drawn = set(per_phase.filter(pl.col("copy_ns") >= 0.001 * per_phase["copy_ns"].sum())["phase"].to_list())
+    assert drawn == {"backward", "update"}  # "other" (four 4-byte flag copies) is left out, and said so
+    assert not any(k.startswith("hidden:other") for k in g)
+    for r in ov.filter(pl.col("phase").is_in(list(drawn))).iter_rows(named=True):
         assert g[f"hidden:{r['phase']}:{r['direction']}"].get_height() == pytest.approx(r["hidden_ns"] / div)
         assert g[f"exposed:{r['phase']}:{r['direction']}"].get_height() == pytest.approx(r["exposed_ns"] / div)
     S.close(fig)
@@ -350,3 +372,98 @@ def test_iteration_breakdown_many_iterations(tmp_path):
     assert heights == pytest.approx((frame["gpu_busy_ns"].to_numpy() / 1e6).tolist())
     S.close(fig)
     d.close()
+
+
+# ------------------------------------------------------------------ d20: drawing is linear in NVTX ranges
+def _artists(fig) -> int:
+    return sum(len(a.patches) + len(a.collections) + len(a.texts) + len(a.lines) for a in fig.axes)
+
+
+def _many_ranges_trace(path, n: int):
+    """Three iterations; ``n`` tiny NVTX sub-ranges spread over each update (the d20 repro adds
+    50 k such ranges to the fixture)."""
+    from synthetic import SyntheticTrace, gtid
+
+    t = SyntheticTrace()
+    tid = gtid(9, 1)
+    T = 100_000_000
+    for it in range(3):
+        b = it * T
+        for name, a, e in [("forward", 0, 0.3), ("backward", 0.3, 0.6), ("update", 0.6, 1.0)]:
+            t.range(name, b + int(a * T), b + int(e * T) - 1000, tid=tid, domain="tracekit")
+        lo, hi = b + int(0.6 * T) + 100, b + T - 2000
+        step = (hi - lo) // n
+        for i in range(n):
+            t.range("tiny", lo + i * step, lo + i * step + step // 2, tid=tid, domain="tracekit")
+        t.kernel(b + int(0.05 * T), b + int(0.2 * T), 9, 1, launch=b + int(0.01 * T))
+        t.copy(b + int(0.7 * T), b + int(0.75 * T), 1 << 26, 1, 9, 1, launch=b + int(0.7 * T), src=0, dst=2)
+    return t.write(path)
+
+
+def test_timeline_draws_nvtx_segments_in_one_collection(tmp_path):
+    """d20 (issue 9): figure 2 drew each sub-phase segment as its own artist (50 k ranges: 26 s).
+    Now the number of artists does not grow with the ranges, and the sub-phase collections hold
+    exactly one rectangle per self-time segment of the frame."""
+    counts = {}
+    for n in (50, 2000):
+        d = ReportData.load(_many_ranges_trace(tmp_path / f"n{n}.sqlite", n))
+        fig, frame = F.iteration_timeline(d, iteration=1)
+        segs = frame.filter(pl.col("series") == "sub_phase")
+        assert segs.filter(pl.col("label") == "tiny").height == n
+        assert segs.height in (2 * n, 2 * n + 1)  # tiny ranges and the unmarked time between them
+        ax_b = fig.axes[0]
+        paths = sum(len(c.get_paths()) for c in ax_b.collections if (c.get_gid() or "").startswith("segments:"))
+        bands = frame.filter(pl.col("series") == "phase").height
+        assert paths == segs.height + bands
+        counts[n] = _artists(fig)
+        S.close(fig)
+        d.close()
+    assert counts[2000] == counts[50]
+
+
+# ------------------------------------------------------------------ figure 1: warm-up apart
+def test_warmup_iteration_drawn_apart(tmp_path):
+    """A warm-up iteration 0 five times longer than the others gets its own axis, so the
+    steady iterations' axis is scaled to them (their max, +8%)."""
+    from synthetic import SyntheticTrace, gtid
+
+    t = SyntheticTrace()
+    tid = gtid(4, 1)
+    T = 100_000_000
+    b = 0
+    for it in range(4):
+        L = 5 * T if it == 0 else T
+        for name, a, e in [("forward", 0, 0.3), ("backward", 0.3, 0.6), ("update", 0.6, 1.0)]:
+            t.range(name, b + int(a * L), b + int(e * L) - 1000, tid=tid, domain="tracekit")
+        t.kernel(b + int(0.05 * L), b + int(0.2 * L), 4, 1, launch=b + int(0.01 * L))
+        b += L
+    d = ReportData.load(t.write(tmp_path / "warm.sqlite"))
+    fig, frame = F.iteration_breakdown(d)
+    assert len(fig.axes) == 2
+    warm_ax, steady_ax = fig.axes
+    assert [tk.get_text() for tk in warm_ax.get_xticklabels()] == ["0"]
+    assert [tk.get_text() for tk in steady_ax.get_xticklabels()] == ["1", "2", "3"]
+    steady_max = frame.filter(pl.col("iteration") > 0).group_by("iteration").agg(pl.col("wall_ns").sum())["wall_ns"].max()
+    assert steady_ax.get_ylim()[1] == pytest.approx(steady_max / 1e6 * 1.08)
+    assert warm_ax.get_ylim()[1] == pytest.approx(frame.filter(pl.col("iteration") == 0)["wall_ns"].sum() / 1e6 * 1.08)
+    S.close(fig)
+    d.close()
+
+
+def test_titles_name_the_run():
+    """Titles carry the capture manifest's configuration (tests/fixtures/zero3_offload_gas2_capture.json)."""
+    import json
+    from conftest import ZERO3_CUT as _  # noqa: F401
+    from pathlib import Path
+
+    trace = Path(__file__).parent / "fixtures" / "zero3_offload_gas2_cut.sqlite"
+    man = json.loads((trace.parent / "zero3_offload_gas2_capture.json").read_text())["deepspeed_config"]
+    d = ReportData.load(trace)
+    fig, _f = F.iteration_breakdown(d)
+    title = fig._suptitle.get_text()
+    S.close(fig)
+    d.close()
+    assert f"ZeRO-{man['zero_optimization']['stage']}" in title
+    assert f"optimizer → {man['zero_optimization']['offload_optimizer']['device']} (pinned)" in title
+    assert "bf16" in title and man["bf16"]["enabled"]
+    assert f"grad. accumulation {man['gradient_accumulation_steps']}" in title

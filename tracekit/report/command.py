@@ -45,17 +45,23 @@ def register(app: typer.Typer) -> None:
             typer.Option("--ds-config", help="the run's DeepSpeed JSON config (or capture manifest), for the "
                          "advice; default: NAME.json beside NAME.sqlite"),
         ] = None,
+        perfetto: Annotated[
+            Optional[Path], typer.Option("--perfetto", help="also write a Chrome/Perfetto trace-event JSON to this file")
+        ] = None,
     ) -> None:
-        """Write the five figures (PNG + SVG/PDF), a per-rank figure, their data (CSV) and report.md."""
+        """Write the figures (PNG + SVG/PDF; the per-rank one with two or more ranks), their data (CSV),
+        report.md and report.html (self-contained, interactive)."""
         from tracekit.report.report import progress, write_report
 
         _check(rank, gas)
         with progress(not as_json) as step:
             res = write_report(trace, out, rank=rank, iteration=iteration, fmt=fmt, phase_map=phase_map, gas=gas,
                                ds_config=ds_config,
-                               step=step)
+                               step=step, perfetto=perfetto)
         if as_json:
             json.dump({"out_dir": str(res.out_dir), "report": str(res.out_dir / "report.md"),
+                       "html": str(res.out_dir / "report.html"),
+                       "perfetto": str(perfetto) if perfetto is not None else None,
                        "figures": {k: str(v) for k, v in res.figures.items()},
                        "files": [str(p) for p in res.files], "iteration": res.iteration,
                        "rank": {k: res.rank[k] for k in ("index", "pid", "device")}, "notes": res.notes},
@@ -64,7 +70,8 @@ def register(app: typer.Typer) -> None:
             return
         for note in res.notes:
             print(f"note: {note}", file=sys.stderr)
-        print(f"wrote {res.out_dir / 'report.md'} and {len(res.figures)} figures "
+        print(f"wrote {res.out_dir / 'report.md'}, {res.out_dir / 'report.html'}"
+              + (f", {perfetto}" if perfetto is not None else "") + f" and {len(res.figures)} figures "
               f"({len(res.files)} files) for pid {res.rank['pid']} GPU {res.rank['device']}, "
               f"iteration {res.iteration} shown in time")
 

@@ -307,25 +307,28 @@ def host_kind() -> pl.Expr:
     return pl.when(pl.col("direction") == "H2D").then(pl.col("src_kind")).otherwise(pl.col("dst_kind"))
 
 
-def copy_sizes(data: ReportData, rank: dict, iterations_only: bool = True) -> pl.DataFrame:
+def copy_sizes(data: ReportData, rank: dict, iterations_only: bool = True,
+               by_phase: bool = False) -> pl.DataFrame:
     """H2D and D2H memcpys of one rank per power-of-two size bucket and host memory kind, from
     :func:`tracekit.analyze.copy_sizes.copy_sizes`; with ``iterations_only``, copies outside
     iterations (start-up) are left out.
 
     Columns: ``direction``, ``host_kind`` (pinned, pageable, ...), ``bucket`` (k of
     [2^k, 2^(k+1)) bytes), ``bucket_bytes`` (2^k), ``count``, ``bytes``, ``busy_ns`` (sum of
-    copy durations). Zero-byte copies are left out.
+    copy durations); with ``by_phase`` also ``phase`` (of the launching call; null outside
+    phase windows). Totals over the copies, not per iteration. Zero-byte copies are left out.
     """
-    full = data.cached("copy_sizes", lambda: _copy_sizes.copy_sizes(data.model, by=("iteration",),
-                                                                    directions=COPY_DIRECTIONS))
+    full = data.cached("copy_sizes:phase", lambda: _copy_sizes.copy_sizes(data.model, by=("iteration", "phase"),
+                                                                          directions=COPY_DIRECTIONS))
     c = data.of_rank(full, rank).filter(pl.col("bucket") >= 0)
     if iterations_only:
         c = c.filter(pl.col("iteration").is_not_null())
+    keys = ["direction", "phase", "host_kind", "bucket"] if by_phase else ["direction", "host_kind", "bucket"]
     return (
-        c.group_by("direction", "host_kind", "bucket")
+        c.group_by(keys)
         .agg(bucket_bytes=pl.col("bucket_lo").first(), count=pl.col("count").sum(), bytes=pl.col("bytes").sum(),
              busy_ns=pl.col("copy_ns").sum())
-        .sort("direction", "bucket", "host_kind")
+        .sort("direction", "bucket", *keys[1:-1], nulls_last=True)
     )
 
 
@@ -341,3 +344,64 @@ def pageable_by_phase(data: ReportData, rank: dict, by: tuple[str, ...] = ("iter
         pageable_count=pl.col("count").sum(), pageable_bytes=pl.col("bytes").sum(),
         pageable_ns=pl.col("copy_ns").sum(), saving_ns=pl.col("saving_ns").sum(),
     )
+
+
+# ---------------------------------------------------------------------- copies as intervals
+def copy_intervals(data: ReportData, rank: dict, t0: int, t1: int) -> pl.DataFrame:
+    """Each H2D / D2H memcpy of ``rank`` that runs during [t0, t1), as an interval (never
+    binned, so a 55 GB/s copy reads 55 GB/s however short it is).
+
+    Columns: ``start_ns, end_ns`` (the copy's own extent, not clipped), ``duration_ns``,
+    ``direction`` (H2D | D2H), ``host_kind`` (pinned | pageable | ...), ``bytes``, ``gbps``
+    (bytes / duration, GB/s; a zero-length copy counts 1 ns), ``iteration``, ``phase`` and
+    ``sub_phase`` (of the CUDA call that launched it; ``(none)`` where no sub-range was open,
+    null outside phase windows). Sorted by start.
+    """
+    ops = data.rank_ops(rank).filter(
+        (pl.col("kind") == "memcpy") & pl.col("direction").is_in(list(COPY_DIRECTIONS))
+        & (pl.col("end") > t0) & (pl.col("start") < t1)
+    )
+    return ops.sort("start").select(
+        start_ns="start", end_ns="end", duration_ns=pl.col("end") - pl.col("start"), direction="direction",
+        host_kind=host_kind(), bytes="bytes",
+        gbps=pl.col("bytes") / pl.max_horizontal(pl.col("end") - pl.col("start"), pl.lit(1)),
+        iteration="iteration", phase="phase", sub_phase="sub_phase",
+    )
+
+
+#: Copies smaller than this are left out of the reference bandwidths (their time is latency).
+REFERENCE_MIN_BYTES = 1 << 20
+
+
+def reference_bandwidths(data: ReportData, rank: dict, iterations: list[int] | None = None,
+                         min_bytes: int = REFERENCE_MIN_BYTES) -> pl.DataFrame:
+    """What this trace's copies reach, per direction and host memory kind: the bandwidth the
+    figures draw as reference lines (pinned vs pageable).
+
+    Over the memcpys of ``rank`` of at least ``min_bytes`` bytes (smaller ones are mostly
+    latency) in ``iterations`` (default: all). Columns: ``direction, host_kind, copies,
+    bytes, busy_ns`` (sum of durations), ``gbps`` (bytes / busy_ns, GB/s). Directions and kinds
+    without such copies have no row.
+    """
+    ops = data.rank_ops(rank).filter(
+        (pl.col("kind") == "memcpy") & pl.col("direction").is_in(list(COPY_DIRECTIONS))
+        & (pl.col("bytes") >= min_bytes)
+    )
+    if iterations is not None:
+        ops = ops.filter(pl.col("iteration").is_in(iterations))
+    return (
+        ops.with_columns(host_kind=host_kind(), d=pl.col("end") - pl.col("start"))
+        .group_by("direction", "host_kind")
+        .agg(copies=pl.len().cast(pl.Int64), bytes=pl.col("bytes").sum(), busy_ns=pl.col("d").sum())
+        .filter(pl.col("busy_ns") > 0)
+        .with_columns(gbps=pl.col("bytes") / pl.col("busy_ns"))
+        .sort("direction", "host_kind")
+    )
+
+
+def warmup_iterations(data: ReportData, rank: dict) -> list[int]:
+    """Iterations of ``rank`` that :meth:`ReportData.steady_iterations` leaves out although
+    they are complete: the warm-up step (iteration 0), drawn apart by the figures."""
+    spans = data.iteration_spans(rank)
+    steady = set(data.steady_iterations(rank))
+    return [i for i in spans.filter(pl.col("complete"))["iteration"].to_list() if i not in steady]

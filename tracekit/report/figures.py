@@ -79,18 +79,71 @@ def iteration_breakdown(data: ReportData, rank: int = 0):
     ).select("iteration", "phase", "micro_step", "boundary", "label", "wall_ns", "gpu_busy_ns",
              "gpu_idle_ns", "bottom_ns", "complete")
     its = sorted(frame["iteration"].unique().to_list())
+    frame = frame.with_columns(warmup=pl.col("iteration").is_in(D.warmup_iterations(data, rk)))
+    totals = frame.group_by("iteration").agg(pl.col("wall_ns").sum(), pl.col("warmup").first())
+    warm = sorted(totals.filter(pl.col("warmup"))["iteration"].to_list())
+    steady_max = totals.filter(~pl.col("warmup"))["wall_ns"].max() or 0
+    # the warm-up step drawn apart, on its own scale, when it would squeeze the others
+    apart = bool(warm) and (totals.filter(pl.col("warmup"))["wall_ns"].max() > 1.5 * steady_max)
+    groups = [warm, [i for i in its if i not in warm]] if apart else [its]
     n = len(its)
-    fig, ax = S.new_figure(width=min(16, max(7, 1.0 + 0.7 * n)), height=5.2)
-    S.style_axes(ax)
+    width_in = min(16, max(8, 2.5 + 0.7 * n))
+    if apart:
+        fig, axes = S.new_figure(1, 2, width=width_in, height=5.4,
+                                 gridspec_kw={"width_ratios": [max(len(warm), 1) + 0.6, len(groups[1]) + 0.6]})
+        axes = list(axes)
+    else:
+        fig, ax = S.new_figure(width=width_in, height=5.4)
+        axes = [ax]
+    fig.suptitle(f"Iteration breakdown — pid {rk['pid']} GPU {rk['device']}\n{_title(data)}", x=0.01, ha="left",
+                 fontsize=10)
     if n == 0:
-        ax.text(0.5, 0.5, "no iterations in this trace", ha="center", va="center", transform=ax.transAxes)
-        return fig, frame
-    totals = frame.group_by("iteration").agg(pl.col("wall_ns").sum())
-    div, unit = S.time_unit(totals["wall_ns"].max())
+        S.style_axes(axes[0])
+        axes[0].text(0.5, 0.5, "no iterations in this trace", ha="center", va="center", transform=axes[0].transAxes)
+        return fig, frame.drop("warmup")
+    incomplete = frame.filter(~pl.col("complete"))["iteration"].unique().to_list()
+    for gi, (ax, group) in enumerate(zip(axes, groups)):
+        S.style_axes(ax)
+        fr = frame.filter(pl.col("iteration").is_in(group))
+        tot = totals.filter(pl.col("iteration").is_in(group))
+        div, unit = S.time_unit(tot["wall_ns"].max())
+        _draw_stacks(ax, fr, group, div, label_ok=len(group) <= 16)
+        ticks, labels = list(range(len(group))), [f"{it}" + (" (no update)" if it in incomplete else "")
+                                                  for it in group]
+        if len(group) > 25:
+            step = int(np.ceil(len(group) / 20))
+            ticks, labels = ticks[::step], labels[::step]
+        ax.set_xticks(ticks, labels)
+        ax.set_xlim(-0.6, len(group) - 0.4)
+        ax.set_ylim(0, tot["wall_ns"].max() / div * 1.08)
+        ax.set_ylabel(f"wall time ({unit})")
+        S.tidy_axis(ax, "y")
+        if apart:
+            ax.set_title("warm-up (own scale)" if gi == 0 else f"steady iterations (mean over {iterations_note(group)})",
+                         loc="left", fontsize=9)
+            ax.set_xlabel("iteration")
+        else:
+            ax.set_xlabel("iteration")
+    present = set(frame["phase"].unique().to_list())
+    handles = [Patch(color=S.PHASE_COLORS[p], label=p if p != "other" else "gap (other)") for p in S.PHASES
+               if p in present]
+    handles += [
+        Patch(facecolor="#777777", label="solid: GPU busy"),
+        Patch(facecolor="#777777", alpha=0.35, label="light: GPU idle"),
+    ]
+    if frame["boundary"].any():
+        handles.append(Patch(facecolor="white", edgecolor="#333333", hatch="///", label="accumulation boundary"))
+    axes[-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    return fig, frame.drop("warmup")
+
+
+def _draw_stacks(ax, frame: pl.DataFrame, its: list[int], div: float, label_ok: bool) -> None:
+    """The stacked segments of ``its`` on ``ax`` (x = position in ``its``): light wall bars,
+    solid GPU-busy bars inside, hatched accumulation boundaries; bars for up to 100
+    iterations (with gids ``wall:IT:LABEL`` / ``busy:IT:LABEL``), collections past that."""
+    n = len(its)
     pos = {it: i for i, it in enumerate(its)}
     width = 0.8
-    label_ok = n <= 16
-    # one bar call per layer (fast for thousands of iterations); gids name each segment
     xs = np.array([pos[i] for i in frame["iteration"].to_list()], dtype=float)
     colors = [S.phase_color(p) for p in frame["phase"].to_list()]
     bottoms = frame["bottom_ns"].to_numpy() / div
@@ -101,7 +154,7 @@ def iteration_breakdown(data: ReportData, rank: int = 0):
     if n <= 100:
         walls = ax.bar(xs, heights, width, bottom=bottoms, color=colors, alpha=0.35, edgecolor="white",
                        linewidth=1.0 if n <= 60 else 0)
-        busy = ax.bar(xs, busy_h, width * 0.45, bottom=bottoms, color=colors, edgecolor="none")
+        busy = ax.bar(xs, busy_h, width * 0.6, bottom=bottoms, color=colors, edgecolor="none")
         for name, w_, b_ in zip(names, walls, busy):
             w_.set_gid(f"wall:{name}")
             b_.set_gid(f"busy:{name}")
@@ -110,42 +163,22 @@ def iteration_breakdown(data: ReportData, rank: int = 0):
                    hatch="///", linewidth=0)
     else:  # thousands of segments: one collection per layer (a Rectangle each costs ~1 ms in matplotlib)
         _rects(ax, xs, bottoms, heights, width, colors, alpha=0.35)
-        _rects(ax, xs, bottoms, busy_h, width * 0.45, colors)
+        _rects(ax, xs, bottoms, busy_h, width * 0.6, colors)
         if bnd.any():
             _rects(ax, xs[bnd], bottoms[bnd], heights[bnd], width, ["none"] * int(bnd.sum()), hatch="///",
                    edgecolor="#333333", linewidth=0)
-        ax.set_xlim(-0.6, n - 0.4)
     if label_ok:
+        totals = frame.group_by("iteration").agg(pl.col("wall_ns").sum())
         ymax = totals["wall_ns"].max() / div
         for x, b, h, r in zip(xs, bottoms, heights, frame.iter_rows(named=True)):
             if r["phase"] != "other" and h > 0.045 * ymax:
-                ax.text(x + width * 0.33, b + h / 2, r["label"], ha="center", va="center", fontsize=8,
-                        color="#222222", bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+                busy_pct = 100 * r["gpu_busy_ns"] / r["wall_ns"] if r["wall_ns"] else 0
+                ax.text(x + width * 0.36, b + h / 2, f"{r['label']}\n{busy_pct:.0f}% busy", ha="left", va="center",
+                        fontsize=7, color="#222222",
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
         for it in its:
             tot = totals.filter(pl.col("iteration") == it)["wall_ns"][0] / div
             ax.text(pos[it], tot, f"{tot:,.0f}" if tot >= 100 else f"{tot:,.1f}", ha="center", va="bottom", fontsize=8)
-    incomplete = frame.filter(~pl.col("complete"))["iteration"].unique().to_list()
-    ticks = list(range(n))
-    labels = [f"{it}" + (" (no update)" if it in incomplete else "") for it in its]
-    if n > 25:
-        step = int(np.ceil(n / 20))
-        ticks, labels = ticks[::step], labels[::step]
-    ax.set_xticks(ticks, labels)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel(f"wall time ({unit})")
-    S.tidy_axis(ax, "y")
-    ax.set_title(f"Iteration breakdown — pid {rk['pid']} GPU {rk['device']}", loc="left")
-    handles = [Patch(color=S.PHASE_COLORS[p], label=p if p != "other" else "gap (other)") for p in S.PHASES
-               if p in frame["phase"].unique().to_list()]
-    handles += [
-        Patch(facecolor="#777777", label="solid: GPU busy"),
-        Patch(facecolor="#777777", alpha=0.35, label="light: GPU idle"),
-        Patch(facecolor="white", edgecolor="#333333", hatch="///", label="accumulation boundary"),
-    ]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
-    ax.set_xlim(-0.6, n - 0.4)
-    ax.set_ylim(0, totals["wall_ns"].max() / div * 1.08)
-    return fig, frame
 
 
 def _rects(ax, xs, bottoms, heights, width, colors, **kw):
@@ -162,6 +195,22 @@ def _rects(ax, xs, bottoms, heights, width, colors, **kw):
 
 
 # ====================================================================== figure 2
+def _title(data: ReportData) -> str:
+    """The run line of every figure: trace, model size, ZeRO stage, offload, precision
+    (:func:`tracekit.report.config.trace_config`)."""
+    from tracekit.report.config import trace_config
+
+    return trace_config(data).label()
+
+
+def _sub_phase_names(names) -> dict:
+    """Display name of each update sub-phase: ``(none)`` (no sub-range open) is the unmarked
+    CPU optimizer step unless a range of the trace already marks that step."""
+    names = [n for n in names if n]
+    marked = any("optimizer_step" in n for n in names if n != "(none)")
+    return {n: (S.UNMARKED_NAME if not marked else S.UNMARKED_NAME_MARKED) if n == "(none)" else n for n in names}
+
+
 def _sub_phase_segments(data: ReportData, rk: dict, iteration: int, phase: str = "update") -> pl.DataFrame:
     """Self-time segments of ``phase``'s sub-phases in one iteration: ``sub_phase, s, e``."""
     wm = breakdown.rank_windows(data.model).filter(
@@ -175,40 +224,47 @@ def _sub_phase_segments(data: ReportData, rk: dict, iteration: int, phase: str =
 
 
 def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = None,
-                       bin_ns: int | None = None, max_sub_phases: int = 6):
+                       bin_ns: int | None = None, max_sub_phases: int = 8):
     """Figure 2: one iteration (default: the median complete iteration) on a shared time axis.
 
-    Panels: phase bands (forward/backward per micro-step, update, gaps) with the update's
-    sub-phases (innermost NVTX range self time; the ``max_sub_phases`` longest coloured, the
-    rest grey); GPU memory in use (GB); H2D throughput and D2H throughput (GB/s, copy-derived,
-    bins of ``bin_ns``, default :func:`tracekit.report.data.nice_bin`), with the GPU-metrics
-    PCIe RX / TX throughput (% of link peak, mean per bin, right axis) when the trace has it.
+    Panels: phase bands (forward/backward per micro-step, update, gaps) with the sub-phases of
+    the update (innermost NVTX range self time; the ``max_sub_phases`` longest coloured and
+    named, ``(none)`` = no range open = the unmarked CPU optimizer step, the rest grey); GPU
+    memory in use (GB, the axis scaled to what changes); H2D copies and D2H copies, each copy
+    drawn as its own interval [start, end) at its bandwidth (GB/s = bytes / duration; pageable
+    hatched), with the trace's pinned and pageable reference bandwidths
+    (:func:`tracekit.report.data.reference_bandwidths`) as dashed lines; the GPU-metrics PCIe
+    RX / TX throughput (% of link peak, mean per bin of ``bin_ns``, default
+    :func:`tracekit.report.data.nice_bin`) in a panel of its own when the trace has it.
+    All sub-phase and copy segments are drawn as one collection per colour (linear in the
+    number of NVTX ranges).
 
     Frame (long): ``series`` (``memory``, ``H2D``, ``D2H``, ``pcie_RX``, ``pcie_TX``, ``phase``,
-    ``sub_phase``), ``t_ns`` (absolute trace time), ``t_end_ns`` (bands and bins), ``value``
-    (bytes in use; GB/s; mean percent per bin; null for bands), ``label`` (band name),
-    ``phase`` (of a band).
+    ``sub_phase``), ``t_ns`` (absolute trace time), ``t_end_ns`` (bands, copies, PCIe bins),
+    ``value`` (bytes in use; a copy's GB/s; mean percent per bin; null for bands), ``bytes``
+    (of a copy), ``label`` (band name; a copy's host kind), ``phase`` (of a band or a copy),
+    ``sub_phase`` (of a copy).
     """
     rk = data.rank(rank)
     it = data.pick_iteration(rk, iteration)
     win = data.rank_windows(rk).filter(pl.col("iteration") == it).sort("start")
     t0 = int(win["start"].min())
     t1 = int(win["end"].max())
-    span = t1 - t0
+    span = max(t1 - t0, 1)
     div, unit = S.time_unit(span)
     bin_ns = bin_ns or D.nice_bin(span)
-    ops = data.rank_ops(rk)
-    parts = []
+    none_str = pl.lit(None, pl.String)
     # bands
     bands = win.select(
         series=pl.lit("phase"), t_ns="start", t_end_ns="end", value=pl.lit(None, pl.Float64),
+        bytes=pl.lit(None, pl.Int64),
         label=pl.struct("phase", "micro_step", "boundary").map_elements(
             lambda s: _segment_label(s["phase"], s["micro_step"], s["boundary"]), return_dtype=pl.String),
-        phase="phase",
+        phase="phase", sub_phase=none_str,
     )
     segs = _sub_phase_segments(data, rk, it)
     sub = segs.select(series=pl.lit("sub_phase"), t_ns="s", t_end_ns="e", value=pl.lit(None, pl.Float64),
-                      label="sub_phase", phase=pl.lit("update"))
+                      bytes=pl.lit(None, pl.Int64), label="sub_phase", phase=pl.lit("update"), sub_phase="sub_phase")
     # memory
     tl = D.memory_timeline(data, rk)
     inside = tl.filter((pl.col("t_ns") > t0) & (pl.col("t_ns") < t1))
@@ -218,48 +274,56 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
         pl.DataFrame({"t_ns": [t1], "in_use_bytes": [int(D.level_at(tl, np.array([t1 - 1]))[0])]}),
     ]) if tl.height else pl.DataFrame(schema={"t_ns": pl.Int64, "in_use_bytes": pl.Int64})
     mem_f = mem.select(series=pl.lit("memory"), t_ns="t_ns", t_end_ns=pl.lit(None, pl.Int64),
-                       value=pl.col("in_use_bytes").cast(pl.Float64), label=pl.lit(None, pl.String), phase=pl.lit(None, pl.String))
-    thr = D.throughput_timeline(ops, t0, t1, bin_ns)
-    thr_f = thr.select(series="direction", t_ns="bin_start_ns", t_end_ns=pl.col("bin_start_ns") + bin_ns,
-                       value="gbps", label=pl.lit(None, pl.String), phase=pl.lit(None, pl.String))
-    # PCIe samples (nsys samples at 10 kHz by default) averaged over the same bins as the copies
+                       value=pl.col("in_use_bytes").cast(pl.Float64), bytes=pl.lit(None, pl.Int64), label=none_str,
+                       phase=none_str, sub_phase=none_str)
+    cp = D.copy_intervals(data, rk, t0, t1)
+    cp_f = cp.select(series="direction", t_ns="start_ns", t_end_ns="end_ns", value="gbps", bytes="bytes",
+                     label="host_kind", phase="phase", sub_phase="sub_phase")
+    ref = D.reference_bandwidths(data, rk, data.steady_iterations(rk))
+    # PCIe samples (nsys samples at 10 kHz by default) averaged over bins of bin_ns
     pm = D.pcie_metrics(data, rk, t0, t1).with_columns(
         t_ns=t0 + (pl.col("t_ns") - t0) // bin_ns * bin_ns
     ).group_by("metric", "t_ns").agg(pl.col("percent").mean()).sort("metric", "t_ns")
     pm_f = pm.select(series=pl.lit("pcie_") + pl.col("metric"), t_ns="t_ns", t_end_ns=pl.col("t_ns") + bin_ns,
-                     value="percent", label=pl.lit(None, pl.String), phase=pl.lit(None, pl.String))
-    for p in (thr_f, pm_f, mem_f, bands, sub):  # numeric series first: CSV readers infer types from the top
-        parts.append(p.cast({"t_ns": pl.Int64, "t_end_ns": pl.Int64, "value": pl.Float64}))
+                     value="percent", bytes=pl.lit(None, pl.Int64), label=none_str, phase=none_str,
+                     sub_phase=none_str)
+    parts = [p.cast({"t_ns": pl.Int64, "t_end_ns": pl.Int64, "value": pl.Float64, "bytes": pl.Int64})
+             for p in (cp_f, pm_f, mem_f, bands, sub)]  # numeric series first: CSV readers infer types from the top
     frame = pl.concat(parts, how="vertical_relaxed")
 
-    fig, axes = S.new_figure(4, 1, width=13, height=8.6, sharex=True,
-                             gridspec_kw={"height_ratios": [0.9, 1.4, 1.4, 1.4]})
-    ax_b, ax_m, ax_h, ax_d = axes
+    has_pcie = pm.height > 0
+    ratios = [0.9, 0.55, 1.3, 1.3] + ([0.8] if has_pcie else [])
+    fig, axes = S.new_figure(len(ratios), 1, width=13, height=2.0 + 1.6 * sum(ratios), sharex=True,
+                             gridspec_kw={"height_ratios": ratios})
+    ax_b, ax_m, ax_h, ax_d = axes[:4]
     x = lambda t: (np.asarray(t, dtype=np.float64) - t0) / div  # noqa: E731
+    fig.suptitle(_title(data), x=0.01, ha="left", fontsize=9, color="#444444")
 
-    # band strip: row 1 phases, row 0 update sub-phases
+    # band strip: row 1 phases, row 0 update sub-phases; one collection per colour
     top_subs = (segs.with_columns(d=pl.col("e") - pl.col("s")).group_by("sub_phase").agg(pl.col("d").sum())
-                .sort("d", descending=True))
+                .sort("d", descending=True, maintain_order=True))
     named = [s for s in top_subs["sub_phase"].to_list() if s != "(none)"][:max_sub_phases]
     sub_colors = {s: S.SUB_PHASE_CYCLE[i % len(S.SUB_PHASE_CYCLE)] for i, s in enumerate(named)}
+    if "(none)" in top_subs["sub_phase"].to_list():
+        sub_colors["(none)"] = S.UNMARKED_COLOR
+    display = _sub_phase_names(top_subs["sub_phase"].to_list())
+    _bars_by_colour(ax_b, x(bands["t_ns"]), (bands["t_end_ns"] - bands["t_ns"]).to_numpy() / div,
+                    [S.phase_color(p) for p in bands["phase"].to_list()], (1.05, 0.9), edgecolor="white", lw=0.5)
     for r in bands.iter_rows(named=True):
-        c = S.phase_color(r["phase"])
-        ax_b.broken_barh([(x(r["t_ns"]), (r["t_end_ns"] - r["t_ns"]) / div)], (1.05, 0.9), facecolors=c,
-                         edgecolors="white", linewidth=0.5)
-        w = (r["t_end_ns"] - r["t_ns"]) / span
-        if r["phase"] != "other" and w > 0.03:
+        if r["phase"] != "other" and (r["t_end_ns"] - r["t_ns"]) / span > 0.03:
             ax_b.text(x((r["t_ns"] + r["t_end_ns"]) / 2), 1.5, r["label"], ha="center", va="center", fontsize=8,
                       color="white", fontweight="bold")
-        for a in (ax_m, ax_h, ax_d):
-            if r["phase"] != "other":
-                a.axvspan(x(r["t_ns"]), x(r["t_end_ns"]), color=c, alpha=0.09, linewidth=0)
+    for a in axes[1:]:
+        _spans(a, x(bands["t_ns"]), x(bands["t_end_ns"]), [S.phase_color(p) for p in bands["phase"].to_list()],
+               [p != "other" for p in bands["phase"].to_list()])
     if segs.height:
-        for r in segs.iter_rows(named=True):
-            c = sub_colors.get(r["sub_phase"], "#C8C8C8")
-            ax_b.broken_barh([(x(r["s"]), (r["e"] - r["s"]) / div)], (0.05, 0.9), facecolors=c, linewidth=0)
-            w = (r["e"] - r["s"]) / span
-            if w > 0.07 and r["sub_phase"] in sub_colors:  # wide enough to name in place
-                ax_b.text(x((r["s"] + r["e"]) / 2), 0.5, S.shorten(r["sub_phase"], max(8, int(w * 150))),
+        _bars_by_colour(ax_b, x(segs["s"]), (segs["e"] - segs["s"]).to_numpy() / div,
+                        [sub_colors.get(s, S.OTHER_SUB_COLOR) for s in segs["sub_phase"].to_list()], (0.05, 0.9))
+        wide = segs.filter((pl.col("e") - pl.col("s")) > 0.07 * span)
+        for r in wide.head(20).iter_rows(named=True):  # wide enough to name in place
+            if r["sub_phase"] in sub_colors:
+                w = (r["e"] - r["s"]) / span
+                ax_b.text(x((r["s"] + r["e"]) / 2), 0.5, S.shorten(display[r["sub_phase"]], max(8, int(w * 150))),
                           ha="center", va="center", fontsize=7, color="white", fontweight="bold", clip_on=True)
         ax_b.set_yticks([0.5, 1.5], ["update\nsub-phases", "phase"], fontsize=8)
     else:
@@ -269,73 +333,151 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
         ax_b.spines[side].set_visible(False)
     ax_b.tick_params(axis="y", length=0)
     ax_b.set_title(f"Iteration {it} in time — pid {rk['pid']} GPU {rk['device']} "
-                   f"({span / div:,.{0 if unit == 'ms' else 1}f} {unit}; throughput in {bin_ns / 1e6:g} ms bins)",
+                   f"({span / div:,.{0 if unit == 'ms' else 1}f} {unit}; each copy drawn as its own interval)",
                    loc="left")
-    handles = [Patch(color=S.PHASE_COLORS[p], label=p if p != "other" else "gap") for p in S.PHASES]
-    handles += [Patch(color=c, label=S.shorten(s, 34)) for s, c in sub_colors.items()]
-    if segs.height and len(top_subs) > len(named):
-        handles.append(Patch(color="#C8C8C8", label="other sub-phases / (none)"))
-    ax_b.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.25), frameon=False, fontsize=7)
+    present = set(bands["phase"].to_list())
+    handles = [Patch(color=S.PHASE_COLORS[p], label=p if p != "other" else "gap") for p in S.PHASES if p in present]
+    sub_share = {r["sub_phase"]: r["d"] for r in top_subs.iter_rows(named=True)}
+    upd = max(sum(sub_share.values()), 1)
+    handles += [Patch(color=c, label=f"{S.shorten(display[s], 64)} ({100 * sub_share[s] / upd:.0f}%)")
+                for s, c in sub_colors.items()]
+    rest = [s for s in sub_share if s not in sub_colors]
+    if rest:
+        handles.append(Patch(color=S.OTHER_SUB_COLOR,
+                             label=f"{len(rest)} other sub-phases ({100 * sum(sub_share[s] for s in rest) / upd:.0f}%)"))
+    ax_b.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.35), frameon=False, fontsize=7,
+                title="phases; update sub-phases (share of the update)", title_fontsize=7)
 
-    # memory
+    # memory, scaled to what changes
     S.style_axes(ax_m)
     if mem.height:
-        ax_m.step(x(mem["t_ns"]), mem["in_use_bytes"].to_numpy() / 1e9, where="post", color=S.MEMORY_COLOR, lw=1.4)
-        lo, hi = mem["in_use_bytes"].min() / 1e9, mem["in_use_bytes"].max() / 1e9
-        ax_m.set_ylim(0, max(hi * 1.15, 0.1))
+        gb = mem["in_use_bytes"].to_numpy() / 1e9
+        ax_m.step(x(mem["t_ns"]), gb, where="post", color=S.MEMORY_COLOR, lw=1.4)
+        lo, hi = float(gb.min()), float(gb.max())
+        pad = max(0.1 * (hi - lo), 0.02 * hi, 0.01)
+        ax_m.set_ylim(max(lo - pad, 0), hi + pad)
         if hi - lo < 0.01 * max(hi, 1e-9):
-            ax_m.text(0.01, 0.45, f"flat at {hi:,.2f} GB in this iteration (allocator cache)", transform=ax_m.transAxes,
+            ax_m.text(0.01, 0.85, f"flat at {hi:,.2f} GB in this iteration (allocator cache)", transform=ax_m.transAxes,
                       fontsize=8, va="top")
+        else:
+            ax_m.text(0.01, 0.95, f"{lo:,.2f}–{hi:,.2f} GB (axis starts at {max(lo - pad, 0):,.2f} GB)",
+                      transform=ax_m.transAxes, fontsize=7, va="top", color="#555555")
     else:
         ax_m.text(0.5, 0.5, "no CUDA memory events (nsys --cuda-memory-usage=true)", ha="center", va="center",
                   transform=ax_m.transAxes, fontsize=9)
         ax_m.set_yticks([])
-    ax_m.set_ylabel("GPU memory\nin use (GB)")
-    S.tidy_axis(ax_m, "y", 4)
+    ax_m.set_ylabel("GPU memory\nin use (GB)", fontsize=8)
+    S.tidy_axis(ax_m, "y", 3)
 
-    for a, d, metric in ((ax_h, "H2D", "RX"), (ax_d, "D2H", "TX")):
+    for a, d in ((ax_h, "H2D"), (ax_d, "D2H")):
         S.style_axes(a)
-        t = thr.filter(pl.col("direction") == d)
-        xs = x(t["bin_start_ns"])
-        a.fill_between(np.append(xs, x(t1)), np.append(t["gbps"].to_numpy(), 0), step="post",
-                       color=S.DIRECTION_COLORS[d], alpha=0.75, linewidth=0, label=f"{d} copies (GB/s)")
-        a.set_ylabel(f"{d} (GB/s)")
-        ymax = float(t["gbps"].max() or 0)
-        a.set_ylim(0, max(ymax * 1.15, 1.0))
+        c = cp.filter(pl.col("direction") == d)
+        kinds = [k for k in ("pinned", "pageable") if k in c["host_kind"].to_list()]
+        kinds += sorted(k for k in set(c["host_kind"].to_list()) - set(kinds) if k is not None)
+        for k in kinds:
+            ck = c.filter(pl.col("host_kind") == k)
+            coll = _intervals(a, x(ck["start_ns"]), x(ck["end_ns"]), ck["gbps"].to_numpy(), S.DIRECTION_COLORS[d],
+                              hatch=S.HOST_KIND_HATCH.get(k, ".."), alpha=1.0 if k == "pageable" else 0.8,
+                              edge="#222222" if k == "pageable" else S.DIRECTION_COLORS[d])
+            coll.set_gid(f"copies:{d}:{k}")
+            coll.set_label(f"{d} copies, {k} host memory ({ck.height})")
+        ymax = float(c["gbps"].max() or 0)
+        for r in ref.filter(pl.col("direction") == d).iter_rows(named=True):
+            a.axhline(r["gbps"], color="#222222", lw=0.9, ls="--" if r["host_kind"] == "pinned" else ":",
+                      label=f"{r['host_kind']} reference: {r['gbps']:,.1f} GB/s (copies ≥ 1 MiB, steady iterations)")
+            ymax = max(ymax, r["gbps"])
+        a.set_ylabel(f"{d} copy\nbandwidth (GB/s)", fontsize=8)
+        a.set_ylim(0, max(ymax * 1.2, 1.0))
         S.tidy_axis(a, "y", 4)
-        m = pm.filter(pl.col("metric") == metric)
-        if m.height:
-            a2 = a.twinx()
-            a2.step(x(m["t_ns"]), m["percent"].to_numpy(), where="post", color="#222222", lw=0.7, alpha=0.75,
-                    label=f"PCIe {metric} from GPU metrics (% of peak, bin mean)")
-            a2.set_ylim(0, 105)
-            a2.set_ylabel(f"PCIe {metric}\n(% of peak)", fontsize=8)
-            a2.spines["top"].set_visible(False)
-            h1, l1 = a.get_legend_handles_labels()
-            h2, l2 = a2.get_legend_handles_labels()
-            a.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=7, frameon=False)
+        if c.height == 0:
+            a.text(0.5, 0.5, f"no {d} copies in this iteration", ha="center", va="center", transform=a.transAxes,
+                   fontsize=8)
         else:
-            a.legend(loc="upper left", fontsize=7, frameon=False)
-    ax_d.set_xlim(0, span / div)
-    ax_d.set_xlabel(f"time since iteration start ({unit})")
-    S.tidy_axis(ax_d, "x", 10)
+            a.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    if has_pcie:
+        ax_p = axes[4]
+        S.style_axes(ax_p)
+        for metric, d in (("RX", "H2D"), ("TX", "D2H")):
+            m = pm.filter(pl.col("metric") == metric)
+            if m.height:
+                ax_p.step(np.append(x(m["t_ns"]), x(int(m["t_ns"][-1]) + bin_ns)),
+                          np.append(m["percent"].to_numpy(), m["percent"][-1]), where="post",
+                          color=S.DIRECTION_COLORS[d], lw=0.9,
+                          label=f"PCIe {metric} ({'into' if metric == 'RX' else 'out of'} the GPU, {d} side)")
+        ax_p.set_ylim(0, 105)
+        ax_p.set_ylabel(f"PCIe (% of link\npeak, {bin_ns / 1e6:g} ms mean)", fontsize=8)
+        S.tidy_axis(ax_p, "y", 4)
+        ax_p.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False,
+                    title="GPU metrics", title_fontsize=7)
+    axes[-1].set_xlim(0, span / div)
+    axes[-1].set_xlabel(f"time since iteration start ({unit})")
+    S.tidy_axis(axes[-1], "x", 10)
     return fig, frame
+
+
+def _bars_by_colour(ax, x0, widths, colors, yrange, edgecolor="none", lw=0.0):
+    """Horizontal segments [x0, x0 + width) at ``yrange`` = (y, height): one collection per
+    colour, however many segments (linear in their number)."""
+    colors = np.asarray(colors, dtype=object)
+    x0 = np.asarray(x0, dtype=float)
+    widths = np.asarray(widths, dtype=float)
+    for c in dict.fromkeys(colors.tolist()):
+        sel = colors == c
+        ax.broken_barh(np.stack([x0[sel], widths[sel]], 1), yrange, facecolors=c, edgecolors=edgecolor,
+                       linewidth=lw).set_gid(f"segments:{c}")
+
+
+def _spans(ax, x0, x1, colors, keep, alpha=0.09):
+    """Background vertical bands (one collection per colour), for the ``keep`` ones."""
+    from matplotlib.collections import PolyCollection
+    from matplotlib.transforms import blended_transform_factory
+
+    x0, x1 = np.asarray(x0, float), np.asarray(x1, float)
+    keep = np.asarray(keep, bool)
+    colors = np.asarray(colors, dtype=object)
+    tr = blended_transform_factory(ax.transData, ax.transAxes)
+    for c in dict.fromkeys(colors[keep].tolist()):
+        sel = keep & (colors == c)
+        verts = [[(a, 0), (a, 1), (b, 1), (b, 0)] for a, b in zip(x0[sel], x1[sel])]
+        ax.add_collection(PolyCollection(verts, facecolors=c, alpha=alpha, linewidths=0, transform=tr),
+                          autolim=False)
+
+
+def _intervals(ax, x0, x1, heights, color, hatch="", alpha=1.0, edge=None):
+    """Rectangles [x0, x1) x [0, height) as one collection, each edged so that a copy shorter
+    than a pixel still shows."""
+    from matplotlib.collections import PolyCollection
+
+    x0, x1, h = np.asarray(x0, float), np.asarray(x1, float), np.asarray(heights, float)
+    verts = np.stack([np.stack([x0, 0 * h], 1), np.stack([x0, h], 1), np.stack([x1, h], 1),
+                      np.stack([x1, 0 * h], 1)], 1) if len(h) else np.zeros((0, 4, 2))
+    coll = PolyCollection(verts, facecolors=color, edgecolors=edge or color, linewidths=0.6, alpha=alpha,
+                          hatch=hatch or None)
+    ax.add_collection(coll)
+    return coll
 
 
 # ====================================================================== figure 3
 def copy_size_distribution(data: ReportData, rank: int = 0, iterations_only: bool = True):
-    """Figure 3: H2D and D2H memcpy count and bytes per power-of-two size bucket, pinned solid and
-    pageable hatched. With ``iterations_only`` (default), copies outside the iterations
-    (start-up, model loading) are left out.
+    """Figure 3: H2D and D2H memcpy bytes and count per power-of-two size bucket, totals over the
+    iterations of the trace (the title says which), stacked by phase (phase colours), pageable
+    host memory hatched with a dark edge (it is what costs), pinned plain. Counts on a log
+    scale, so that a few large copies stay visible beside thousands of 4-byte flag copies.
+    With ``iterations_only`` (default), copies outside the iterations (start-up, model
+    loading) are left out.
 
-    Frame: :func:`tracekit.report.data.copy_sizes` (``direction, host_kind, bucket,
-    bucket_bytes, count, bytes, busy_ns``).
+    Frame: :func:`tracekit.report.data.copy_sizes` by phase (``direction, phase, host_kind,
+    bucket, bucket_bytes, count, bytes, busy_ns``; totals, not per iteration).
     """
     rk = data.rank(rank)
-    frame = D.copy_sizes(data, rk, iterations_only)
-    fig, axes = S.new_figure(2, 2, width=13, height=7, sharex=True)
-    scope = "copies inside iterations" if iterations_only else "all copies"
-    fig.suptitle(f"Copy sizes — pid {rk['pid']} GPU {rk['device']}, {scope}", x=0.01, ha="left")
+    frame = D.copy_sizes(data, rk, iterations_only, by_phase=True)
+    fig, axes = S.new_figure(2, 2, width=13, height=7.4, sharex=True)
+    its = data.iteration_spans(rk)["iteration"].to_list()
+    warm = D.warmup_iterations(data, rk)
+    scope = (f"totals over {iterations_note(its)}" + (" (warm-up included)" if warm else "") if iterations_only
+             else "totals over the whole trace")
+    fig.suptitle(f"Copy sizes — pid {rk['pid']} GPU {rk['device']}, {scope}\n{_title(data)}", x=0.01, ha="left",
+                 fontsize=10)
     if frame.height == 0:
         for a in axes.ravel():
             a.text(0.5, 0.5, "no H2D/D2H copies", ha="center", va="center", transform=a.transAxes)
@@ -344,33 +486,59 @@ def copy_size_distribution(data: ReportData, rank: int = 0, iterations_only: boo
     buckets = list(range(b_lo, b_hi + 1))
     kinds = [k for k in ("pinned", "pageable") if k in frame["host_kind"].unique().to_list()]
     kinds += [k for k in frame["host_kind"].unique().to_list() if k not in kinds]
+    phases = [p for p in (*S.PHASES, None) if p in frame["phase"].to_list()]
+    phases += [p for p in frame["phase"].unique().to_list() if p not in phases]
     for j, d in enumerate(D.COPY_DIRECTIONS):
-        for i, (col, ylabel, scale) in enumerate((("count", "copies", 1.0), ("bytes", "bytes (GB)", 1e9))):
+        for i, (col, ylabel, scale) in enumerate((("bytes", "bytes (GB, total)", 1e9), ("count", "copies (total, log)", 1.0))):
             a = axes[i, j]
             S.style_axes(a)
             bottom = np.zeros(len(buckets))
             for k in kinds:
-                f = frame.filter((pl.col("direction") == d) & (pl.col("host_kind") == k))
-                vals = np.zeros(len(buckets))
-                for r in f.iter_rows(named=True):
-                    vals[r["bucket"] - b_lo] = r[col] / scale
-                bars = a.bar(buckets, vals, 0.8, bottom=bottom, color=S.DIRECTION_COLORS[d],
-                             alpha=1.0 if k == "pinned" else 0.45, hatch=S.HOST_KIND_HATCH.get(k, ".."),
-                             edgecolor="white", linewidth=0.5, label=k)
-                for b, p in zip(buckets, bars):
-                    p.set_gid(f"{d}:{k}:{col}:{b}")
-                bottom += vals
+                for ph in phases:
+                    f = frame.filter((pl.col("direction") == d) & (pl.col("host_kind") == k)
+                                     & (pl.col("phase").eq_missing(ph)))
+                    if f.height == 0:
+                        continue
+                    vals = np.zeros(len(buckets))
+                    for r in f.iter_rows(named=True):
+                        vals[r["bucket"] - b_lo] = r[col] / scale
+                    pageable = k == "pageable"
+                    nz = vals > 0
+                    bars = a.bar(np.array(buckets)[nz], vals[nz], 0.8, bottom=bottom[nz],
+                                 color=S.phase_color(ph or "other"), alpha=1.0 if pageable else 0.6,
+                                 hatch=S.HOST_KIND_HATCH.get(k, ".."), edgecolor="#111111" if pageable else "white",
+                                 linewidth=0.8 if pageable else 0.5)
+                    for b, p in zip(np.array(buckets)[nz].tolist(), bars):
+                        p.set_gid(f"{d}:{ph}:{k}:{col}:{b}")
+                    bottom += vals
             if col == "bytes":
                 for b, v in zip(buckets, bottom):
                     if 0 < v < 0.01 * bottom.max():  # tiny next to the largest: say so
                         a.text(b, bottom.max() * 0.01, "▲", ha="center", va="bottom", fontsize=6, color="#666666")
                 a.text(0.01, 0.97, "▲ bytes present, under 1% of the tallest bar", transform=a.transAxes,
                        fontsize=7, color="#666666", va="top")
-            a.set_ylabel(ylabel)
-            S.tidy_axis(a, "y", 5)
-            if i == 0:
+                S.tidy_axis(a, "y", 5)
+                pg = frame.filter((pl.col("direction") == d) & (pl.col("host_kind") == "pageable"))
+                if pg.height:
+                    top = pg.sort("bytes", descending=True).row(0, named=True)
+                    if top["bytes"] > 0.01 * bottom.max() * 1e9:
+                        a.annotate(f"pageable {S.size_label(top['bucket_bytes'])}+: {top['bytes'] / 1e9:,.2f} GB "
+                                   f"in {top['count']} copies", (top["bucket"], bottom[top["bucket"] - b_lo]),
+                                   xytext=(0, 12), textcoords="offset points", ha="center", fontsize=8,
+                                   fontweight="bold", arrowprops={"arrowstyle": "-", "color": "#111111"})
+                a.margins(y=0.18)
                 a.set_title(f"{d}", loc="left")
-                a.legend(title="host memory", fontsize=8, title_fontsize=8, frameon=False)
+            else:
+                a.set_yscale("log")
+                a.set_ylim(0.7, max(bottom.max(), 1) * 2.5)
+            a.set_ylabel(ylabel)
+    handles = [Patch(color=S.phase_color(p or "other"), label=f"launched in {p or 'no phase'}" if p != "other"
+                     else "launched in a gap") for p in phases]
+    handles += [Patch(facecolor="#BBBBBB", alpha=0.6, edgecolor="white", label="pinned host memory")]
+    if "pageable" in kinds:
+        handles.append(Patch(facecolor="#BBBBBB", hatch=S.HOST_KIND_HATCH["pageable"], edgecolor="#111111",
+                             label="pageable host memory"))
+    axes[0, 1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     step = max(1, int(np.ceil(len(buckets) / 32)))
     for a in axes[1]:
         a.set_xticks(buckets[::step], [S.size_label(2**b) for b in buckets[::step]], rotation=60, ha="right", fontsize=7)
@@ -419,7 +587,7 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
     fig, (ax_t, ax_r) = S.new_figure(1, 2, width=14, height=max(3.5, 1.2 + 0.42 * k), sharey=True,
                                      gridspec_kw={"width_ratios": [1.5, 1]})
     fig.suptitle(f"{phase.capitalize()} sub-phases — pid {rk['pid']} GPU {rk['device']}, mean per iteration "
-                 f"over {iterations_note(complete)}", x=0.01, ha="left")
+                 f"over {iterations_note(complete)}\n{_title(data)}", x=0.01, ha="left", fontsize=10)
     if k == 0:
         ax_t.text(0.5, 0.5, f"no {phase} windows with NVTX sub-ranges", ha="center", va="center", transform=ax_t.transAxes)
         return fig, frame
@@ -439,7 +607,8 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
         share = r["cpu_only_ns"] / r["wall_ns"] if r["wall_ns"] else 0
         ax_t.text(r["wall_ns"] / div, i, f"  {r['wall_ns'] / div:,.1f} ({100 * r['wall_ns'] / total:.0f}%, "
                   f"{100 * share:.0f}% CPU only)", va="center", fontsize=7)
-    ax_t.set_yticks(y, [S.shorten(s, 44) for s in frame["sub_phase"].to_list()], fontsize=8)
+    display = _sub_phase_names(frame["sub_phase"].to_list())
+    ax_t.set_yticks(y, [S.shorten(display.get(s, s), 44) for s in frame["sub_phase"].to_list()], fontsize=8)
     ax_t.invert_yaxis()
     ax_t.set_xlabel(f"self time per iteration ({unit}); GPU busy = anything running on the GPU meanwhile")
     ax_t.set_xlim(0, frame["wall_ns"].max() / div * 1.45)
@@ -461,8 +630,18 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
                 txt = f" {mb:,.1f} MB" if mb >= 0.1 else f" {r[f'{d.lower()}_bytes']:,.0f} B"
                 ax_r.text(vals[i], i + off, txt, va="center", fontsize=7)
     gmax = float(np.nanmax([frame["h2d_gbps"].fill_null(0).max() or 0, frame["d2h_gbps"].fill_null(0).max() or 0]))
+    # what this trace's pinned and pageable copies reach: 7 GB/s reads as slow beside 53 GB/s
+    ref = D.reference_bandwidths(data, rk, complete)
+    for j, r in enumerate(ref.iter_rows(named=True)):
+        ax_r.axvline(r["gbps"], color=S.DIRECTION_COLORS[r["direction"]], lw=1.0,
+                     ls="--" if r["host_kind"] == "pinned" else ":", gid=f"ref:{r['direction']}:{r['host_kind']}")
+        ax_r.text(r["gbps"], 1.0 + 0.05 * j, f" {r['host_kind']} {r['direction']} {r['gbps']:,.1f} GB/s",
+                  transform=ax_r.get_xaxis_transform(), fontsize=7, color=S.DIRECTION_COLORS[r["direction"]],
+                  va="bottom", clip_on=False)
+        gmax = max(gmax, r["gbps"])
     ax_r.set_xlim(0, max(gmax * 1.4, 1))
-    ax_r.set_xlabel("throughput of copies launched in the sub-phase\n(GB/s = bytes / copy busy time)")
+    ax_r.set_xlabel("copies launched in the sub-phase (GB/s = bytes / busy time)\n"
+                    "lines: this trace's pinned (--) / pageable (··) copies ≥ 1 MiB")
     S.tidy_axis(ax_r, "x")
     ax_r.grid(True, axis="x", color="#E5E5E5")
     ax_r.set_axisbelow(True)
@@ -517,9 +696,18 @@ def overlap_contention(data: ReportData, rank: int = 0, iteration: int | None = 
     fig, (ax_o, ax_t) = S.new_figure(2, 1, width=13, height=8, gridspec_kw={"height_ratios": [1.2, 1]})
     # --- overlap bars
     S.style_axes(ax_o)
-    phases_present = [p for p in S.PHASES if p in ov["phase"].to_list()]
+    # a phase whose copies take under 0.1% of all copy time would be an empty category
+    per_phase = ov.group_by("phase").agg(pl.col("copy_ns").sum())
+    total_copy = float(per_phase["copy_ns"].sum() or 0)
+    shown = set(per_phase.filter(pl.col("copy_ns") >= 0.001 * total_copy)["phase"].to_list()) if total_copy else set()
+    phases_present = [p for p in S.PHASES if p in shown] + sorted(p for p in shown if p not in S.PHASES)
+    left_out = sorted(set(per_phase["phase"].to_list()) - shown)
+    fig.suptitle(_title(data), x=0.01, ha="left", fontsize=9, color="#444444")
     ax_o.set_title(f"Copy time hidden behind kernels vs exposed — pid {rk['pid']} GPU {rk['device']}, "
                    f"mean per iteration over {iterations_note(complete)}", loc="left")
+    if left_out:
+        ax_o.text(0.99, 0.97, "not drawn (under 0.1% of the copy time): " + ", ".join(left_out),
+                  transform=ax_o.transAxes, ha="right", va="top", fontsize=7, color="#666666")
     if ov.height:
         div, unit = S.time_unit(ov["copy_ns"].max())
         w = 0.38
@@ -572,10 +760,24 @@ def overlap_contention(data: ReportData, rank: int = 0, iteration: int | None = 
         ax_t.fill_between(np.append(x(edges[:-1]), x(t1)), base, base + 0.8 * np.append(share, 0), step="post",
                           color=colors[name], linewidth=0)
         ax_t.axhline(base, color="#DDDDDD", lw=0.6)
-    for r in cw.iter_rows(named=True):
-        ax_t.axvspan(x(max(r["start_ns"], t0)), x(min(r["end_ns"], t1)), ymin=0, ymax=0.75,
-                     color=S.CONTENTION_COLORS[r["kind"]], alpha=0.6, linewidth=0)
-    ax_t.set_yticks(list(rows.values()), [f"{k}\n(busy share\nper {bin_ns / 1e6:g} ms)" for k in rows], fontsize=8)
+    from matplotlib.collections import PolyCollection
+
+    kinds_seen = [k for k in S.CONTENTION_COLORS if k in cw["kind"].to_list()]
+    for k in kinds_seen:  # one collection per kind, however many windows
+        c = cw.filter(pl.col("kind") == k)
+        a0 = x(np.maximum(c["start_ns"].to_numpy(), t0))
+        a1 = x(np.minimum(c["end_ns"].to_numpy(), t1))
+        verts = [[(u, 0), (u, 3), (v, 3), (v, 0)] for u, v in zip(a0, a1)]
+        ax_t.add_collection(PolyCollection(verts, facecolors=S.CONTENTION_COLORS[k], alpha=0.6, linewidths=0.5,
+                                           edgecolors=S.CONTENTION_COLORS[k], gid=f"contention:{k}"))
+    # each row has its own 0-100% scale: ticks at its base and top
+    ticks, labels = [], []
+    for k, mid in rows.items():
+        ticks += [mid - 0.4, mid + 0.4]
+        labels += ["0", "100%"]
+        ax_t.text(-0.055, mid, f"{k}\nbusy share\n({bin_ns / 1e6:g} ms bins)", transform=ax_t.get_yaxis_transform(),
+                  ha="right", va="center", fontsize=8, color=colors[k])
+    ax_t.set_yticks(ticks, labels, fontsize=7)
     busy = pl.concat(busy_rows).select(
         section=pl.lit("busy"), phase=pl.lit(None, pl.String), direction="direction", copy_ns="share",
         hidden_ns=pl.lit(None, pl.Float64), exposed_ns=pl.lit(None, pl.Float64), iterations=pl.lit(None, pl.Int64),
@@ -594,9 +796,10 @@ def overlap_contention(data: ReportData, rank: int = 0, iteration: int | None = 
     if n_cw == 0:
         title += " (copies never overlapped each other)"
     ax_t.set_title(title, loc="left", fontsize=10)
-    ax_t.legend(handles=[Patch(color=S.CONTENTION_COLORS[k], alpha=0.6, label=f"contention: {k}")
-                         for k in S.CONTENTION_COLORS],
-                loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=8)
+    if kinds_seen:  # the legend lists only kinds that occur
+        ax_t.legend(handles=[Patch(color=S.CONTENTION_COLORS[k], alpha=0.6, label=f"contention: {k}")
+                             for k in kinds_seen],
+                    loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=8)
     return fig, frame
 
 

@@ -111,12 +111,17 @@ def write_report(
     step: Callable[[str], None] | None = None,
     dpi: int = S.DPI,
     ds_config: str | Path | None = None,
+    html: bool = True,
+    perfetto: str | Path | None = None,
 ) -> ReportResult:
     """Write the figures, their data and ``report.md`` for ``trace`` into ``out_dir``.
 
     ``rank``: index of the rank to draw (0-based, by pid then device); ``iteration``: the one
     shown in the timeline figures (default: the median complete iteration); ``fmt``: ``svg``
-    or ``pdf``, written beside each PNG; ``phase_map``/``gas`` as for ``tracekit analyze``.
+    or ``pdf``, written beside each PNG; ``phase_map``/``gas`` as for ``tracekit analyze``;
+    ``html``: also write ``report.html`` (:mod:`tracekit.report.html`); ``perfetto``: also write
+    a Chrome/Perfetto trace-event JSON there (:mod:`tracekit.report.perfetto`). The per-rank
+    figure is written only when the trace has two or more ranks.
 
     Raises :class:`TracekitError` for an unreadable trace, a missing rank or iteration, an
     unknown format or an output path that is a file.
@@ -134,6 +139,8 @@ def write_report(
         n = len(F.FIGURES)
         for i, (name, (fn, title)) in enumerate(F.FIGURES.items(), 1):
             step(f"figure {i}/{n}: {title.lower()}")
+            if name == "6_ranks" and data.ranks.height < 2:
+                continue  # one rank: nothing to compare
             if name == "6_ranks":
                 fig, frame = fn(data)
             elif name in ("2_iteration_timeline", "5_overlap_contention"):
@@ -161,23 +168,41 @@ def write_report(
         p = out / "report.md"
         p.write_text(md, encoding="utf-8")
         res.files.append(p)
+        if html:
+            step("report.html")
+            from tracekit.report.html import render_html, write_advice
+
+            means = summary.phase_means(metrics, data.steady_iterations(rk))
+            page = render_html(data, rk, it, metrics, frames, res.figures, _captions(data, rk, it, frames, means),
+                               findings, write_advice(data, res.notes), res.notes)
+            p = out / "report.html"
+            p.write_text(page, encoding="utf-8")
+            res.files.append(p)
+        if perfetto is not None:
+            step("Perfetto trace")
+            from tracekit.report.perfetto import write_perfetto
+
+            res.files.append(write_perfetto(data, perfetto, findings=_findings(data, None, [])))
         return res
     finally:
         data.close()
 
 
-def _findings(data: ReportData, rk: dict, notes: list[str]) -> list[dict]:
-    """Findings of :mod:`tracekit.analyze.findings` for the rank (empty when unavailable)."""
+def _findings(data: ReportData, rk: dict | None, notes: list[str]) -> list[dict]:
+    """Findings of :mod:`tracekit.analyze.findings` for the rank, or every rank's with ``rk=None``
+    (empty when unavailable)."""
     try:
         from tracekit.analyze.transfers import analyze_transfers
     except ImportError:  # pragma: no cover - analysis layer without transfers
         return []
     try:
-        tr = analyze_transfers(data.export, data.model, sections=())
+        tr = data.cached("transfers:findings", lambda: analyze_transfers(data.export, data.model, sections=()))
     except TracekitError as exc:
         notes.append(f"findings skipped: {exc}")
         return []
     notes.extend(tr.notes)
+    if rk is None:  # every rank's (the Perfetto export)
+        return list(tr.findings)
     return [f for f in tr.findings if f.get("pid") == rk["pid"] and f.get("device") == rk["device"]]
 
 
@@ -302,6 +327,8 @@ def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, 
     L.append("## Figures\n")
     captions = _captions(data, rk, it, frames, means)
     for name, (_fn, title) in F.FIGURES.items():
+        if name not in frames:  # not drawn (the per-rank figure of a one-rank trace)
+            continue
         L.append(f"### {title}\n")
         L.append(f"![{title}]({name}.png)\n")
         L.append(captions.get(name, ""))
@@ -327,8 +354,8 @@ def _captions(data: ReportData, rk: dict, it: int, frames: dict[str, pl.DataFram
         d = tl.filter(pl.col("series") == "D2H")["value"].max()
         out["2_iteration_timeline"] = (
             f"Iteration {it} on one time axis: phases and update sub-phases (top), GPU memory in use, and H2D / D2H "
-            f"copy throughput per bin (right axis: PCIe RX / TX from GPU metrics when recorded). Peak memory "
-            f"{_gb(peak)} GB; peak binned throughput H2D {_gbps(h)} GB/s, D2H {_gbps(d)} GB/s."
+            f"copies, each drawn as its own interval at its bandwidth (PCIe RX / TX from GPU metrics below, when recorded). "
+            f"Peak memory {_gb(peak)} GB; fastest copy H2D {_gbps(h)} GB/s, D2H {_gbps(d)} GB/s."
         )
     cs = frames.get("3_copy_sizes")
     if cs is not None and cs.height:

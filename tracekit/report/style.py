@@ -32,6 +32,14 @@ CONTENTION_COLORS = {"same-direction": "#E377C2", "bidirectional": "#BCBD22"}
 SUB_PHASE_CYCLE = [
     "#1B9E77", "#D95F02", "#7570B3", "#E7298A", "#66A61E", "#E6AB02", "#A6761D", "#17BECF",
 ]
+#: The update's unmarked time (no NVTX sub-range open) and sub-phases not named in a figure.
+UNMARKED_COLOR = "#3B3B3B"
+OTHER_SUB_COLOR = "#C8C8C8"
+#: Display name of the ``(none)`` sub-phase of the update: with DeepSpeed's own ranges it is
+#: the CPU optimizer step (DeepSpeed does not mark it); with a capture that marks the step,
+#: just unmarked time.
+UNMARKED_NAME = "(none): unmarked = the CPU optimizer step"
+UNMARKED_NAME_MARKED = "(none): no sub-range open"
 
 DPI = 150
 
