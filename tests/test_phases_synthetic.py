@@ -89,7 +89,8 @@ def test_anomalies_are_counted_and_do_not_break(tmp_path):
     t.range("popped_elsewhere", 3 * MS, 4 * MS, tid, end_tid=gtid(1, 9))
     t.kernel(end - 5 * MS, end - 4 * MS, pid=1, tid=MAIN, launch=end - 6 * MS)
     m, path = build(t, tmp_path)
-    assert m.anomalies == {"unclosed_ranges": 2, "start_end_ranges": 1, "marks": 1, "cross_thread_ranges": 1}
+    assert m.anomalies == {"unclosed_ranges": 2, "start_end_ranges": 1, "marks": 1, "cross_thread_ranges": 1,
+                           "unusable_ranges": 0}
     assert analyze_path(path)["nvtx_anomalies"]["marks"] == 1
     assert m.windows.filter(pl.col("phase") == "update").height == 1
 

@@ -238,3 +238,51 @@ def test_report_md_names_the_unclosed_iteration(tmp_path):
     assert len(line) == 1 and line[0].startswith("- iteration 2 is incomplete and left out of the means")
     assert "never closed (no end recorded)" in line[0]
     assert "means below are per iteration over iteration 1" in text
+
+
+def test_synthetic_unclosed_step_mid_trace(tmp_path):
+    """A step never popped with later iterations after it: its window stops at the next forward,
+    the later phases stay their own windows, and its sub-phases tile the cut window (by hand)."""
+    from tracekit.analyze import breakdown
+
+    t = SyntheticTrace()
+    tid = gtid(1, MAIN)
+    t.range("DeepSpeedEngine.forward", 0, 10 * MS, tid, "DeepSpeed")
+    t.range("DeepSpeedEngine.backward", 11 * MS, 21 * MS, tid, "DeepSpeed")
+    t.range(STEP, 22 * MS, None, tid, "DeepSpeed")  # never popped
+    t.range("adam", 23 * MS, 30 * MS, tid)
+    t.range("DeepSpeedEngine.forward", 40 * MS, 50 * MS, tid, "DeepSpeed")
+    t.range("inner_fwd", 41 * MS, 45 * MS, tid)
+    t.range("DeepSpeedEngine.backward", 51 * MS, 61 * MS, tid, "DeepSpeed")
+    t.range(STEP, 62 * MS, 80 * MS, tid, "DeepSpeed")
+    t.kernel(2 * MS, 3 * MS, pid=1, tid=MAIN, launch=1 * MS)
+    t.kernel(70 * MS, 71 * MS, pid=1, tid=MAIN, launch=65 * MS)
+    path = t.write(tmp_path / "synthetic_unclosed_mid.sqlite")
+    with Export.open(path) as e:
+        m = phases.build(e)
+    w = m.windows.filter(pl.col("phase") != "other").sort("start")
+    assert w.select("iteration", "phase", "start", "end", "unclosed", "complete").rows() == [
+        (0, "forward", 0, 10 * MS, False, False), (0, "backward", 11 * MS, 21 * MS, False, False),
+        (0, "update", 22 * MS, 40 * MS, True, False),
+        (1, "forward", 40 * MS, 50 * MS, False, True), (1, "backward", 51 * MS, 61 * MS, False, True),
+        (1, "update", 62 * MS, 80 * MS, False, True)]
+    sub = breakdown.sub_phase_table(m, "update").select("iteration", "sub_phase", "wall_ns")
+    assert sorted(sub.rows()) == [(0, "(none)", 11 * MS), (0, "adam", 7 * MS), (1, "(none)", 18 * MS)]
+
+
+def test_synthetic_unclosed_step_opened_after_duration(tmp_path):
+    """A capture stopped within ``startTime`` of a step's start: the never-popped step's end
+    (``ANALYSIS_DETAILS.duration``) lies *before* its start. It is still an unclosed range, not
+    a range to drop: its window runs to the last activity (by hand: 109..118 ms)."""
+    path = _synthetic(tmp_path, "duration")
+    con = sqlite3.connect(path)
+    con.execute("UPDATE ANALYSIS_DETAILS SET duration = ?, startTime = ?", (100 * MS, STOP_TIME - 100 * MS))
+    con.execute('UPDATE NVTX_EVENTS SET "end" = ? WHERE "end" = ?', (100 * MS, DURATION))
+    con.commit()
+    con.close()
+    with Export.open(path) as e:
+        m = phases.build(e)
+    assert m.anomalies["unclosed_ranges"] == 1 and m.anomalies.get("unusable_ranges", 0) == 0
+    upd = m.windows.filter(pl.col("phase") == "update").sort("start")
+    assert upd.select("start", "end", "unclosed").rows()[-1] == (109 * MS, 118 * MS, True)
+    assert m.unclosed["form"].to_list() == ["duration"]

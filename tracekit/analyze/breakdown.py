@@ -236,14 +236,18 @@ def self_segments(model: PhaseModel, wm: pl.DataFrame) -> pl.DataFrame:
     if ranged.height and nested.height:
         nested = nested.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
         phase_rows = nested.join(
-            ranged.select("range_index", "device", "iteration"), on="range_index"
+            ranged.select("range_index", "device", "iteration", w_end="end"), on="range_index"
         )
-        # descendants: same thread, inside the window, deeper
+        # descendants: same thread, inside the window, deeper. A window cut short of its range
+        # (a range never popped, phases.set_aside_unclosed) bounds them: later ranges are left
+        # out, ranges across the cut end there
         members = []
         for r in phase_rows.iter_rows(named=True):  # one per phase window, not per event
+            bound = min(r["end"], r["w_end"])
             m = nested.filter(
-                (pl.col("global_tid") == r["global_tid"]) & (pl.col("start") >= r["start"]) & (pl.col("end") <= r["end"])
-            )
+                (pl.col("global_tid") == r["global_tid"]) & (pl.col("start") >= r["start"])
+                & ((pl.col("end") <= r["end"]) & (pl.col("start") < bound) | (pl.col("row") == r["row"]))
+            ).with_columns(end=pl.min_horizontal("end", pl.lit(bound, pl.Int64)))
             m = m.with_columns(
                 device=pl.lit(r["device"]), iteration=pl.lit(r["iteration"], pl.Int64),
                 global_pid=pl.lit(r["global_pid"]),

@@ -68,8 +68,18 @@ def load_ranges(export: Export, capture_end: int | None = None) -> pl.DataFrame:
     domains = raw.filter(pl.col("event_type") == enums.NVTX_DOMAIN_CREATE)
     domain_names = {int(d): t for d, t in zip(domains["domain_id"], domains["text"]) if d is not None}
     ranges = raw.filter(pl.col("event_type") != enums.NVTX_DOMAIN_CREATE)
-    # a range without a start, or ending before it starts, cannot be placed: set aside, counted
+    # a range without a start, or ending before it starts, cannot be placed: set aside, counted.
+    # An end at ANALYSIS_DETAILS.duration is nsys's mark of a range never popped, not an end (it
+    # lies before the start for a range opened within startTime of the stop): kept, for
+    # tracekit.analyze.phases.set_aside_unclosed to recognise
     unusable = pl.col("start").is_null() | (pl.col("end").is_not_null() & (pl.col("end") < pl.col("start")))
+    if "duration" in export.tables.get("ANALYSIS_DETAILS", {}):
+        try:
+            never_popped = export.conn.execute("SELECT max(duration) FROM ANALYSIS_DETAILS").fetchone()[0]
+        except Exception:  # a damaged small table: no exception for this rule
+            never_popped = None
+        if isinstance(never_popped, int):
+            unusable = unusable & ~(pl.col("start").is_not_null() & (pl.col("end") == never_popped))
     bad = ranges.filter(unusable).height
     export.set_aside["nvtx_unusable_ranges"] = bad
     if bad:
