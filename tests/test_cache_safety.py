@@ -454,3 +454,32 @@ def test_colour_tables_pass_the_text_check(trace):
         key = f"{i:040x}-{i:016x}"
         tc.put_text(key, text)
         assert TraceCache(trace).get_text(key) == text
+
+
+def test_format_1_cache_is_cleared_and_tightened(trace, capsys):
+    """A cache of the format before checksums (bare files; a folder made by the umask, here
+    group-writable) is recognised by its manifest, never read, and cleared at the first write."""
+    import tracekit
+
+    d = trace.with_name(trace.name + SUFFIX)
+    d.mkdir()
+    st = os.stat(trace)
+    v1 = {"trace": trace.name, "identity": {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+                                            "format": 1, "tracekit": tracekit.__version__}}
+    (d / MANIFEST).write_text(json.dumps(v1))
+    old = {"q-" + "1" * 40 + ".parquet": b"PAR1 old", "r-" + "2" * 40 + ".json": b'{"ranks": []}\n',
+           "t-" + "3" * 40 + "-" + "4" * 16 + ".txt": b"OLD TABLES\n", ".tmp-ab12cd34.parquet": b"PAR1"}
+    for name, data in old.items():
+        (d / name).write_bytes(data)
+    (d / "notes.txt").write_text("mine\n")
+    d.chmod(0o775)
+    rc, out, err = _cli(capsys, "analyze", trace, "--json")
+    assert rc == 0 and "note" not in err
+    rc, cold, _ = _cli(capsys, "analyze", trace, "--json", "--no-cache")
+    assert json.loads(out)["ranks"] == json.loads(cold)["ranks"]
+    names = set(os.listdir(d))
+    assert not names & set(old) and "notes.txt" in names
+    assert stat.S_IMODE(d.stat().st_mode) == 0o755
+    for n in names - {"notes.txt", MANIFEST}:
+        assert (d / n).read_bytes().startswith(cache_mod.MAGIC), n
+    assert json.loads((d / MANIFEST).read_text())["identity"] == trace_identity(trace)

@@ -236,6 +236,12 @@ def _read_regular(name: str, dfd: int, limit: int | None = None) -> bytes | None
         os.close(fd)
 
 
+def _is_legacy(manifest: dict | None) -> bool:
+    """True for the manifest of a format-1 cache (no tag; its identity says format 1)."""
+    return (isinstance(manifest, dict) and _MANIFEST_TAG not in manifest and isinstance(manifest.get("trace"), str)
+            and isinstance(manifest.get("identity"), dict) and manifest["identity"].get("format") == 1)
+
+
 class _Rejected(Exception):
     """A cache folder tracekit will not use; the message says why."""
 
@@ -295,9 +301,10 @@ class TraceCache:
 
     # ------------------------------------------------------------------ the folder
     @contextmanager
-    def _dir(self):
+    def _dir(self, check_mode: bool = True):
         """A file descriptor of :attr:`directory`, opened without following a symbolic link and
-        checked (a directory owned by us, not writable by group or others); raises _Rejected."""
+        checked (a directory owned by us, with ``check_mode`` not writable by group or others);
+        raises _Rejected."""
         try:
             dfd = os.open(self.directory, _O_DIR)
         except OSError as e:
@@ -310,7 +317,7 @@ class TraceCache:
                 raise _Rejected("is not a folder")
             if not _owned(st):
                 raise _Rejected("belongs to another user")
-            if st.st_mode & 0o022:
+            if check_mode and st.st_mode & 0o022:
                 raise _Rejected("is writable by other users")
             yield dfd
         finally:
@@ -335,13 +342,16 @@ class TraceCache:
         if not stat.S_ISDIR(st.st_mode):
             raise _Rejected("is not a folder")
         try:
-            with self._dir() as dfd:
+            with self._dir(check_mode=False) as dfd:
                 manifest = self._read_manifest(dfd)
-                if manifest is not None:
-                    if manifest.get(_MANIFEST_TAG) == CACHE_FORMAT:
-                        return "match" if manifest.get("identity") == self.identity else "stale"
-                    if manifest.get(_MANIFEST_TAG) is None and "identity" in manifest and "trace" in manifest:
-                        return "legacy"
+                if _is_legacy(manifest):
+                    # a format-1 cache: never read, cleared at the first write; it may be
+                    # group-writable (format 1 made its folder by the umask)
+                    return "legacy"
+                if os.fstat(dfd).st_mode & 0o022:
+                    raise _Rejected("is writable by other users")
+                if manifest is not None and manifest.get(_MANIFEST_TAG) == CACHE_FORMAT:
+                    return "match" if manifest.get("identity") == self.identity else "stale"
                 names = os.listdir(dfd)
                 if not names:
                     return "empty"
@@ -422,9 +432,11 @@ class TraceCache:
                 self._ready = True
                 return True
             self._legacy = state == "legacy"
-            with self._dir() as dfd:
+            with self._dir(check_mode=not self._legacy) as dfd:
                 if state in ("stale", "legacy"):
                     self._clear(dfd)
+                if self._legacy:  # as tracekit makes its folders now: not writable by others
+                    os.fchmod(dfd, stat.S_IMODE(os.fstat(dfd).st_mode) & ~0o022)
                 manifest = {_MANIFEST_TAG: CACHE_FORMAT, "trace": self.trace.name, "identity": self.identity}
                 self._write_file(MANIFEST, json.dumps(manifest, indent=1).encode(), dfd)
         except (OSError, _Rejected):
@@ -440,9 +452,11 @@ class TraceCache:
         (see the module doc), in a folder that is its own; a user's files stay, and so does
         the folder when they do. Never raises."""
         try:
-            with self._dir() as dfd:
+            with self._dir(check_mode=False) as dfd:
                 m = self._read_manifest(dfd)
-                self._legacy = m is not None and m.get(_MANIFEST_TAG) is None and "identity" in m
+                self._legacy = _is_legacy(m)
+                if not self._legacy and os.fstat(dfd).st_mode & 0o022:
+                    return
                 if m is None or not (self._legacy or m.get(_MANIFEST_TAG) == CACHE_FORMAT):
                     if not any(_ENTRY.match(n) and self._ours(n, dfd) for n in os.listdir(dfd)):
                         return  # not a cache folder of ours
