@@ -246,6 +246,7 @@ def test_html_in_headless_chromium(report, tmp_path):
         assert set(rows) >= {"config-table", "key-numbers", "per-iteration", "sub-phases"}
         assert all(n > 0 for n in rows.values())
         # hover a copy: plotly's own hover shows its bytes, bandwidth, phase and sub-phase
+        drv.execute_script("document.getElementById('timeline').scrollIntoView()")
         drv.execute_script("""
             const gd = document.getElementById('timeline-plot');
             const i = gd.data.findIndex(t => (t.name || '').startsWith('H2D copies (pageable'));
