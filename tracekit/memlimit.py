@@ -18,6 +18,7 @@ report). ``capture`` is never run this way (the training keeps its terminal).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ CHILD_ENV = "TRACEKIT_MEMLIMIT_CHILD"
 #: commands that read traces and run in a child under a limit
 GUARDED = ("analyze", "report", "compare", "trim")
 _RUST_ALLOC = b"memory allocation of "
+_ALLOC_TAIL = re.compile(rb"^\d+ bytes failed\s*$")
 #: lines of the Rust runtime that follow an allocation failure or a panic
 _TRACE_LINES = (b"stack backtrace:", b"note: ", b"skipping backtrace printing", b"fatal runtime error",
                 b"thread caused non-unwinding panic", b" ", b"\t")
@@ -130,15 +132,19 @@ def run_guarded(argv: list[str] | None = None) -> int | None:
 
 def _forward(stream) -> bool:
     """Copy ``stream`` (the child's stderr) to ours line by line, leaving out Rust's
-    allocation-failure message, a Rust panic's message (``thread '...' panicked at ...`` and
+    allocation-failure message, jemalloc's complaints (``<jemalloc>: ...``), a Rust panic's message (``thread '...' panicked at ...`` and
     the line after it; the child reports the panic itself, on one line) and the backtrace
     after either; returns whether an allocation failure was seen."""
     out = getattr(sys.stderr, "buffer", None)
     saw = in_trace = False
     skip_next = False
     for line in iter(stream.readline, b""):
-        if line.startswith(_RUST_ALLOC):
+        # threads dying at once interleave their messages: look inside the line, and for the
+        # tail of a message split across lines
+        if _RUST_ALLOC in line or _ALLOC_TAIL.match(line):
             saw = in_trace = True
+            continue
+        if b"<jemalloc>:" in line:  # the allocator's own complaints (e.g. no thread for it)
             continue
         if line.startswith(b"thread '") and b"' panicked at " in line:
             in_trace = skip_next = True
