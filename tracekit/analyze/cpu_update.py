@@ -21,14 +21,16 @@ Per rank and iteration (units: ns):
 - ``hidden_ns``: the part of ``busy_ns`` during which the rank's GPU ran compute kernels of the
   training (communication kernels do not count); ``hidden_by_phase``: the same per phase of the
   kernels (the phase they were launched in).
-- ``exposed_ns``: the part the training waited for: ``busy_ns`` inside the rank's
-  ``cpu_update_wait`` ranges when the rank has any, else ``busy_ns`` inside the iteration's
-  ``update`` window(s); in both cases with the GPU idle (no kernel, copy or memset of the rank
-  executing, as ``gpu_idle_ns`` of :mod:`tracekit.analyze.breakdown`). ``exposed_basis`` says
-  which (``"cpu_update_wait"`` or ``"update window"``). ``hidden_ns + exposed_ns <= busy_ns``;
+- ``exposed_ns``: the part the training waited for, with the GPU idle (no kernel, copy or
+  memset of the rank executing, as ``gpu_idle_ns`` of :mod:`tracekit.analyze.breakdown`): a
+  worker's step inside the rank's ``cpu_update_wait`` ranges (the hook marks every wait of
+  SuperOffload and ZenFlow for their workers; no wait range, no waiting), a step in the rank's
+  own process inside the iteration's ``update`` window (the training's thread runs it).
+  ``exposed_basis`` says which (``"cpu_update_wait"``, ``"update window"``, or both joined by
+  ``" + "``). ``hidden_ns + exposed_ns <= busy_ns``;
   the rest ran while the GPU was idle or copying but the training did not wait for it.
-- ``overlapped_ns``: the part of ``busy_ns`` the training did not wait for (outside the
-  ``cpu_update_wait`` ranges, or outside the ``update`` window without them): the training went
+- ``overlapped_ns``: the part of ``busy_ns`` the training did not wait for (as above, but
+  with the GPU busy or idle): the training went
   on meanwhile, whether its GPU was busy or not (a small model leaves the GPU mostly idle even in
   backward); ``overlapped_by_phase``: the same per phase window of the rank at that time.
 - ``wait_ns``: length of the union of the rank's ``cpu_update_wait`` ranges that overlap this
@@ -193,7 +195,7 @@ def cpu_update(model: PhaseModel, parents: dict[int, int] | None = None) -> CpuU
         a_iv = union(a["start"].to_numpy(), a["end"].to_numpy())
         wr = waits.filter(pl.col("global_pid") == gp)
         w_s, w_e = wr["start"].to_numpy(), wr["end"].to_numpy()
-        has_wait = wr.height > 0
+        w_iv = union(w_s, w_e)
         pw = model.windows.filter(pl.col("global_pid") == gp)
         p_phase = {p: union(g["start"].to_numpy(), g["end"].to_numpy()) for (p,), g in pw.group_by(["phase"])}
         for (it,), g in mine.group_by(["iteration"], maintain_order=True):
@@ -201,22 +203,23 @@ def cpu_update(model: PhaseModel, parents: dict[int, int] | None = None) -> CpuU
             busy = _len(b_iv)
             hidden = _len(intersect(b_iv, k_iv))
             by_phase = {str(p): _len(intersect(b_iv, iv)) for p, iv in k_phase.items()}
-            if has_wait:
-                x_iv = union(w_s, w_e)
-                basis = "cpu_update_wait"
-                # the waits that overlap this iteration's CPU work, whole
-                ov = np.zeros(len(w_s), dtype=bool)
-                for s, e in zip(*b_iv):
-                    ov |= (w_s < e) & (w_e > s)
-                wait = _len(union(w_s[ov], w_e[ov]))
-            else:
-                u = model.windows.filter((pl.col("global_pid") == gp) & (pl.col("iteration") == it)
-                                         & (pl.col("phase") == "update"))
-                x_iv = union(u["start"].to_numpy(), u["end"].to_numpy())
-                basis = "update window"
-                wait = 0
-            exposed = _len(subtract(intersect(b_iv, x_iv), a_iv))
-            free = subtract(b_iv, x_iv)
+            inproc = g.filter(pl.col("global_pid") == gp)
+            worker = g.filter(pl.col("global_pid") != gp)
+            # what the training waited for: a worker's step inside cpu_update_wait; a step on the
+            # training's own process inside the update window (its thread runs it)
+            bw_iv = union(worker["start"].to_numpy(), worker["end"].to_numpy())
+            u = pw.filter((pl.col("iteration") == it) & (pl.col("phase") == "update"))
+            waited = union(*[np.concatenate(x) for x in zip(
+                intersect(bw_iv, w_iv),
+                intersect(union(inproc["start"].to_numpy(), inproc["end"].to_numpy()),
+                          union(u["start"].to_numpy(), u["end"].to_numpy())))])
+            basis = " + ".join(b for b, n in (("cpu_update_wait", worker.height), ("update window", inproc.height)) if n)
+            ov = np.zeros(len(w_s), dtype=bool)  # the waits that overlap this iteration's worker steps, whole
+            for s, e in zip(*bw_iv):
+                ov |= (w_s < e) & (w_e > s)
+            wait = _len(union(w_s[ov], w_e[ov]))
+            exposed = _len(subtract(waited, a_iv))
+            free = subtract(b_iv, waited)
             over_phase = {str(p): _len(intersect(free, iv)) for p, iv in p_phase.items()}
             workers = sorted({_os_pid(p) for p in g["global_pid"].to_list()})
             rows.append({

@@ -9,7 +9,10 @@ What is kept:
 - every table's schema, exactly as in the input (``sqlite_master.sql``);
 - rows of tables with a ``start`` column (CUDA activity, NVTX, ...) that overlap the window
   [t0, t1) of the iterations, where t0 is the start of the iteration's first window (including
-  the data-loading gap before it) and t1 the end of the last update; NVTX domain-create rows
+  the data-loading gap before it) and t1 the end of the last update, or later when a CPU
+  optimizer worker's ``cpu_optimizer_step it=N ...`` range of a kept iteration N ends later
+  (ZenFlow steps iteration N's CPU update during iteration N+1's forward: the cut then keeps that
+  part of N+1, an incomplete iteration, so that the overlap can be measured); NVTX domain-create rows
   always; CUDA runtime calls are kept when they launched a kept operation or overlap the window;
 - ``CUDA_GPU_MEMORY_USAGE_EVENTS`` before t1, so memory in use at t0 stays known;
 - ``GPU_METRICS`` rows in the window, optionally only metrics whose name matches
@@ -60,6 +63,22 @@ def iteration_window(export: Export, first: int, last: int, **build_args) -> tup
             f"{export.path.name}: no iteration {first}-{last} in this trace (it has {found or 'none'})"
         )
     return int(w["start"].min()), int(w["end"].max())
+
+
+def worker_step_end(export: Export, first: int, last: int) -> int:
+    """The latest end (ns) of the closed ``cpu_optimizer_step it=N ...`` ranges (domain
+    ``tracekit``, any process) with ``first <= N <= last``; 0 when there is none."""
+    from tracekit.analyze import nvtx
+    from tracekit.analyze.cpu_update import CPU_STEP
+
+    if not export.has("NVTX_EVENTS"):
+        return 0
+    r = phases.set_aside_unclosed(export, nvtx.load_ranges(export), pl.DataFrame(
+        schema={"global_pid": pl.Int64, "end": pl.Int64, "api_end": pl.Int64}))
+    r = r.filter((pl.col("domain") == phases.TRACEKIT_DOMAIN) & ~pl.col("unclosed"))
+    r = r.with_columns(it=pl.col("name").str.extract(CPU_STEP, 1).cast(pl.Int64, strict=False))
+    r = r.filter(pl.col("it").is_between(first, last))
+    return int(r["end"].max()) if r.height else 0
 
 
 def parse_time_range(export: Export, text: str) -> tuple[int, int]:
@@ -147,6 +166,7 @@ def trim(
         else:
             first, last = parse_range(iterations)
             t0, t1 = iteration_window(export, first, last, **build_args)
+            t1 = max(t1, worker_step_end(export, first, last))
         tables = dict(export.conn.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall())
         indexes = [r[0] for r in export.conn.execute(
             "SELECT sql FROM sqlite_master WHERE type='index' AND sql IS NOT NULL").fetchall()]
