@@ -216,6 +216,14 @@ def test_guard_hides_rust_abort_and_names_limit(tmp_path, monkeypatch, capfd):
     ]
     # capture keeps its terminal: never run in a child
     assert memlimit.run_guarded(["capture", "--", "true"]) is None
+    # a Rust panic (polars could not spawn a thread) that the child reports itself, on one line
+    child.write_text("#!/bin/sh\necho '' >&2\n"
+                     "echo \"thread '<unnamed>' (1698) panicked at library/std/src/thread/functions.rs:131:29:\" >&2\n"
+                     "echo 'failed to spawn thread: Os { code: 11 }' >&2\necho 'stack backtrace:' >&2\n"
+                     "echo 'note: Some details are omitted' >&2\necho 'tracekit: error: out of memory (child)' >&2\n"
+                     "echo '' >&2\necho 'last line' >&2\nexit 2\n")
+    assert memlimit.run_guarded(["analyze", "x.sqlite"]) == 2
+    assert capfd.readouterr().err.splitlines() == ["tracekit: error: out of memory (child)", "", "last line"]
 
 
 @needs_prlimit

@@ -29,6 +29,7 @@ CHILD_ENV = "TRACEKIT_MEMLIMIT_CHILD"
 GUARDED = ("analyze", "report", "compare", "trim")
 _RUST_ALLOC = b"memory allocation of "
 _ALLOC_TAIL = re.compile(rb"^\d+ bytes failed\s*$")
+_PANIC = re.compile(rb"^thread '.*' (\(\d+\) )?panicked at ")
 #: lines of the Rust runtime that follow an allocation failure or a panic
 _TRACE_LINES = (b"stack backtrace:", b"note: ", b"skipping backtrace printing", b"fatal runtime error",
                 b"thread caused non-unwinding panic", b" ", b"\t")
@@ -132,12 +133,14 @@ def run_guarded(argv: list[str] | None = None) -> int | None:
 
 def _forward(stream) -> bool:
     """Copy ``stream`` (the child's stderr) to ours line by line, leaving out Rust's
-    allocation-failure message, jemalloc's complaints (``<jemalloc>: ...``), a Rust panic's message (``thread '...' panicked at ...`` and
-    the line after it; the child reports the panic itself, on one line) and the backtrace
-    after either; returns whether an allocation failure was seen."""
+    allocation-failure message, jemalloc's complaints (``<jemalloc>: ...``), a Rust panic's
+    message (``thread '...' (ID) panicked at ...``, the blank line before it and the line after
+    it; the child reports the panic itself, on one line) and the backtrace after either;
+    returns whether an allocation failure was seen."""
     out = getattr(sys.stderr, "buffer", None)
     saw = in_trace = False
     skip_next = False
+    held: list[bytes] = []
     for line in iter(stream.readline, b""):
         # threads dying at once interleave their messages: look inside the line, and for the
         # tail of a message split across lines
@@ -146,8 +149,9 @@ def _forward(stream) -> bool:
             continue
         if b"<jemalloc>:" in line:  # the allocator's own complaints (e.g. no thread for it)
             continue
-        if line.startswith(b"thread '") and b"' panicked at " in line:
+        if _PANIC.match(line):
             in_trace = skip_next = True
+            held = []  # the blank line Rust prints before the panic
             continue
         if skip_next:  # the panic's message
             skip_next = False
@@ -155,11 +159,22 @@ def _forward(stream) -> bool:
         if in_trace and (line.startswith(_TRACE_LINES) or not line.strip()):
             continue
         in_trace = False
-        if out is not None:
-            out.write(line)
-            out.flush()
-        else:
-            sys.stderr.write(line.decode("utf-8", "replace"))
-            sys.stderr.flush()
+        if not line.strip():  # held until the next line shows it is not a panic's preamble
+            held.append(line)
+            continue
+        for ln in (*held, line):
+            _write(out, ln)
+        held = []
+    for ln in held:
+        _write(out, ln)
     stream.close()
     return saw
+
+
+def _write(out, line: bytes) -> None:
+    if out is not None:
+        out.write(line)
+        out.flush()
+    else:
+        sys.stderr.write(line.decode("utf-8", "replace"))
+        sys.stderr.flush()
