@@ -1,15 +1,26 @@
 """Recompute the advice validation table of docs/advice.md from the traces.
 
     python benchmarks/advice_validation.py [DIR]      # DIR: /tmp/pairs (default)
+    python benchmarks/advice_validation.py DIR --json
 
 DIR holds ``base.sqlite`` and one trace per single config change (``pin``, ``bf16``,
 ``nooffload``, ``subgroup``, ``ratio``: see benchmarks/record_advice_pairs.sh), each with its
 manifest ``NAME.json``. Every changed run is *predicted from base alone* with the what-if model
 (:mod:`tracekit.analyze.whatif`) and *measured from its own trace*: the mean wall time of its
 steady iterations (complete ones, warm-up iteration 0 left out), the same basis as the
-prediction. Error % = 100 * (predicted - measured) / measured. When ``pairs.log`` is there, the
-training's own step times (``step N loss L time_s T``, mean of steps 1..) are shown beside the
-traced ones as a cross-check. Prints a Markdown table; ``--json`` prints the rows.
+prediction. Error % = 100 * (predicted - measured) / measured. Per phase, the prediction is
+base's phase plus the scenario's ``phase_delta_ns`` where the scenario gives one.
+
+Runs recorded on a loaded host (:data:`LOADED`: the recording compressed earlier traces in the
+background) are not confirmations; for them a second error is shown against the measured run
+*normalised* (:func:`normalised_ms`): the phases the change cannot touch taken from base, the
+update divided by the slowdown of the update's own step the change cannot touch (the fp16
+overflow check, one pass over the whole gradient buffer on the CPU whatever the sub-groups).
+
+The training's own step times (``step N loss L time_s T``, mean of steps >= 1) are shown beside
+the traced ones as a cross-check, from ``pairs.log`` (runs named by its ``=== [S s] NAME:``
+lines) or ``NAME.out``. Prints a Markdown table and a per-phase table; ``--json`` prints the
+rows. A missing DIR/base.sqlite: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -23,30 +34,36 @@ from pathlib import Path
 PAIRS = {
     "pin": ("pin_memory", {}, "offload_optimizer.pin_memory false -> true"),
     "bf16": ("bf16", {}, "fp16 -> bf16"),
-    "nooffload": ("no_offload", {}, "no offload_optimizer"),
+    # FusedAdam failed to build on the recording machine: the run used torch_adam (torch.optim.AdamW)
+    "nooffload": ("no_offload", {"gpu_optimizer": "torch"},
+                  "no offload_optimizer (optimizer on the GPU: torch.optim.AdamW, torch_adam true)"),
     "subgroup": ("sub_group_size", {"sub_group_size": 2e7}, "sub_group_size 1e9 -> 2e7"),
     "ratio": ("ratio", {"ratio": 0.5}, "offload_optimizer.ratio 1 -> 0.5"),
 }
+#: runs recorded while the recording script compressed earlier traces with xz in the background
+LOADED = {"subgroup", "ratio"}
+#: phases a change cannot touch (the normalisation takes them from base)
+UNTOUCHED = {"subgroup": ("forward", "backward", "other"), "ratio": ("forward", "backward", "other")}
+PHASES = ("forward", "backward", "update", "other")
 
 
-def measured_ms(path: Path) -> tuple[float, list[int]]:
-    """Mean steady iteration wall time of a trace (ms) and the iterations averaged."""
+def measure(path: Path) -> dict | None:
+    """The what-if pieces of rank 0 of a trace (:func:`tracekit.analyze.whatif.measure`), or
+    None when it has no complete iteration (the run failed or was cut short)."""
     from tracekit.analyze import phases, whatif
     from tracekit.analyze.export import Export
 
     with Export.open(path) as ex:
         pieces = whatif.measure(ex, phases.build(ex))
-    if not pieces:  # no complete iteration: the run failed or was cut short
-        return None, []
-    p = pieces[0]
-    return p["iteration_ns"] / 1e6, p["iterations"]
+    return pieces[0] if pieces else None
 
 
-def log_steps(log: Path) -> dict[str, float]:
-    """Mean of ``time_s`` of steps >= 1 per run in pairs.log (run names from the ``=== ... NAME:`` lines)."""
+def log_steps(text: str, default: str | None = None) -> dict[str, float]:
+    """Mean ``time_s`` (ms) of steps >= 1 per run of a training log; runs are named by the
+    ``=== [S s] NAME:`` lines, else ``default``."""
     out: dict[str, list[float]] = {}
-    name = None
-    for line in log.read_text(errors="replace").splitlines():
+    name = default
+    for line in text.splitlines():
         m = re.match(r"=== \[\d+ s\] (\w+):", line)
         if m:
             name = m.group(1)
@@ -56,66 +73,109 @@ def log_steps(log: Path) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in out.items() if v}
 
 
-def predictions(base: Path, changes: dict) -> dict[str, dict]:
-    """Every what-if scenario for ``base`` with ``changes``, by scenario name."""
-    from tracekit.analyze import advice, dsconfig, phases, whatif
-    from tracekit.analyze.export import Export
+def predictions(base: Path, pieces: dict, changes: dict) -> dict[str, dict]:
+    """Every what-if scenario for ``base`` (its ``pieces`` and manifest) with ``changes``, by name."""
+    from tracekit.analyze import advice, dsconfig, whatif
 
-    with Export.open(base) as ex:
-        model = phases.build(ex)
-        pieces = whatif.measure(ex, model)[0]
     loaded = dsconfig.load(base)
     inferred = dsconfig.infer_settings(whatif.trace_facts(pieces))
     sett = advice.settings_map(dsconfig.settings(loaded, inferred))
-    return {s["scenario"]: s for s in whatif.predict(pieces, sett, changes)}, pieces
+    return {s["scenario"]: s for s in whatif.predict(pieces, sett, changes)}
+
+
+def normalised_ms(name: str, base: dict, changed: dict) -> tuple[float, float] | None:
+    """``(normalised ms, update slowdown factor)`` of a changed run recorded on a loaded host:
+    the phases of :data:`UNTOUCHED` from base, plus the changed run's update divided by
+    ``k = overflow check (changed) / overflow check (base)`` (wall per iteration). None for a
+    run not in :data:`LOADED` or without an overflow check."""
+    if name not in LOADED:
+        return None
+    oc_b = base["roles"]["overflow_check"]["wall_ns"]
+    oc_c = changed["roles"]["overflow_check"]["wall_ns"]
+    if not oc_b or not oc_c:
+        return None
+    k = oc_c / oc_b
+    ns = sum(base["phase_ns"].get(p, 0.0) for p in UNTOUCHED[name]) + changed["phase_ns"].get("update", 0.0) / k
+    return ns / 1e6, k
+
+
+def rows_for(d: Path) -> dict:
+    """The validation rows of DIR ``d`` (see module doc)."""
+    base_path = d / "base.sqlite"
+    logs = log_steps((d / "pairs.log").read_text(errors="replace")) if (d / "pairs.log").exists() else {}
+    base = measure(base_path)
+    base_ms = base["iteration_ns"] / 1e6
+    rows = []
+    for name, (scenario, changes, what) in PAIRS.items():
+        trace = d / f"{name}.sqlite"
+        if not trace.exists():
+            continue
+        if name not in logs and (d / f"{name}.out").exists():
+            logs.update(log_steps((d / f"{name}.out").read_text(errors="replace"), default=name))
+        s = predictions(base_path, base, changes)[scenario]
+        pred = s["predicted_ns"] / 1e6
+        changed = measure(trace)
+        delta = s.get("phase_delta_ns") or {}
+        row = {"run": name, "change": what, "baseline_ms": round(base_ms, 1), "predicted_ms": round(pred, 1),
+               "predicted_saving_ms": round(base_ms - pred, 1), "confidence": s["confidence"],
+               "applicable": s["applicable"], "why_not": s["why_not"], "log_ms": logs.get(name),
+               "loaded_host": name in LOADED, "basis": s["basis"]}
+        if changed is None:
+            rows.append({**row, "measured_ms": None, "error_pct": None, "measured_saving_ms": None, "iterations": [],
+                         "why_not": "no complete iteration in the changed run's trace (the training failed)"})
+            continue
+        meas = changed["iteration_ns"] / 1e6
+        row.update(measured_ms=round(meas, 1), error_pct=round(100 * (pred - meas) / meas, 1),
+                   measured_saving_ms=round(base_ms - meas, 1), iterations=changed["iterations"])
+        norm = normalised_ms(name, base, changed)
+        if norm is not None:
+            row.update(normalised_ms=round(norm[0], 1), update_slowdown=round(norm[1], 3),
+                       normalised_error_pct=round(100 * (pred - norm[0]) / norm[0], 1))
+        row["phases"] = {p: {"base_ms": round(base["phase_ns"].get(p, 0.0) / 1e6, 1),
+                             "predicted_ms": round((base["phase_ns"].get(p, 0.0) + delta.get(p, 0.0)) / 1e6, 1),
+                             "measured_ms": round(changed["phase_ns"].get(p, 0.0) / 1e6, 1)} for p in PHASES}
+        rows.append(row)
+    return {"base_ms": base_ms, "base_iterations": base["iterations"], "base_log_ms": logs.get("base"),
+            "base_phases": {p: round(base["phase_ns"].get(p, 0.0) / 1e6, 1) for p in PHASES}, "rows": rows}
 
 
 def main(argv: list[str]) -> int:
     as_json = "--json" in argv
     args = [a for a in argv if a != "--json"]
     d = Path(args[0]) if args else Path("/tmp/pairs")
-    base = d / "base.sqlite"
-    if not base.exists():
-        print(f"{base}: missing (record the pairs with benchmarks/record_advice_pairs.sh)", file=sys.stderr)
+    if not (d / "base.sqlite").exists():
+        print(f"{d / 'base.sqlite'}: missing (record the pairs with benchmarks/record_advice_pairs.sh)", file=sys.stderr)
         return 2
-    logs = log_steps(d / "pairs.log") if (d / "pairs.log").exists() else {}
-    base_ms, base_its = measured_ms(base)
-    rows = []
-    for name, (scenario, changes, what) in PAIRS.items():
-        trace = d / f"{name}.sqlite"
-        if not trace.exists():
-            continue
-        scen, _ = predictions(base, changes)
-        s = scen[scenario]
-        meas, its = measured_ms(trace)
-        pred = s["predicted_ns"] / 1e6
-        if meas is None:
-            rows.append({"run": name, "change": what, "baseline_ms": round(base_ms, 1), "predicted_ms": round(pred, 1),
-                         "measured_ms": None, "error_pct": None, "measured_saving_ms": None,
-                         "predicted_saving_ms": round(base_ms - pred, 1), "log_ms": logs.get(name), "iterations": [],
-                         "confidence": s["confidence"], "applicable": s["applicable"],
-                         "why_not": "no complete iteration in the changed run's trace (the training failed)"})
-            continue
-        rows.append({"run": name, "change": what, "baseline_ms": round(base_ms, 1), "predicted_ms": round(pred, 1),
-                     "measured_ms": round(meas, 1), "error_pct": round(100 * (pred - meas) / meas, 1),
-                     "measured_saving_ms": round(base_ms - meas, 1), "predicted_saving_ms": round(base_ms - pred, 1),
-                     "log_ms": round(logs[name], 1) if name in logs else None, "iterations": its,
-                     "confidence": s["confidence"], "applicable": s["applicable"], "why_not": s["why_not"]})
+    res = rows_for(d)
     if as_json:
-        print(json.dumps({"base_ms": base_ms, "base_iterations": base_its, "rows": rows}, indent=1))
+        print(json.dumps(res, indent=1))
         return 0
-    print(f"base: {base_ms:,.1f} ms per steady iteration (iterations {base_its}"
-          + (f"; pairs.log {logs['base']:,.1f} ms" if "base" in logs else "") + ")\n")
-    print("| change | predicted ms | measured ms | error % | saving predicted / measured ms | confidence | pairs.log ms |")
-    print("|---|---:|---:|---:|---:|---|---:|")
-    for r in rows:
+    print(f"base: {res['base_ms']:,.1f} ms per steady iteration (mean of iterations {res['base_iterations']}"
+          + (f"; training log {res['base_log_ms']:,.1f} ms" if res["base_log_ms"] else "") + ")\n")
+    print("| change | predicted ms | measured ms | error % | saving predicted / measured ms | confidence "
+          "| normalised ms (error %) | training log ms |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|")
+    for r in res["rows"]:
         log = f"{r['log_ms']:,.1f}" if r["log_ms"] is not None else "–"
+        what = r["change"] + (" (loaded host; not a confirmation)" if r["loaded_host"] else "")
         if r["measured_ms"] is None:
-            print(f"| {r['change']} | {r['predicted_ms']:,.1f} | – | – | {r['predicted_saving_ms']:,.1f} / – | "
-                  f"{r['confidence']} | {log} |  ({r['why_not']})")
+            print(f"| {what} | {r['predicted_ms']:,.1f} | – | – | {r['predicted_saving_ms']:,.1f} / – | "
+                  f"{r['confidence']} | – | {log} |  ({r['why_not']})")
             continue
-        print(f"| {r['change']} | {r['predicted_ms']:,.1f} | {r['measured_ms']:,.1f} | {r['error_pct']:+.1f} | "
-              f"{r['predicted_saving_ms']:,.1f} / {r['measured_saving_ms']:,.1f} | {r['confidence']} | {log} |")
+        norm = (f"{r['normalised_ms']:,.1f} ({r['normalised_error_pct']:+.1f})" if "normalised_ms" in r else "–")
+        print(f"| {what} | {r['predicted_ms']:,.1f} | {r['measured_ms']:,.1f} | {r['error_pct']:+.1f} | "
+              f"{r['predicted_saving_ms']:,.1f} / {r['measured_saving_ms']:,.1f} | {r['confidence']} | {norm} | {log} |")
+    print("\nper phase, ms per steady iteration (base / predicted / measured):\n")
+    print("| run | " + " | ".join(PHASES) + " |")
+    print("|---|" + "---:|" * len(PHASES))
+    for r in res["rows"]:
+        if r["measured_ms"] is None:
+            continue
+        cells = [f"{v['base_ms']:,.1f} / {v['predicted_ms']:,.1f} / {v['measured_ms']:,.1f}" for v in r["phases"].values()]
+        print(f"| {r['run']} | " + " | ".join(cells) + " |")
+    for r in res["rows"]:
+        if "update_slowdown" in r:
+            print(f"\n{r['run']}: update normalised by the overflow check's slowdown x{r['update_slowdown']:.3f}")
     return 0
 
 

@@ -44,6 +44,7 @@ DEFAULTS = {
     "train_micro_batch_size_per_gpu": 1,
     "gradient_clipping": 0.0,
     "precision": "fp32",
+    "optimizer.params.torch_adam": False,
 }
 
 #: Keys shown at the top of ``analyze`` and ``report``, in this order.
@@ -65,6 +66,9 @@ KEYS = [
     "zero_optimization.stage3_prefetch_bucket_size",
     "gradient_clipping",
     "zero_optimization.zenflow",
+    "optimizer.type",
+    "optimizer.params.torch_adam",
+    "optimizer.params.weight_decay",
 ]
 
 
@@ -179,8 +183,8 @@ def config_value(cfg: dict, key: str, ds_version: str | None = None) -> tuple[ob
         return ver >= (0, 19, 6), "default"
     if key == "zero_optimization.overlap_comm":  # DeepSpeed: True for stage 3, else False
         return _get(cfg, "zero_optimization.stage") == 3, "default"
-    if key == "zero_optimization.zenflow":
-        return None, "default"
+    if key in ("zero_optimization.zenflow", "optimizer.type", "optimizer.params.weight_decay"):
+        return None, "default"  # no DeepSpeed default (the optimizer's own applies): not shown
     if key in DEFAULTS:
         return DEFAULTS[key], "default"
     return None, "unknown"

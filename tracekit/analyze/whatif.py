@@ -43,11 +43,29 @@ ROLES = {
     "grad_norm": r"(_get_norm_groups|^grad_norm|scaled_global_norm)$",
     "cpu_adam": r"^cpu_optimizer_step$",
 }
-#: Bytes the GPU reads and writes per parameter for a mixed-precision Adam step done on the
-#: GPU: fp32 weight, momentum, variance read+write (24), fp32 gradient read (4), unscale
-#: read+write of the gradient (8), gradient norm read (4), 16-bit weight written from the fp32
-#: one (4 read + 2 write).
-GPU_UPDATE_BYTES_PER_PARAM = 46
+#: Bytes the GPU reads and writes per parameter for the Adam arithmetic of one step, by
+#: implementation (fp32 state, the 16-bit gradient already made fp32):
+#:
+#: - ``fused``: DeepSpeed's FusedAdam (``multi_tensor_adam``, what ZeRO without offload runs for
+#:   ``optimizer.type`` Adam/AdamW): one pass reading weight, gradient, momentum, variance and
+#:   writing weight, momentum, variance: 7 x 4 = 28 B.
+#: - ``torch``: ``torch.optim.AdamW`` / ``Adam`` (``optimizer.params.torch_adam: true``), the
+#:   default ``foreach`` path on CUDA, seven passes over the fp32 tensors (weight decay 0):
+#:   ``lerp_(m, g)`` 12, ``mul_(v)`` 8, ``addcmul_(v, g, g)`` 12, ``sqrt(v)`` 8, ``div_`` 8,
+#:   ``add_(eps)`` 8, ``addcdiv_(w, m, denom)`` 16 = 72 B (+8 for the ``mul_(w)`` of a
+#:   non-zero weight decay). A trace shows it as 7 x ceil(P / (320 x 65536)) launches of
+#:   ``multi_tensor_apply_kernel``.
+ADAM_BYTES_PER_PARAM = {"fused": 28, "torch": 72}
+#: Bytes per parameter of the other GPU steps of a ZeRO-3 optimizer step without offload
+#: (deepspeed/runtime/zero/stage3.py), each of which the offloaded run does on the CPU or
+#: during its copies instead: the fp32 gradient built from the 16-bit partitions
+#: (``_prepare_fp32_grad_for_sub_group``: flatten 2+2, ``.to(float32)`` 2+4 = 10), the
+#: gradient norm (``get_grad_norm_direct``: ``g.double()`` 2+8, ``.norm(2)`` reads 8 = 18), the
+#: unscale (``unscale_and_clip_grads``: ``mul_`` of the fp32 gradient 4+4 = 8) and the 16-bit
+#: weights written from the fp32 ones (4+2 = 6): 42 B.
+GPU_STEP_OTHER_BYTES_PER_PARAM = 42
+#: Bytes per parameter of a whole GPU optimizer step with DeepSpeed's default FusedAdam.
+GPU_UPDATE_BYTES_PER_PARAM = ADAM_BYTES_PER_PARAM["fused"] + GPU_STEP_OTHER_BYTES_PER_PARAM
 #: Optimizer state per parameter for mixed-precision Adam (fp32 weight, momentum, variance,
 #: gradient).
 STATE_BYTES_PER_PARAM = 16
@@ -327,8 +345,21 @@ def _pin_saving(pieces: dict, copies: pl.DataFrame) -> tuple[float, bool, list[s
     return total / n, measured, sorted(bases)
 
 
+#: the phase a scenario's saving is taken from, when it does not give ``phase_delta_ns`` itself
+SCENARIO_PHASE = {"bf16": "update", "grads_on_gpu": "backward", "overlap_grad_copies": "backward",
+                  "sub_group_size": "update"}
+
+
+def _phase_delta(pieces: dict, copies: pl.DataFrame) -> dict:
+    """``{phase: -saving ns}`` of :func:`_pin_saving` per phase of ``copies``."""
+    return {ph: -_pin_saving(pieces, copies.filter(pl.col("phase") == ph))[0]
+            for ph in sorted(set(copies["phase"].drop_nulls().to_list()))}
+
+
 def _result(pieces, name, saving_ns, basis, confidence, applicable=True, why="", **extra) -> dict:
     base = pieces["iteration_ns"]
+    if "phase_delta_ns" not in extra and name in SCENARIO_PHASE:
+        extra["phase_delta_ns"] = {SCENARIO_PHASE[name]: -saving_ns}
     return {"scenario": name, "applicable": applicable, "why_not": why, "baseline_ns": base,
             "predicted_ns": base - saving_ns, "saving_ns": saving_ns, "basis": basis, "confidence": confidence,
             **extra}
@@ -339,8 +370,9 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
 
     ``settings``: ``{key: value}`` of the run (dotted DeepSpeed keys and ``precision``, see
     :mod:`tracekit.analyze.dsconfig`; None = unknown). ``changes`` sets the target of the
-    tunable scenarios: ``{"ratio": 0.5, "sub_group_size": 2e7}`` (defaults: the largest GPU
-    share that fits the free memory; 1e8).
+    tunable scenarios: ``{"ratio": 0.5, "sub_group_size": 2e7, "gpu_optimizer": "torch"}``
+    (defaults: the largest GPU share that fits the free memory; 1e8; the implementation the
+    config selects, see :func:`gpu_step_bytes`).
 
     Returns one dict per scenario: ``scenario, applicable, why_not, baseline_ns, predicted_ns,
     saving_ns`` (per steady iteration; negative = slower), ``basis`` (how it was computed),
@@ -363,7 +395,8 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                        "time, replaced by its bytes at the pinned bandwidth of its size ("
                        + "; ".join(bases) + "), times its exposed share" if bases else "no pageable copy",
                        "high" if measured else "medium", applicable=s > 0,
-                       why="" if s > 0 else "no pageable copy in the steady iterations"))
+                       why="" if s > 0 else "no pageable copy in the steady iterations",
+                       phase_delta_ns=_phase_delta(pieces, copies)))
     cb = copies.filter(pl.col("role") == "copy_back")
     s_cb, _, _ = _pin_saving(pieces, cb)
     out[-1]["copy_back_saving_ns"] = s_cb
@@ -377,7 +410,8 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                        "stays pageable): the longer of each one's host stall in the API call and its exposed time, "
                        "replaced by its bytes at the pinned bandwidth of its size (" + "; ".join(bases) + ")", "high" if measured else "medium",
                        applicable=ok and s > 0,
-                       why="" if ok else ("pin_memory is already true" if pin is True else "no optimizer offload")))
+                       why="" if ok else ("pin_memory is already true" if pin is True else "no optimizer offload"),
+                       phase_delta_ns=_phase_delta(pieces, not_cb) if ok else {}))
 
     # 3. fp16 -> bf16: no overflow check (has_overflow) and loss-scale bookkeeping
     oc = roles["overflow_check"]
@@ -392,26 +426,33 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     # 4. no optimizer offload
     bwd_host = copies.filter(pl.col("phase") == "backward")
     bwd_exposed = float(bwd_host["exposed_ns"].sum()) / n
+    # what backward pays for its host copies: per copy the longer of the launching thread's stall
+    # in the API call (a pageable copy is staged by the driver) and its exposed GPU time
+    bwd_cost = float(np.maximum(bwd_host["host_ns"].fill_null(0.0).to_numpy(),
+                                bwd_host["exposed_ns"].to_numpy()).sum()) / n if bwd_host.height else 0.0
     upd_cpu = sum(roles[k]["wall_ns"] for k in ("cpu_adam", "copy_back", "overflow_check", "unscale", "grad_norm"))
     dev_gbps, dev_basis = _device_bandwidth(pieces)
-    gpu_upd = (P * GPU_UPDATE_BYTES_PER_PARAM / dev_gbps) if P and dev_gbps else None
+    impl, step_bytes, impl_basis = gpu_step_bytes(settings, changes)
+    gpu_upd = (P * step_bytes / dev_gbps) if P and dev_gbps else None
     free = pieces["free_bytes"]
     need = P * STATE_BYTES_PER_PARAM if P else None
     fits = None if free is None or need is None else need <= free
     ok = offload not in (None, "none") and gpu_upd is not None and fits is not False
-    s = (bwd_exposed + upd_cpu - gpu_upd) if ok else 0.0
+    s = (bwd_cost + upd_cpu - gpu_upd) if ok else 0.0
     out.append(_result(
         pieces, "no_offload", s,
-        f"backward without its host copies ({bwd_exposed / 1e6:,.1f} ms exposed per iteration); the update without "
-        f"the CPU steps (Adam, copy-back, overflow check, unscale, norm: {upd_cpu / 1e6:,.1f} ms) plus a GPU Adam "
-        f"step reading and writing {GPU_UPDATE_BYTES_PER_PARAM} B per parameter ({(P or 0) / 1e6:,.0f} M) at "
+        f"backward without its host copies ({bwd_cost / 1e6:,.1f} ms per iteration: per copy the longer of the "
+        f"host stall in the API call and the exposed time; {bwd_exposed / 1e6:,.1f} ms exposed); the update without "
+        f"the CPU steps (Adam, copy-back, overflow check, unscale, norm: {upd_cpu / 1e6:,.1f} ms) plus a GPU step "
+        f"reading and writing {step_bytes} B per parameter ({impl_basis}; {(P or 0) / 1e6:,.0f} M parameters) at "
         f"{dev_basis} = {(gpu_upd or 0) / 1e6:,.2f} ms"
         + ("" if fits is None else f"; optimizer state {need / 1e9:,.1f} GB vs {free / 1e9:,.1f} GB free"),
         "medium", applicable=ok,
         why="" if ok else ("no optimizer offload" if offload in (None, "none") else
                            "the optimizer state does not fit the free GPU memory" if fits is False else
                            "parameter count or device bandwidth unknown"),
-        gpu_update_ns=gpu_upd, state_bytes=need, free_bytes=free))
+        gpu_update_ns=gpu_upd, state_bytes=need, free_bytes=free, gpu_optimizer=impl, gpu_step_bytes=step_bytes,
+        phase_delta_ns={"backward": -bwd_cost if ok else 0.0, "update": (gpu_upd - upd_cpu) if ok else 0.0}))
 
     # 5. gradients kept on the GPU across accumulation micro-steps
     nb = bwd_host.filter(~pl.col("boundary"))
@@ -459,12 +500,37 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
         why="" if (ok and gpu_groups) else ("no optimizer offload" if not ok else
                                              f"with {nsg} sub-group(s) ratio {ratio:g} moves none to the GPU; "
                                              "lower sub_group_size first"),
-        ratio=ratio, gpu_sub_groups=gpu_groups, sub_groups=nsg))
+        ratio=ratio, gpu_sub_groups=gpu_groups, sub_groups=nsg,
+        phase_delta_ns={"backward": -f * b_fp32 if ok else 0.0,
+                        "update": -(f * per_group_cpu - f * (gpu_upd or 0.0)) if ok else 0.0}))
 
     # 8. sub_group_size
     target = changes.get("sub_group_size") or 1e8
     out.append(_sub_group(pieces, cb, float(target), P, nsg, n))
     return out
+
+
+def gpu_step_bytes(settings: dict, changes: dict | None = None) -> tuple[str, int, str]:
+    """``(implementation, bytes per parameter, basis)`` of a ZeRO-3 optimizer step done on the GPU:
+    :data:`ADAM_BYTES_PER_PARAM` of the Adam implementation plus
+    :data:`GPU_STEP_OTHER_BYTES_PER_PARAM`. The implementation is ``changes["gpu_optimizer"]``
+    (``"fused"`` or ``"torch"``) when given, else ``torch`` when the config sets
+    ``optimizer.params.torch_adam: true``, else DeepSpeed's FusedAdam. torch's AdamW adds 8 B
+    for a non-zero weight decay (its default, 1e-2, when ``optimizer.params.weight_decay`` is unset).
+    Raises ValueError for another implementation name."""
+    changes = changes or {}
+    impl = changes.get("gpu_optimizer")
+    if impl is None:
+        impl = "torch" if settings.get("optimizer.params.torch_adam") is True else "fused"
+    if impl not in ADAM_BYTES_PER_PARAM:
+        raise ValueError(f"gpu_optimizer {impl!r}: choose fused or torch")
+    adam = ADAM_BYTES_PER_PARAM[impl]
+    wd = settings.get("optimizer.params.weight_decay")
+    if impl == "torch" and (wd is None or wd != 0):
+        adam += 8
+    name = ("torch.optim AdamW, foreach" if impl == "torch" else "DeepSpeed FusedAdam")
+    return impl, adam + GPU_STEP_OTHER_BYTES_PER_PARAM, (
+        f"{name} {adam} B + ZeRO-3 fp32 gradient, norm, unscale and 16-bit copy {GPU_STEP_OTHER_BYTES_PER_PARAM} B")
 
 
 def _boundary_fp32_d2h(bwd_host: pl.DataFrame, n: int) -> float:
