@@ -1,1 +1,20 @@
-"""Analysis layer: read nsys SQLite exports with polars and attribute GPU work to training phases."""
+"""Analysis layer: read nsys SQLite exports with polars and attribute GPU work to training phases.
+
+The package is also the entry point of the Python API: ``tracekit.analyze(path, **options)``
+calls :func:`tracekit.analysis.analyze` and returns an :class:`tracekit.analysis.Analysis`
+(the package and the function share the name, so the package module is callable).
+"""
+
+import sys as _sys
+import types as _types
+
+
+class _CallableModule(_types.ModuleType):
+    def __call__(self, path, options=None, **kwargs):
+        """``tracekit.analyze(path, **options)``: :func:`tracekit.analysis.analyze`."""
+        from tracekit.analysis import analyze
+
+        return analyze(path, options, **kwargs)
+
+
+_sys.modules[__name__].__class__ = _CallableModule

@@ -16,7 +16,6 @@ like a local run (:mod:`tracekit.analyze.cache`).
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import os
 import re
@@ -94,52 +93,26 @@ def rank_numbers(paths: list[Path]) -> list[int | None]:
 
 # ---------------------------------------------------------------------- one trace
 def _options_dict(options) -> dict:
-    if options is None:
-        return {}
-    if dataclasses.is_dataclass(options):
-        return dataclasses.asdict(options)
-    return dict(options)
+    """The fields of :class:`tracekit.options.Options` that key a result, from an Options or a dict."""
+    from tracekit.options import Options
+
+    return Options.of(options).key()
 
 
 def analyze_one(path: str | Path, options=None, cache: bool = True) -> dict:
-    """Analyze one trace: the dict of :func:`tracekit.analyze.result.analyze_export`.
+    """Analyze one trace: the JSON-ready dict of :meth:`tracekit.analysis.Analysis.to_json`
+    (:func:`tracekit.analysis.analyze`, the one pipeline; its result cache included).
 
-    ``options`` is a :class:`tracekit.analyze.result.Options` or a dict of its fields.
-    With ``cache`` (default), a result computed before for the same trace, options and
-    tracekit code is read from the trace's cache directory, and on a miss the queries go
-    through the Parquet cache (:mod:`tracekit.analyze.cache`); a cache that cannot be written
-    is silently skipped. Raises :class:`TracekitError` for a trace that cannot be analyzed.
+    ``options`` is a :class:`tracekit.options.Options` or a dict of its fields. Raises
+    :class:`TracekitError` for a trace that cannot be analyzed.
     """
-    path = Path(path)
-    opts = _options_dict(options)
-    tc = key = None
-    if cache and path.is_file():
-        from tracekit.analyze.cache import TraceCache
+    from tracekit.analysis import analyze
+    from tracekit.options import Options
 
-        try:
-            tc = TraceCache(path)
-        except OSError:
-            tc = None
-        if tc is not None and tc.enabled:
-            key = tc.result_key(opts, str(path))
-            hit = tc.get_result(key)
-            if hit is not None:
-                return hit
-    from tracekit.analyze.export import Export
-    from tracekit.analyze.result import Options, analyze_export
-
-    with Export.open(path, cache=tc if tc is not None and tc.enabled else False) as export:
-        if "pcie" in (opts.get("sections") or ()):
-            from tracekit.analyze.pcie_metrics import prefetch_series
-
-            prefetch_series(export)  # the GPU_METRICS scan overlaps the phase model and other sections
-        result = analyze_export(export, Options(**opts))
-    if key is not None:
-        tc.put_result(key, result)
-    return result
+    return analyze(path, Options.of(options, cache=cache)).to_json()
 
 
-def _analyze_one_checked(path: str, options: dict, cache: bool) -> dict:
+def _analyze_one_checked(path: str, options, cache: bool) -> dict:
     """:func:`analyze_one` for a worker: any failure comes back as a TracekitError naming the
     trace, on one line (out of memory: :func:`tracekit.memlimit.message`, exit code 2; a bug or
     a Rust panic of polars: exit code 1)."""
@@ -189,7 +162,9 @@ def analyze_many(
     unreachable Dask scheduler.
     """
     paths = expand_inputs(items)
-    opts = _options_dict(options)
+    from tracekit.options import Options
+
+    opts = Options.of(options)  # checked here, once; a frozen dataclass travels to the workers
     if dask:
         outcomes = _run_dask(dask, paths, opts, cache)
     else:
@@ -226,7 +201,7 @@ def _outcome(call) -> dict | TracekitError:
 WORKER_DIED = "a worker process died while analyzing it (killed or aborted, often out of memory)"
 
 
-def _run_processes(paths: list[Path], opts: dict, cache: bool, jobs: int) -> list[dict | TracekitError]:
+def _run_processes(paths: list[Path], opts, cache: bool, jobs: int) -> list[dict | TracekitError]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -255,7 +230,7 @@ def _run_processes(paths: list[Path], opts: dict, cache: bool, jobs: int) -> lis
         return out
 
 
-def _run_dask(address: str, paths: list[Path], opts: dict, cache: bool) -> list[dict]:
+def _run_dask(address: str, paths: list[Path], opts, cache: bool) -> list[dict]:
     try:
         from distributed import Client
     except ImportError:
@@ -516,16 +491,10 @@ def write_json(obj, fh, indent: int = 1) -> None:
 def cached_json(path: str | Path, options=None) -> str | None:
     """The cached result of ``path`` with ``options`` as the JSON text ``--json`` prints, read
     without parsing it; None when there is none (or the trace changed)."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    from tracekit.analyze.cache import TraceCache
+    from tracekit.analysis import cached_result_text
+    from tracekit.options import Options
 
-    try:
-        tc = TraceCache(path)
-    except OSError:
-        return None
-    return tc.get_result_text(tc.result_key(_options_dict(options), str(path)))
+    return cached_result_text(path, Options.of(options))
 
 
 # ---------------------------------------------------------------------- cached terminal output

@@ -57,7 +57,6 @@ first), ``"one_time_costs": [{"problem", "total_ms", "knob", "change", "pid", "d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -65,37 +64,12 @@ import polars as pl
 from tracekit.analyze import breakdown, phases
 from tracekit.analyze.export import Export
 from tracekit.errors import TracekitError
-
-PHASE_ORDER = {"forward": 0, "backward": 1, "update": 2, "other": 3}
-
-
-@dataclass
-class Options:
-    """What to analyze: ``phase`` narrows to one phase (and adds its sub-phase breakdown),
-    ``iteration`` to one iteration index; ``phase_map`` and ``gas`` go to
-    :func:`tracekit.analyze.phases.build`."""
-
-    phase: str | None = None
-    iteration: int | None = None
-    phase_map: list[str] | None = None
-    gas: int | None = None
-    #: transfer sections shown in detail (:data:`tracekit.analyze.transfers.SECTIONS`); the
-    #: findings are computed whatever is selected
-    sections: tuple[str, ...] = ()
-    pcie_threshold: float = 80.0
-    bin_ms: float = 1.0
-    #: the run's DeepSpeed config as :func:`tracekit.analyze.dsconfig.load` returns it (from
-    #: ``--ds-config`` or the manifest); None = look for the manifest beside the trace
-    ds_config: dict | None = None
+from tracekit.options import Options  # the one Options of every command, importable from here too
+from tracekit.vocab import PHASE_ORDER, json_number, os_pid, phase_rank
 
 
 def _clean(row: dict) -> dict:
-    out = {}
-    for k, v in row.items():
-        if isinstance(v, float):
-            v = round(v, 6)
-        out[k] = v
-    return out
+    return {k: json_number(k, v) for k, v in row.items()}
 
 
 PHASE_ROW_KEYS = ["phase", "micro_step", "boundary", "inferred", "unclosed", "start_ns", "end_ns", *breakdown.METRICS,
@@ -106,20 +80,32 @@ SUB_KEYS = ["iteration", "sub_phase", "wall_ns", "gpu_busy_ns", "gpu_idle_ns", "
             "d2h_bytes", "d2h_busy_ns", "d2h_count", "d2h_gbps"]
 
 
-def analyze_export(export: Export, options: Options | None = None) -> dict:
+def analyze_export(export: Export, options: Options | dict | None = None) -> dict:
     """Run the phase breakdown on an open export; returns the dict described in the module doc.
 
     Raises :class:`~tracekit.errors.MissingDataError` when the trace has no CUDA activity.
     """
-    options = options or Options()
-    model = phases.build(export, phase_map=options.phase_map, gas=options.gas)
+    return compute(export, Options.of(options))[0]
+
+
+def compute(export: Export, options: Options) -> tuple[dict, dict]:
+    """The analysis of an open export: ``(result, parts)``, ``result`` the dict of the module doc
+    and ``parts`` what it was built from, ``{"model": PhaseModel, "table": phase_table,
+    "totals": totals, "sub_phases": {phase: sub_phase_table}, "transfers": TransferResult}``
+    (kept by :class:`tracekit.analysis.Analysis`, so that nothing is computed twice).
+
+    Raises :class:`~tracekit.errors.MissingDataError` when the trace has no CUDA activity,
+    :class:`TracekitError` for an ``options.iteration`` the trace lacks.
+    """
+    model = phases.build(export, phase_map=list(options.phase_map) if options.phase_map else None, gas=options.gas)
     table = breakdown.phase_table(model)
     tot = breakdown.totals(model)
     sub = breakdown.sub_phase_table(model, options.phase) if options.phase else pl.DataFrame()
+    full_sub = sub
     from tracekit.analyze import transfers
 
     tr = transfers.analyze_transfers(export, model, tuple(options.sections or ()), options.pcie_threshold,
-                                     max(1, int(round(options.bin_ms * 1e6))))
+                                     options.bin_ns)
     if options.phase:
         table = table.filter(pl.col("phase") == options.phase)
     if options.iteration is not None:
@@ -152,7 +138,7 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
         rtot = tot.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"]))
         totals = {
             row["phase"]: _clean({k: row[k] for k in TOTAL_KEYS})
-            for row in sorted(rtot.iter_rows(named=True), key=lambda d: PHASE_ORDER.get(d["phase"], 9))
+            for row in sorted(rtot.iter_rows(named=True), key=lambda d: phase_rank(d["phase"]))
         }
         entry = {"pid": int(r["pid"]), "device": int(r["device"]), **ids.get((r["global_pid"], r["device"]), {}),
                  "iterations": iterations, "totals": totals}
@@ -164,14 +150,11 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
         if tr.sections:
             entry["transfers"] = tr.rank_sections(r["global_pid"], r["device"], options.phase, options.iteration)
         ranks.append(entry)
-    return {
+    result = {
         "trace": str(export.path),
         "schema_version": export.schema_version,
         "nsys_version": export.nsys_version,
-        "phase_source": {
-            str((gp >> 24) & 0xFFFFFF): src
-            for gp, src in sorted(model.source.items())
-        },
+        "phase_source": {str(os_pid(gp)): src for gp, src in sorted(model.source.items())},
         "nvtx_anomalies": model.anomalies,
         "gpu_op_anomalies": {k: v for k, v in export.set_aside.items() if not k.startswith("nvtx_")},
         "ranks": ranks,
@@ -181,13 +164,16 @@ def analyze_export(export: Export, options: Options | None = None) -> dict:
         **_advice_and_findings(export, model, tr, options),
         "incomplete_iterations": _incomplete(model),
     }
+    parts = {"model": model, "table": table, "totals": tot, "transfers": tr,
+             "sub_phases": {options.phase: full_sub} if options.phase else {}}
+    return result, parts
 
 
 def _incomplete(model: phases.PhaseModel) -> list[dict]:
     """``incomplete_iterations`` of the result: one dict per window cut because its NVTX range
     never closed (:attr:`tracekit.analyze.phases.PhaseModel.unclosed`)."""
     return [
-        {"pid": (int(r["global_pid"]) >> 24) & 0xFFFFFF, "iteration": r["iteration"], "phase": r["phase"],
+        {"pid": os_pid(r["global_pid"]), "iteration": r["iteration"], "phase": r["phase"],
          "micro_step": r["micro_step"], "range": r["name"], "form": r["form"], "reason": r["reason"],
          "start_ns": r["start"], "end_ns": r["end"]}
         for r in model.unclosed.iter_rows(named=True)
@@ -230,7 +216,7 @@ def summarize(ranks: list[dict]) -> dict:
         walls = [v for v, _ in vals]
         slow = max(vals)
         per_phase[phase] = {
-            "mean_wall_ns": sum(walls) / len(walls),
+            "mean_wall_ns": json_number("mean_wall_ns", sum(walls) / len(walls)),
             "max_wall_ns": int(slow[0]),
             "slowest_rank_pid": int(slow[1]),
             "spread_ns": int(max(walls) - min(walls)),

@@ -1,0 +1,430 @@
+"""The one pipeline: ``tracekit.analyze(path, **options) -> Analysis`` (issue 10).
+
+Every command gets its numbers here: ``tracekit analyze`` (tables, ``--json``, ``--format``,
+``--out``), ``tracekit report``, ``tracekit compare``, many traces and Dask. An
+:class:`Analysis` holds the result of one trace once; JSON, tables, figures and files are views
+of it. Example (a notebook)::
+
+    import tracekit
+    a = tracekit.analyze("run.sqlite")                 # or analyze("run.sqlite", phase="update")
+    a.phases.filter(pl.col("phase") == "update")       # one row per rank, iteration, phase, micro-step
+    a.copies.group_by("phase", "direction").agg(pl.col("bytes").sum())
+    a.frames["overlap_phase"], a.findings, a.advice
+    a.to_json()                                        # exactly what `tracekit analyze --json` prints
+    a.phases.to_pandas()                               # with pandas installed
+
+Every frame is a polars DataFrame; units: ns, bytes, GB/s = 1e9 B/s. Ranks are named by OS
+``pid`` and CUDA ``device`` (and distributed ``rank`` where the trace tells it), text (kernel,
+range, thread and API names) as text, never as string ids.
+
+Caching lives in the reading layer (:mod:`tracekit.analyze.cache`, beside the trace): a result
+computed before for the same trace, options and tracekit code is read back; frames that the
+result does not hold (copies, kernels, sub-phases, ``frames``) are computed from the phase model
+when first asked for, and the model is built once per :class:`Analysis`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tracekit.errors import TracekitError
+from tracekit.options import SECTIONS, Options
+from tracekit.vocab import PHASES, TID_MASK
+
+if TYPE_CHECKING:  # pragma: no cover
+    import polars as pl
+
+__all__ = ["Analysis", "ManyAnalysis", "analyze", "analyze_many", "Options"]
+
+
+def _trace_cache(path: Path, options: Options):
+    """The trace's :class:`tracekit.analyze.cache.TraceCache` when caching is on and usable, else None."""
+    if not (options.cache and path.is_file()):
+        return None
+    from tracekit.analyze.cache import TraceCache
+
+    try:
+        tc = TraceCache(path)
+    except OSError:
+        return None
+    return tc if tc.enabled else None
+
+
+def result_key(path: Path, options: Options, tc) -> str:
+    """The result cache's key of ``path`` with ``options`` (for the stored JSON and terminal text)."""
+    return tc.result_key(options.key(), str(path))
+
+
+def cached_result_text(path: str | Path, options: Options) -> str | None:
+    """The JSON text ``--json`` printed before for ``path`` with ``options`` (stored by
+    :func:`analyze`), without parsing it or loading polars; None when there is none, caching is
+    off or the trace changed."""
+    path = Path(path)
+    tc = _trace_cache(path, options)
+    return None if tc is None else tc.get_result_text(result_key(path, options, tc))
+
+
+def analyze(path: str | Path, options: Options | dict | None = None, **kwargs) -> "Analysis":
+    """Analyze one nsys SQLite export (opened read-only).
+
+    Args:
+        path: the trace (``nsys export --type sqlite``).
+        options: an :class:`tracekit.options.Options` or a dict of its fields; ``kwargs``
+            (``phase="update"``, ``sections=("overlap",)``, ``cache=False``, ...) override them.
+
+    Returns an :class:`Analysis`. Raises :class:`TracekitError` (one line) for a file that is not
+    a readable nsys export, a trace without CUDA activity, an option out of range or an
+    ``iteration`` the trace lacks.
+    """
+    path = Path(path)
+    opts = Options.of(options, **kwargs)
+    tc = _trace_cache(path, opts)
+    key = None
+    if tc is not None:
+        key = result_key(path, opts, tc)
+        hit = tc.get_result(key)
+        if hit is not None:
+            return Analysis(path, opts, hit)
+    from tracekit.analyze.export import Export
+    from tracekit.analyze.result import compute
+
+    with Export.open(path, cache=tc if tc is not None else False) as export:
+        if "pcie" in opts.sections:
+            from tracekit.analyze.pcie_metrics import prefetch_series
+
+            prefetch_series(export)  # the GPU_METRICS scan overlaps the phase model and other sections
+        result, parts = compute(export, opts)
+    if key is not None:
+        tc.put_result(key, result)
+    return Analysis(path, opts, result, parts)
+
+
+class Analysis:
+    """The analysis of one trace (see the module doc). Build it with :func:`analyze`.
+
+    Attributes:
+        path: the trace.
+        options: the :class:`~tracekit.options.Options` it was computed with.
+    """
+
+    def __init__(self, path: Path, options: Options, result: dict, parts: dict | None = None) -> None:
+        self.path = Path(path)
+        self.options = options
+        self._result = result
+        self._parts = dict(parts or {})
+        self._memo: dict = {}
+
+    def __repr__(self) -> str:
+        r = self._result
+        return (f"Analysis({str(self.path)!r}: {len(r.get('ranks', []))} rank(s), "
+                f"{r.get('summary', {}).get('iterations', 0)} iteration(s))")
+
+    # ------------------------------------------------------------------ JSON view
+    def to_json(self) -> dict:
+        """The JSON-ready dict ``tracekit analyze --json`` prints (shape:
+        :mod:`tracekit.analyze.result`). The same object on every call: do not modify it."""
+        return self._result
+
+    def json_text(self) -> str:
+        """Exactly the text ``tracekit analyze --json`` prints (rows one per line)."""
+        from tracekit.analyze.cache import format_json
+
+        return format_json(self._result)
+
+    @property
+    def notes(self) -> list[str]:
+        """Sections skipped for data the trace lacks, each naming the nsys option that records it."""
+        return list(self._result.get("transfer_notes") or [])
+
+    # ------------------------------------------------------------------ the model, once
+    def _export(self):
+        """Open the trace again (read-only, through the Parquet cache when caching is on)."""
+        from tracekit.analyze.export import Export
+
+        tc = _trace_cache(self.path, self.options)
+        return Export.open(self.path, cache=tc if tc is not None else False)
+
+    @property
+    def model(self):
+        """The :class:`tracekit.analyze.phases.PhaseModel` (windows, GPU operations, NVTX ranges),
+        built when first needed (a result read from the cache holds none)."""
+        if "model" not in self._parts:
+            from tracekit.analyze import phases
+
+            with self._export() as export:
+                pm = list(self.options.phase_map) if self.options.phase_map else None
+                self._parts["model"] = phases.build(export, phase_map=pm, gas=self.options.gas)
+        return self._parts["model"]
+
+    def _strings(self, ids) -> dict[int, str]:
+        with self._export() as export:
+            return export.strings([int(i) for i in ids if i is not None])
+
+    def _rank_numbers(self) -> dict[tuple[int, int], int | None]:
+        return {(r["pid"], r["device"]): r.get("rank") for r in self._result.get("ranks", [])}
+
+    # ------------------------------------------------------------------ tables
+    @property
+    def phases(self) -> "pl.DataFrame":
+        """One row per rank, iteration, phase and micro-step, exactly the numbers of
+        ``--json``'s ``ranks[].iterations[].phases[]`` (narrowed like them by ``phase`` and
+        ``iteration``). Columns: ``pid, device, rank`` (distributed rank or null),
+        ``iteration, complete`` (of the iteration), then ``phase, micro_step, boundary,
+        inferred, unclosed, start_ns, end_ns``, the metrics of
+        :data:`tracekit.analyze.breakdown.METRICS` (ns, bytes, counts), ``gpu_idle_share``
+        (0..1), ``h2d_gbps, d2h_gbps`` (GB/s)."""
+        if "phases" not in self._memo:
+            import polars as pl
+
+            from tracekit.analyze import breakdown
+            from tracekit.analyze.result import PHASE_ROW_KEYS
+
+            rows = []
+            for r in self._result.get("ranks", []):
+                for it in r["iterations"]:
+                    for p in it["phases"]:
+                        rows.append({"pid": r["pid"], "device": r["device"], "rank": r.get("rank"),
+                                     "iteration": it["index"], "complete": it["complete"], **p})
+            ints = {k: pl.Int64 for k in ("pid", "device", "rank", "iteration", "micro_step", "start_ns", "end_ns",
+                                          *breakdown.METRICS)}
+            bools = {k: pl.Boolean for k in ("complete", "boundary", "inferred", "unclosed")}
+            schema = {**{k: ints.get(k, pl.Int64) for k in ("pid", "device", "rank", "iteration")},
+                      "complete": pl.Boolean, "phase": pl.String,
+                      **{k: ints.get(k) or bools.get(k) or pl.Float64 for k in PHASE_ROW_KEYS if k != "phase"}}
+            self._memo["phases"] = pl.DataFrame(rows, schema=schema, orient="row") if rows else pl.DataFrame(
+                schema=schema)
+        return self._memo["phases"]
+
+    @property
+    def totals(self) -> "pl.DataFrame":
+        """Whole-trace totals per rank and phase (``--json``'s ``ranks[].totals``; ``other``
+        includes start-up): ``pid, device, rank, phase`` and the numeric keys of the phase rows."""
+        if "totals" not in self._memo:
+            import polars as pl
+
+            rows = [{"pid": r["pid"], "device": r["device"], "rank": r.get("rank"), "phase": ph, **v}
+                    for r in self._result.get("ranks", []) for ph, v in r["totals"].items()]
+            self._memo["totals"] = pl.DataFrame(rows, infer_schema_length=None)
+        return self._memo["totals"]
+
+    def sub_phase_table(self, phase: str) -> "pl.DataFrame":
+        """``phase`` broken down by sub-phase (innermost NVTX range; ``(none)`` = no range open), per
+        rank and iteration: :func:`tracekit.analyze.breakdown.sub_phase_table` with ``pid`` in place
+        of ``global_pid``. Raises :class:`TracekitError` for an unknown phase."""
+        if phase not in PHASES:
+            raise TracekitError(f"phase {phase!r}: choose one of {', '.join(PHASES)}")
+        subs = self._parts.setdefault("sub_phases", {})
+        if phase not in subs:
+            from tracekit.analyze import breakdown
+
+            subs[phase] = breakdown.sub_phase_table(self.model, phase)
+        return subs[phase]
+
+    @property
+    def sub_phases(self) -> "pl.DataFrame":
+        """Every phase (or the ``phase`` option's only) by sub-phase, per rank and iteration.
+        Columns: ``pid, device, phase, iteration, sub_phase, wall_ns`` (self time of the range),
+        ``gpu_busy_ns, gpu_idle_ns, gpu_idle_share`` (CPU-only time and its share),
+        ``kernel_busy_ns, comm_busy_ns``, ``h2d_/d2h_`` ``bytes, busy_ns, count, gbps``
+        (ns, bytes, GB/s). With the ``iteration`` option, that iteration only."""
+        if "sub_phases" not in self._memo:
+            import polars as pl
+
+            parts = []
+            for ph in ([self.options.phase] if self.options.phase else PHASES):
+                t = self.sub_phase_table(ph)
+                if t.height:
+                    parts.append(t.with_columns(phase=pl.lit(ph)))
+            if parts:
+                out = pl.concat(parts, how="diagonal_relaxed")
+                out = out.select("pid", "device", "phase", "iteration", "sub_phase",
+                                 *[c for c in out.columns if c not in ("global_pid", "pid", "device", "phase",
+                                                                       "iteration", "sub_phase")])
+                if self.options.iteration is not None:
+                    out = out.filter(pl.col("iteration") == self.options.iteration)
+            else:
+                out = pl.DataFrame(schema={"pid": pl.Int64, "device": pl.Int64, "phase": pl.String,
+                                           "iteration": pl.Int64, "sub_phase": pl.String, "wall_ns": pl.Int64})
+            self._memo["sub_phases"] = out
+        return self._memo["sub_phases"]
+
+    def _ops(self, kind: str) -> "pl.DataFrame":
+        import polars as pl
+
+        from tracekit.vocab import os_pid_expr
+
+        ops = self.model.ops.filter(pl.col("kind") == kind)
+        ids = [*ops["api_name_id"].drop_nulls().unique().to_list()]
+        if kind == "kernel":
+            ids += ops["name_id"].drop_nulls().unique().to_list()
+        with self._export() as export:
+            names = export.strings(ids)
+            threads = export.thread_names()
+            if threads.height:
+                tn = export.strings(threads["name_id"].drop_nulls().unique().to_list())
+                threads = threads.select(
+                    launch_tid="global_tid",
+                    thread=pl.col("name_id").replace_strict(tn, default=None, return_dtype=pl.String))
+        ranks = self._rank_numbers()
+        out = ops.with_columns(
+            pid=os_pid_expr(pl.col("global_pid")),
+            api_call=pl.col("api_name_id").replace_strict(names, default=None, return_dtype=pl.String),
+            tid=pl.col("launch_tid") % (TID_MASK + 1),
+        )
+        if threads.height:
+            out = out.join(threads.unique("launch_tid"), on="launch_tid", how="left")
+        else:
+            out = out.with_columns(thread=pl.lit(None, pl.String))
+        rk = pl.DataFrame([{"pid": p, "device": d, "rank": r} for (p, d), r in ranks.items()],
+                          schema={"pid": pl.Int64, "device": pl.Int64, "rank": pl.Int64})
+        out = out.with_columns(pl.col("device").cast(pl.Int64)).join(rk, on=["pid", "device"], how="left")
+        return out
+
+    @property
+    def copies(self) -> "pl.DataFrame":
+        """One row per memcpy of the trace, sorted by GPU start. Columns: ``pid, device, rank``,
+        ``stream``, ``direction`` (H2D, D2H, D2D, P2P, ...), ``host_memory`` (``pinned`` /
+        ``pageable`` / ... for H2D and D2H, else null), ``src_kind, dst_kind``, ``bytes``,
+        ``start_ns, end_ns, duration_ns``, ``gbps`` (bytes / duration, GB/s; null for 0 ns),
+        ``iteration, phase, micro_step, sub_phase`` (of the CUDA call that launched it; phase
+        ``other`` outside phase windows, sub-phase null where no range was open), ``tid``
+        (OS thread id of the launching thread), ``thread`` (its name), ``api_call``
+        (``cudaMemcpyAsync``, ...), ``launch_ns`` (start of that call)."""
+        if "copies" not in self._memo:
+            import polars as pl
+
+            o = self._ops("memcpy")
+            self._memo["copies"] = o.select(
+                "pid", "device", "rank", "stream", "direction",
+                host_memory=pl.when(pl.col("direction") == "H2D").then(pl.col("src_kind"))
+                .when(pl.col("direction") == "D2H").then(pl.col("dst_kind")),
+                src_kind="src_kind", dst_kind="dst_kind", bytes="bytes", start_ns="start", end_ns="end",
+                duration_ns=pl.col("end") - pl.col("start"),
+                gbps=pl.when(pl.col("end") > pl.col("start")).then(pl.col("bytes") / (pl.col("end") - pl.col("start"))),
+                iteration="iteration", phase="phase", micro_step="micro_step", sub_phase="sub_phase",
+                tid="tid", thread="thread", api_call="api_call", launch_ns="launch",
+            ).sort("start_ns")
+        return self._memo["copies"]
+
+    @property
+    def kernels(self) -> "pl.DataFrame":
+        """One row per kernel, sorted by GPU start. Columns: ``pid, device, rank, stream, name``
+        (demangled), ``communication`` (NCCL and the like), ``collective`` (AllReduce, ... or
+        null), ``start_ns, end_ns, duration_ns``, ``iteration, phase, micro_step, sub_phase``,
+        ``tid, thread, api_call, launch_ns`` (as in :attr:`copies`)."""
+        if "kernels" not in self._memo:
+            import polars as pl
+
+            o = self._ops("kernel")
+            ids = o["name_id"].drop_nulls().unique().to_list()
+            names = self._strings(ids)
+            self._memo["kernels"] = o.select(
+                "pid", "device", "rank", "stream",
+                name=pl.col("name_id").replace_strict(names, default=None, return_dtype=pl.String),
+                communication="comm", collective="collective", start_ns="start", end_ns="end",
+                duration_ns=pl.col("end") - pl.col("start"),
+                iteration="iteration", phase="phase", micro_step="micro_step", sub_phase="sub_phase",
+                tid="tid", thread="thread", api_call="api_call", launch_ns="launch",
+            ).sort("start_ns")
+        return self._memo["kernels"]
+
+    @property
+    def frames(self) -> "dict[str, pl.DataFrame]":
+        """Every transfer section's frames by name (:data:`tracekit.analyze.transfers.SECTION_FRAMES`:
+        ``overlap``, ``overlap_phase``, ..., ``memory_timeline``, ``pcie_series``) and the multi-GPU
+        frames (``rank_ids``, host contention, communication, waiting ranks), ``global_pid``
+        replaced by ``pid``. Sections whose data the trace lacks are absent (see :attr:`notes`).
+        Computed when first asked for unless the analysis already holds them."""
+        if "frames" not in self._memo:
+            import polars as pl
+
+            from tracekit.vocab import os_pid_expr
+
+            tr = self._parts.get("transfers")
+            if tr is None or set(tr.sections) != set(SECTIONS):
+                from tracekit.analyze.transfers import analyze_transfers
+
+                with self._export() as export:
+                    tr = analyze_transfers(export, self.model, SECTIONS, self.options.pcie_threshold,
+                                           self.options.bin_ns)
+                self._parts["all_transfers"] = tr
+            out = {}
+            for name, f in {**tr.frames, **tr.multi_gpu}.items():
+                if isinstance(f, pl.DataFrame) and "global_pid" in f.columns:
+                    f = f.with_columns(pid=os_pid_expr(pl.col("global_pid"))).select(
+                        "pid", *[c for c in f.columns if c not in ("global_pid", "pid")])
+                out[name] = f
+            self._memo["frames"] = out
+        return self._memo["frames"]
+
+    @property
+    def findings(self) -> "pl.DataFrame":
+        """The findings (``--json``'s ``findings``): ``topic, pid, device, phase, text`` and
+        ``values`` (the finding's numbers as a JSON object in text; units in their keys)."""
+        import json
+
+        import polars as pl
+
+        rows = [{"topic": f.get("topic"), "pid": f.get("pid"), "device": f.get("device"), "phase": f.get("phase"),
+                 "text": f.get("text"), "values": json.dumps(f.get("values") or {}, sort_keys=True)}
+                for f in self._result.get("findings") or []]
+        schema = {"topic": pl.String, "pid": pl.Int64, "device": pl.Int64, "phase": pl.String, "text": pl.String,
+                  "values": pl.String}
+        return pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
+
+    @property
+    def advice(self) -> "pl.DataFrame":
+        """The advice (``--json``'s ``advice``, docs/advice.md), largest saving per steady
+        iteration first: ``problem, knob, change, baseline_iteration_ms, predicted_iteration_ms,
+        saving_ms_per_iteration, saving_pct, basis, confidence, scenario, pid, device,
+        config_fixable``."""
+        import polars as pl
+
+        cols = ["problem", "knob", "change", "baseline_iteration_ms", "predicted_iteration_ms",
+                "saving_ms_per_iteration", "saving_pct", "basis", "confidence", "scenario", "pid", "device",
+                "config_fixable"]
+        rows = [{k: a.get(k) for k in cols} for a in self._result.get("advice") or []]
+        schema = {c: pl.String for c in cols} | {c: pl.Float64 for c in cols[3:7]} | {
+            "pid": pl.Int64, "device": pl.Int64, "config_fixable": pl.Boolean}
+        return pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
+
+
+class ManyAnalysis:
+    """Several traces analyzed with the same options (:func:`analyze_many`).
+
+    Attributes:
+        traces: one :class:`Analysis` per trace that could be analyzed, in input order.
+        failed: ``[{"trace", "error" (one line), "exit_code"}]`` for the others.
+        summary: the comparison across ranks (:func:`tracekit.analyze.multi.summarize_ranks`, ns).
+    """
+
+    def __init__(self, traces: list[Analysis], failed: list[dict], summary: dict) -> None:
+        self.traces, self.failed, self.summary = traces, failed, summary
+
+    def to_json(self) -> dict:
+        """What ``tracekit analyze A B ... --json`` prints: ``{"traces": [the single-trace shape
+        of each, as :meth:`Analysis.to_json`], "failed": [...], "summary": {...}}``."""
+        return {"traces": [a.to_json() for a in self.traces], "failed": self.failed, "summary": self.summary}
+
+    @property
+    def phases(self) -> "pl.DataFrame":
+        """:attr:`Analysis.phases` of every trace, with a ``trace`` column first."""
+        import polars as pl
+
+        parts = [a.phases.with_columns(trace=pl.lit(str(a.path))) for a in self.traces]
+        return pl.concat(parts, how="diagonal_relaxed").select("trace", pl.exclude("trace")) if parts else pl.DataFrame()
+
+
+def analyze_many(items, options: Options | dict | None = None, jobs: int | None = None, dask: str | None = None,
+                 expected_ranks: int | None = None, **kwargs) -> ManyAnalysis:
+    """Analyze several traces (files, directories of ``*.sqlite``, glob patterns) with the same
+    options, in ``jobs`` worker processes (default: CPU count) or on a running Dask scheduler
+    (``dask="tcp://host:8786"``), and compare their ranks. A trace that cannot be analyzed does
+    not stop the others: it is listed in ``failed``. Raises :class:`TracekitError` for a missing
+    input or an unreachable scheduler. See :func:`tracekit.analyze.multi.analyze_many`."""
+    from tracekit.analyze import multi
+
+    opts = Options.of(options, **kwargs)
+    out = multi.analyze_many(items, opts, jobs=jobs, dask=dask, cache=opts.cache, expected_ranks=expected_ranks)
+    return ManyAnalysis([Analysis(Path(r["trace"]), opts, r) for r in out["traces"]], out["failed"], out["summary"])

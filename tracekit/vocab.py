@@ -1,0 +1,171 @@
+"""tracekit's vocabulary: phases and their order, phase labels, units and their formatting,
+rank and pid helpers. Every module that names a phase, prints a number or turns an nsys
+``globalPid`` into an OS pid uses these (issue 10); none imports polars at module level, so
+the command line can answer from the result cache without the analysis stack.
+
+Units: times in ns, sizes in bytes, rates in GB/s = 1e9 B/s (bytes per ns). On screen: ms
+(1e6 ns), MB (1e6 B), GB (1e9 B), GB/s, % (of a share 0..1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+#: The phases of an iteration, in display order. ``other`` is time in no phase window
+#: (gaps inside an iteration, start-up and tail outside iterations).
+PHASES: tuple[str, ...] = ("forward", "backward", "update", "other")
+#: phase -> position in :data:`PHASES` (sort key); unknown phases sort last (:func:`phase_rank`).
+PHASE_ORDER: dict[str, int] = {p: i for i, p in enumerate(PHASES)}
+#: Phases split into micro-steps under gradient accumulation (labelled ``forward 0``, ...).
+MICRO_STEP_PHASES: tuple[str, ...] = ("forward", "backward")
+#: Sub-phase of time in a phase window with no NVTX range of its own open.
+NO_SUB_PHASE = "(none)"
+
+#: ns per ms, bytes per MB / GB (decimal units, as nsys reports them).
+NS_PER_MS = 1e6
+B_PER_MB = 1e6
+B_PER_GB = 1e9
+
+#: nsys globalTid / globalPid layout: OS pid in bits 24..47, thread id in bits 0..23.
+PID_SHIFT = 24
+TID_MASK = (1 << PID_SHIFT) - 1
+
+
+def phase_rank(phase: str | None) -> int:
+    """Position of ``phase`` in :data:`PHASES` (9 for anything else, so it sorts last)."""
+    return PHASE_ORDER.get(phase, 9)  # type: ignore[arg-type]
+
+
+def phase_label(row: Mapping, inferred: bool = True) -> str:
+    """How a phase row is named on screen: ``forward 1`` (micro-step of forward/backward),
+    ``backward 1 *`` (the gradient-accumulation boundary backward), ``update (inferred)``
+    (an update inferred from gaps; left out with ``inferred=False``). ``row`` has ``phase`` and
+    optionally ``micro_step``, ``boundary``, ``inferred``."""
+    label = row.get("phase") or ""
+    if row.get("micro_step") is not None and label in MICRO_STEP_PHASES:
+        label += f" {row['micro_step']}"
+    if row.get("boundary"):
+        label += " *"
+    if inferred and row.get("inferred"):
+        label += " (inferred)"
+    return label
+
+
+def short_name(name: str | None, width: int = 38) -> str:
+    """A short label for an NVTX range name (a sub-phase), as the figures draw it: the part after
+    the last ``.`` (the method of ``Class.method``), cut to ``width`` characters with ``…``.
+    ``None`` is :data:`NO_SUB_PHASE`."""
+    if name is None:
+        return NO_SUB_PHASE
+    short = name.rsplit(".", 1)[-1] if "." in name and not name.startswith("(") else name
+    if len(short) > width:
+        short = short[: max(width - 1, 1)] + "…"
+    return short
+
+
+# ---------------------------------------------------------------------- pids
+def os_pid(global_pid: int) -> int:
+    """Operating-system pid of an nsys ``globalPid`` / ``globalTid`` (bits 24..47)."""
+    return (int(global_pid) >> PID_SHIFT) & TID_MASK
+
+
+def os_pid_expr(expr):
+    """:func:`os_pid` of a polars expression (``globalPid`` or ``globalTid`` column)."""
+    return (expr // (TID_MASK + 1)) % (TID_MASK + 1)
+
+
+def rank_label(rank: Mapping) -> str:
+    """``pid P device D`` of a rank dict (``pid`` = OS pid), with ``rank R`` first when the
+    rank carries a distributed rank number."""
+    base = f"pid {rank['pid']} device {rank['device']}"
+    return f"rank {rank['rank']} ({base})" if rank.get("rank") is not None else base
+
+
+# ---------------------------------------------------------------------- numbers on screen
+def _num(x: float, digits: int) -> str:
+    s = f"{x:,.{digits}f}"
+    return s[1:] if s.startswith("-") and s.strip("-0.,") == "" else s  # no "-0.0"
+
+
+def fmt_ms(ns, digits: int = 2, missing: str = "") -> str:
+    """ns as ms with ``digits`` decimals and thousands separators (``1,234.57``)."""
+    return missing if ns is None else _num(ns / NS_PER_MS, digits)
+
+
+def fmt_mb(nbytes, digits: int = 1, missing: str = "", zero: str | None = None) -> str:
+    """bytes as MB (1e6 B); ``zero`` replaces an exact 0 when given (tables leave it blank)."""
+    if nbytes is None:
+        return missing
+    if zero is not None and not nbytes:
+        return zero
+    return _num(nbytes / B_PER_MB, digits)
+
+
+def fmt_gb(nbytes, digits: int = 2, missing: str = "") -> str:
+    """bytes as GB (1e9 B)."""
+    return missing if nbytes is None else _num(nbytes / B_PER_GB, digits)
+
+
+def fmt_gbps(gbps, digits: int = 1, missing: str = "") -> str:
+    """A rate already in GB/s (1e9 B/s = bytes per ns)."""
+    return missing if gbps is None else _num(gbps, digits)
+
+
+def fmt_pct(share, digits: int = 0, missing: str = "") -> str:
+    """A share 0..1 as a percentage (``0.287`` -> ``29%``)."""
+    return missing if share is None else f"{100 * share:.{digits}f}%"
+
+
+def fmt_count(v, missing: str = "") -> str:
+    """A count (or mean count): integral values without decimals (``1,024``), others with one."""
+    if v is None:
+        return missing
+    return f"{int(v):,}" if float(v).is_integer() else f"{v:,.1f}"
+
+
+def fmt_number(v, missing: str = "") -> str:
+    """Any number: an int with separators, a float with two decimals."""
+    if v is None:
+        return missing
+    return f"{v:,}" if isinstance(v, int) else f"{v:,.2f}"
+
+
+def fmt_size(nbytes, missing: str = "") -> str:
+    """A copy size in binary units (``64 KiB``, ``2 MiB``), as the size buckets are."""
+    if nbytes is None:
+        return missing
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= f:
+            return f"{nbytes / f:g} {unit}"
+    return f"{nbytes} B"
+
+
+def fmt_mb_at(nbytes, gbps) -> str:
+    """``MB @ GB/s`` in one cell (``268.4 @ 6.6``); the rate left out when unknown, blank
+    without bytes."""
+    if not nbytes:
+        return ""
+    mb = fmt_mb(nbytes)
+    return mb if gbps is None else f"{mb} @ {fmt_gbps(gbps)}"
+
+
+#: The units line printed under tables (what each abbreviation means).
+UNITS_LINE = "ms = 1e6 ns, MB = 1e6 B, GB = 1e9 B, GB/s = 1e9 B/s"
+
+
+# ---------------------------------------------------------------------- JSON numbers
+#: Key suffixes of quantities that are integral by nature (ns, bytes, counts): a float of
+#: such a key that holds an integral value (a mean over 2 iterations, say) is written as an int.
+INTEGRAL_SUFFIXES = ("_ns", "_bytes", "count", "_pid", "samples", "windows")
+
+
+def json_number(key: str, v):
+    """``v`` as the JSON holds it: floats rounded to 6 decimals, NaN and inf as None (JSON has
+    neither), an integral float of an ns/bytes/count key (:data:`INTEGRAL_SUFFIXES`) as an int."""
+    if not isinstance(v, float):
+        return v
+    if v != v or v in (float("inf"), float("-inf")):
+        return None
+    if v.is_integer() and key.endswith(INTEGRAL_SUFFIXES) and abs(v) < 2**53:
+        return int(v)
+    return round(v, 6)
