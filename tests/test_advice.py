@@ -128,10 +128,13 @@ def _step_to_step_ms(path) -> float:
     return (ends[1] - ends[0]) / 1e6
 
 
-@pytest.mark.parametrize("changed, scenario, stated", [("pin", "pin_memory", 20.0), ("bf16", "bf16", 20.0)])
+@pytest.mark.parametrize("changed, scenario, stated", [("pin", "pin_memory", 20.0), ("bf16", "bf16", 20.0),
+                                                       ("nooffload", "no_offload", 20.0)])
 def test_pair_prediction_within_stated_error(changed, scenario, stated):
     """Predict the changed run from the base cut alone; measure it from its own cut (plain SQL);
-    the error stays within the 20 % docs/advice.md states (full traces: pin +6.9 %, bf16 +4.4 %)."""
+    the error stays within the 20 % docs/advice.md states (full traces: pin +6.9 %, bf16 +4.4 %,
+    no offload +2.9 %). The no-offload run's GPU optimizer (torch.optim.AdamW: torch_adam true in
+    its own manifest) is the one change target taken from the changed run."""
     from tracekit.analyze import advice, phases, whatif
     from tracekit.analyze.export import Export
 
@@ -142,7 +145,14 @@ def test_pair_prediction_within_stated_error(changed, scenario, stated):
     assert loaded["source"] == "manifest"  # advice_pair_base.json beside it: fp16, pin_memory false
     sett = advice.settings_map(dsconfig.settings(loaded, {}))
     assert sett["precision"] == "fp16" and sett["zero_optimization.offload_optimizer.pin_memory"] is False
-    s = {x["scenario"]: x for x in whatif.predict(pieces, sett)}[scenario]
+    changes = {}
+    if changed == "nooffload":
+        other = advice.settings_map(dsconfig.settings(dsconfig.load(PAIR.format(changed)), {}))
+        assert other["zero_optimization.offload_optimizer.device"] == "none"
+        changes["gpu_optimizer"] = whatif.gpu_step_bytes(other)[0]
+        assert changes["gpu_optimizer"] == "torch"
+    s = {x["scenario"]: x for x in whatif.predict(pieces, sett, changes)}[scenario]
+    assert s["applicable"]
     measured = _step_to_step_ms(PAIR.format(changed))
     err = 100 * (s["predicted_ns"] / 1e6 - measured) / measured
     assert abs(err) <= stated, (s["predicted_ns"] / 1e6, measured, err)

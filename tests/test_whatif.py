@@ -18,21 +18,28 @@ DS = "DeepSpeed"
 S3 = "DeepSpeedZeroOptimizer_Stage3."
 
 
-def build(path, iterations=3, fp16=True, extra_pageable_in_last=0, grad_pageable_ns=None):
+def build(path, iterations=3, fp16=True, extra_pageable_in_last=0, grad_pageable_ns=None, grad_host_ns=None,
+          d2d=False):
     """Per iteration k (t0 = 100 ms * k): forward 10 ms (kernel 8 ms), backward 20 ms with one
     pinned 16 MiB H2D (0.4 ms) and a kernel, then the optimizer step 30 ms: overflow check
     5 ms (has_overflow inside, when fp16), copy-back 10 ms with a pageable 16 MiB H2D of 4 ms,
-    and 15 ms of unmarked CPU Adam."""
+    and 15 ms of unmarked CPU Adam. ``grad_pageable_ns``: a pageable gradient D2H of that
+    duration instead of the pinned copy, its API call returning ``grad_host_ns`` after the
+    launch (default 1 us); ``d2d``: a 40 MB device-to-device copy of 20 us in each forward
+    (2 x 40e6 B / 20 us = 4,000 GB/s of device bandwidth)."""
     s = SyntheticTrace()
     pid, tid = 100, 1
     for k in range(iterations):
         t0 = 100 * MS * k
         s.range("DeepSpeedEngine.forward", t0, t0 + 10 * MS, tid=(pid << 24) + tid, domain=DS)
         s.kernel(t0 + 1 * MS, t0 + 9 * MS, pid, tid, launch=t0 + MS // 2)
+        if d2d:
+            s.copy(t0 + 2 * MS, t0 + 2 * MS + 20_000, 40_000_000, 8, pid, tid, launch=t0 + MS, src=2, dst=2)
         s.range("DeepSpeedEngine.backward", t0 + 10 * MS, t0 + 30 * MS, tid=(pid << 24) + tid, domain=DS)
         s.kernel(t0 + 11 * MS, t0 + 19 * MS, pid, tid, launch=t0 + 10 * MS + 1000)
         if grad_pageable_ns:  # the gradient copy from pageable memory instead (pin_memory false)
-            s.copy(t0 + 20 * MS, t0 + 20 * MS + grad_pageable_ns, B, 2, pid, tid, launch=t0 + 19 * MS + 500, src=2, dst=0)
+            s.copy(t0 + 20 * MS, t0 + 20 * MS + grad_pageable_ns, B, 2, pid, tid, launch=t0 + 19 * MS + 500, src=2, dst=0,
+                   api_end=None if grad_host_ns is None else t0 + 19 * MS + 500 + grad_host_ns)
         else:
             s.copy(t0 + 20 * MS, t0 + 20 * MS + PINNED_NS, B, 1, pid, tid, launch=t0 + 19 * MS + 500, src=1, dst=2)
         s.range(S3 + "step", t0 + 30 * MS, t0 + 60 * MS, tid=(pid << 24) + tid, domain=DS)
@@ -143,3 +150,34 @@ def test_advice_sorted_and_json_shape(synthetic_whatif, tmp_path):
     assert cb[0]["saving_ms_per_iteration"] == pytest.approx(3.602)
     json.dumps(res["advice"])  # serialisable
     assert "_cpu_steps" in res  # for the findings; result.py pops it
+
+
+def test_gpu_step_bytes_by_implementation():
+    """FusedAdam: 7 x 4 B in one pass; torch foreach AdamW: 12+8+12+8+8+8+16 = 72 B (+8 with a weight
+    decay, torch's default 1e-2 when unset); both + 42 B of ZeRO-3's other GPU steps."""
+    assert whatif.gpu_step_bytes({})[:2] == ("fused", 28 + 42)
+    assert whatif.gpu_step_bytes({"optimizer.params.torch_adam": True, "optimizer.params.weight_decay": 0.0})[:2] == (
+        "torch", 72 + 42)
+    assert whatif.gpu_step_bytes({"optimizer.params.torch_adam": True})[:2] == ("torch", 80 + 42)
+    assert whatif.gpu_step_bytes({}, {"gpu_optimizer": "torch"})[0] == "torch"
+    with pytest.raises(ValueError, match="gpu_optimizer 'apex'"):
+        whatif.gpu_step_bytes({}, {"gpu_optimizer": "apex"})
+
+
+def test_no_offload_saving_by_hand(tmp_path):
+    """Backward's pageable 16 MiB gradient D2H runs 2 ms on the GPU (not hidden) but holds the thread
+    3 ms in the call: backward saves 3 ms. The update's CPU steps (5 ms overflow check, 10 ms copy-back,
+    15 ms unmarked Adam) go; a GPU step of (72 + 42) B x 8 Mi parameters (16 MiB of 16-bit copy-back)
+    at the trace's D2D 4,000 GB/s comes instead."""
+    (p,) = pieces_of(build(tmp_path / "synthetic_whatif_nooffload.sqlite", grad_pageable_ns=2 * MS,
+                           grad_host_ns=3 * MS, d2d=True))
+    assert p["d2d_gbps"] == pytest.approx(4000.0)
+    sett = {"zero_optimization.offload_optimizer.device": "cpu", "optimizer.params.torch_adam": True,
+            "optimizer.params.weight_decay": 0.0}
+    s = {x["scenario"]: x for x in whatif.predict(p, sett)}["no_offload"]
+    gpu = (B // 2) * (72 + 42) / 4000.0
+    assert s["applicable"] and s["gpu_optimizer"] == "torch"
+    assert s["gpu_update_ns"] == pytest.approx(gpu)
+    assert s["saving_ns"] == pytest.approx(3 * MS + 30 * MS - gpu)
+    assert s["phase_delta_ns"]["backward"] == pytest.approx(-3 * MS)
+    assert s["phase_delta_ns"]["update"] == pytest.approx(gpu - 30 * MS)
