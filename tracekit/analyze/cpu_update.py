@@ -281,3 +281,12 @@ def steady(cu: CpuUpdate, global_pid: int, device: int) -> dict | None:
             **by_phase, "exposed_basis": s["exposed_basis"][0],
             "worker_ranges": int(s["worker_ranges"].sum()),
             "workers": sorted({p for ws in s["workers"].to_list() for p in ws})}
+
+
+def for_model(model: PhaseModel, trace: str | Path | None) -> CpuUpdate:
+    """:func:`cpu_update` of ``model`` with the worker parents of the manifest beside ``trace``,
+    computed once per model and kept in ``model.cache``."""
+    cu = model.cache.get("cpu_update")
+    if cu is None:
+        cu = model.cache["cpu_update"] = cpu_update(model, worker_parents(trace))
+    return cu

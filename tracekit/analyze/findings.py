@@ -243,3 +243,88 @@ def iteration_findings(export, model, iteration: int, pcie_threshold: float = 80
         w = windows.filter(pl.col("global_pid") == gpid)
         iters[(gpid, dev)] = {p: 1 for p in w["phase"].unique().to_list()}
     return build_findings(ff, iters, pcie_threshold)
+
+
+def _pct(part, whole) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "0%"
+
+
+def cpu_update_findings(findings: list[dict], cu, iteration: int | None = None) -> list[dict]:
+    """Add one ``cpu-update`` finding per rank with CPU optimizer ranges, from ``cu``
+    (:class:`tracekit.analyze.cpu_update.CpuUpdate`): where the CPU optimizer step ran, how much
+    of it GPU compute hid, how much the training waited for (exposed) and how long it sat in
+    ``cpu_update_wait``. The basis is the mean over steady iterations, or ``iteration`` alone
+    when given (``--iteration N``). When the step ran in a worker process the rank's ``update``
+    finding says so, since the update window then holds only the waiting and the copies.
+    The new finding follows the rank's ``update`` finding (else the rank's last one); its
+    ``values`` hold the numbers in ns per iteration. Returns ``findings`` (changed in place)."""
+    import json as _json
+
+    import polars as _pl
+
+    from tracekit.analyze import cpu_update as _cu
+
+    for gpid, dev in sorted(cu.ranks):
+        pid = (gpid >> 24) & 0xFFFFFF
+        if iteration is None:
+            s = _cu.steady(cu, gpid, dev)
+            if s is None:
+                continue
+            its = s["iterations"]
+            basis = (f"mean over steady iterations {its[0]}-{its[-1]}" if len(its) > 1 else f"iteration {its[0]}")
+            if s["warmup"]:
+                basis += f", warm-up iteration {', '.join(map(str, s['warmup']))} apart"
+        else:
+            t = cu.table.filter((_pl.col("global_pid") == gpid) & (_pl.col("device") == dev)
+                                & (_pl.col("iteration") == iteration))
+            if t.height == 0:
+                continue
+            r = t.row(0, named=True)
+            s = {**{k: float(r[k]) for k in ("busy_ns", "hidden_ns", "exposed_ns", "overlapped_ns", "wait_ns")},
+                 "hidden_by_phase": _json.loads(r["hidden_by_phase"]),
+                 "overlapped_by_phase": _json.loads(r["overlapped_by_phase"]),
+                 "worker_ranges": r["worker_ranges"], "workers": list(r["workers"]), "exposed_basis": r["exposed_basis"]}
+            basis = f"iteration {iteration}"
+        busy, hidden, exposed, over, wait = (s[k] for k in ("busy_ns", "hidden_ns", "exposed_ns", "overlapped_ns",
+                                                             "wait_ns"))
+        workers = [w for w in s["workers"] if w != pid]
+        if s["worker_ranges"]:
+            where = (f"worker process{'es' if len(workers) > 1 else ''} {', '.join(map(str, workers))} "
+                     "(cpu_optimizer_step ranges)")
+            waited = "the training waiting in cpu_update_wait with the GPU idle"
+        else:
+            where = "the training's own process, inside update"
+            waited = "inside update with the GPU idle"
+
+        def phases_of(d):
+            top = sorted(((v, k) for k, v in d.items() if v >= 0.05e6), reverse=True)
+            return ", ".join(f"{k} {_ms(v)}" for v, k in top)
+
+        text = f"CPU optimizer step in {where}: {_ms(busy)} per iteration ({basis}); "
+        hp = phases_of(s["hidden_by_phase"])
+        text += f"{_ms(hidden)} ({_pct(hidden, busy)}) hidden behind GPU compute kernels" + (f" ({hp})" if hp else "")
+        text += f", {_ms(exposed)} ({_pct(exposed, busy)}) exposed ({waited})"
+        if over:
+            op = phases_of(s["overlapped_by_phase"])
+            text += (f"; {_ms(over)} ({_pct(over, busy)}) ran while the training went on without waiting"
+                     + (f" (during {op})" if op else ""))
+        if wait:
+            text += (f"; the training waited {_ms(wait)} per iteration in cpu_update_wait for it, "
+                     f"{wait / busy:.1f}x the step's busy time" if busy else "")
+            if busy and wait > 1.2 * busy:
+                text += " (the rest is the hand-off to the worker and back: queueing, wake-up, the result's return)"
+        new = {"topic": "cpu-update", "pid": pid, "device": dev, "phase": "update", "text": text,
+               "values": {"busy_ns": busy, "hidden_ns": hidden, "exposed_ns": exposed, "overlapped_ns": over,
+                          "wait_ns": wait, "hidden_share": hidden / busy if busy else None,
+                          "exposed_share": exposed / busy if busy else None, "workers": workers, "basis": basis}}
+        mine = [i for i, f in enumerate(findings) if f.get("pid") == pid and f.get("device") == dev]
+        upd = [i for i in mine if findings[i].get("topic") == "update"]
+        if upd and s["worker_ranges"]:
+            f = findings[upd[0]]
+            f["text"] += (f"; the CPU optimizer step itself ran in worker process {', '.join(map(str, workers))}, "
+                          f"{_ms(busy)} per iteration, {_ms(over)} of it outside the training's waits (see the "
+                          "cpu-update finding)")
+            f["values"]["cpu_step_in_worker"] = True
+        at = (upd[0] + 1) if upd else (mine[-1] + 1 if mine else len(findings))
+        findings.insert(at, new)
+    return findings

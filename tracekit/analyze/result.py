@@ -53,6 +53,14 @@ Advice (docs/advice.md, :mod:`tracekit.analyze.advice`): top level ``"config": {
 first), ``"one_time_costs": [{"problem", "total_ms", "knob", "change", "pid", "device"}]`` and
 ``"predictions": [{"pid", "device", "scenario", "applicable", "baseline_ns", "predicted_ns",
 "saving_ns", "basis", "confidence", ...}]`` (every what-if scenario, applicable or not).
+
+The CPU optimizer step wherever it ran (:mod:`tracekit.analyze.cpu_update`, issue 15): each
+iteration has ``"cpu_update": {"busy_ns", "hidden_ns", "exposed_ns", "overlapped_ns",
+"wait_ns", "hidden_by_phase": {phase: ns}, "overlapped_by_phase": {phase: ns},
+"exposed_basis", "ranges", "worker_ranges", "workers": [OS pid]}`` (null for a rank without
+``cpu_optimizer_step`` ranges), each rank ``"cpu_update_steady"`` (the same as means per steady
+iteration, with ``"iterations"`` and ``"warmup"``; null without), and the top level
+``"cpu_update_notes": [str]`` (ranges left out, and why).
 """
 
 from __future__ import annotations
@@ -117,7 +125,10 @@ def compute(export: Export, options: Options) -> tuple[dict, dict]:
         if sub.height:
             sub = sub.filter(pl.col("iteration") == options.iteration)
     ranks = []
+    from tracekit.analyze import cpu_update
     from tracekit.analyze.multi_gpu import rank_index, to_json
+
+    cu = cpu_update.for_model(model, export.path)  # the CPU optimizer step, also in worker processes
 
     ids = rank_index(tr.multi_gpu)  # ranks listed by distributed rank (issue 12)
     for r in sorted(breakdown.ranks(model).iter_rows(named=True),
@@ -132,6 +143,7 @@ def compute(export: Export, options: Options) -> tuple[dict, dict]:
                     "complete": bool(it["complete"].all()),
                     "unclosed": bool(it["unclosed"].any()),
                     "phases": [_clean({k: row[k] for k in PHASE_ROW_KEYS}) for row in it.iter_rows(named=True)],
+                    "cpu_update": cpu_update.iteration_json(cu, r["global_pid"], r["device"], int(idx)),
                 }
             )
         iterations.sort(key=lambda d: d["index"])
@@ -142,6 +154,7 @@ def compute(export: Export, options: Options) -> tuple[dict, dict]:
         }
         entry = {"pid": int(r["pid"]), "device": int(r["device"]), **ids.get((r["global_pid"], r["device"]), {}),
                  "iterations": iterations, "totals": totals}
+        entry["cpu_update_steady"] = cpu_update.steady(cu, r["global_pid"], r["device"])
         if options.phase:
             rs = sub.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"])) if sub.height else sub
             entry["sub_phases"] = {
@@ -163,6 +176,7 @@ def compute(export: Export, options: Options) -> tuple[dict, dict]:
         **to_json(tr.multi_gpu),
         **_advice_and_findings(export, model, tr, options),
         "incomplete_iterations": _incomplete(model),
+        "cpu_update_notes": cu.notes,
     }
     parts = {"model": model, "table": table, "totals": tot, "transfers": tr,
              "sub_phases": {options.phase: full_sub} if options.phase else {}}
@@ -193,6 +207,10 @@ def _advice_and_findings(export: Export, model, tr, options: Options) -> dict:
     findings = _scoped_findings(export, model, tr, options)
     if options.iteration is None:  # the steps are means over steady iterations: same basis only
         findings = name_cpu_steps(findings, steps)
+    from tracekit.analyze import cpu_update
+    from tracekit.analyze.findings import cpu_update_findings
+
+    findings = cpu_update_findings(findings, cpu_update.for_model(model, export.path), options.iteration)
     return {"findings": findings, **adv}
 
 
