@@ -323,3 +323,61 @@ def test_trim_keeps_a_kept_iterations_worker_range_whole(tmp_path):
     r = cpu_update.cpu_update(model).table.row(0, named=True)
     # [380,400) in update with the GPU idle (no wait: not exposed), [410,460) beside the forward kernel
     assert (r["iteration"], r["busy_ns"], r["hidden_ns"], r["exposed_ns"]) == (0, 80, 50, 0)
+
+
+def _updates(con, pid, its):
+    """The update ranges of iterations ``its`` (the k-th update range of the cut is iteration its[k])."""
+    ups = sorted((s, e) for s, e, nm in tk_ranges(con, pid, "update") if nm == "update")
+    return ups[:len(its)]
+
+
+def test_superoffload_findings_and_advice_use_the_wait():
+    res = analyze_path(FIX / "superoffload_cut.sqlite")
+    con = sqlite3.connect(f"file:{FIX / 'superoffload_cut.sqlite'}?mode=ro", uri=True)
+    its = kept_iterations(con)
+    ups = _updates(con, 685, its)
+    waits = [(s, e) for s, e, _ in tk_ranges(con, 685, "cpu_update_wait") if any(a <= s and e <= b for a, b in ups)]
+    idle_wait = length(minus(waits, gpu_intervals(con, 685, kernels_only=False))) / len(its)
+    wait = length(waits) / len(its)
+    con.close()
+    clip = [r for r in res["config"]["settings"] if r["key"] == "gradient_clipping"][0]
+    assert (clip["value"], clip["source"]) == (1.0, "default")  # DeepSpeed >= 0.19.3 (manifest: 0.19.8)
+    upd = [f for f in res["findings"] if f["topic"] == "update"][0]
+    assert f"waiting for the CPU optimizer worker (cpu_update_wait) {idle_wait / 1e6:,.1f} ms" in upd["text"]
+    assert "ran in worker process 879" in upd["text"]
+    cu = [f for f in res["findings"] if f["topic"] == "cpu-update"][0]
+    assert cu["values"]["hidden_share"] == 0 and cu["values"]["exposed_share"] == 1
+    adv = [a for a in res["advice"] if a["knob"] == "gradient_clipping"][0]
+    assert adv["change"].startswith("1.0 -> 0.0") and adv["confidence"] == "low"
+    assert f"{wait / 1e6:,.1f} ms per iteration in cpu_update_wait" in adv["problem"]
+
+
+def test_nvme_update_names_the_swaps():
+    res = analyze_path(FIX / "nvme_offload_cut.sqlite")
+    con = sqlite3.connect(f"file:{FIX / 'nvme_offload_cut.sqlite'}?mode=ro", uri=True)
+    its = kept_iterations(con)
+    ups = _updates(con, 1677, its)
+    swaps = [(s, e) for like in ("swap_in", "swap_out") for s, e, nm in tk_ranges(con, 1677, like)
+             if nm == like and any(a <= s and e <= b for a, b in ups)]
+    idle = length(minus(swaps, gpu_intervals(con, 1677, kernels_only=False))) / len(its)
+    con.close()
+    upd = [f for f in res["findings"] if f["topic"] == "update"][0]
+    assert f"NVMe swap of the optimizer state (swap_in/swap_out) {idle / 1e6:,.1f} ms" in upd["text"]
+    assert idle > 0.5 * upd["values"]["gpu_idle_ns"] / upd["values"]["updates"]  # the swaps are most of it
+    no = [a for a in res["advice"] if a["scenario"] == "no_offload"][0]
+    assert no["change"].startswith("nvme -> none")
+
+
+@pytest.mark.parametrize("name", ["superoffload_cut.sqlite", "zenflow_cut.sqlite"])
+def test_no_finding_blames_the_update_for_a_worker_step(name, results):
+    for f in results[name]["findings"]:
+        assert "runs the optimizer step" not in f["text"] and "unmarked CPU optimizer step" not in f["text"]
+
+
+def test_gradient_clipping_default_by_version():
+    from tracekit.analyze.dsconfig import config_value
+
+    assert config_value({}, "gradient_clipping", "0.19.8") == (1.0, "default")
+    assert config_value({}, "gradient_clipping", "0.19.2") == (0.0, "default")
+    assert config_value({}, "gradient_clipping", None) == (None, "unknown")
+    assert config_value({"gradient_clipping": 0.0}, "gradient_clipping", "0.19.8") == (0.0, "config")

@@ -121,7 +121,8 @@ def build_advice(pieces: dict, scenarios: list[dict], settings: dict) -> list[di
                "memory unknown (record with --cuda-memory-usage=true)")
         add(s, f"the optimizer step runs on the CPU: update {upd / 1e6:,.1f} ms per iteration, {cpu / 1e6:,.1f} ms "
                f"of it with the GPU idle ({ev}); {mem}",
-            "zero_optimization.offload_optimizer.device", "cpu -> none (keep the optimizer on the GPU)",
+            "zero_optimization.offload_optimizer.device",
+            f"{settings.get('zero_optimization.offload_optimizer.device') or 'cpu'} -> none (keep the optimizer on the GPU)",
             confidence=None if s.get("free_bytes") is not None else "low")
     s = sc.get("ratio")
     if s and s["applicable"] and not (sc.get("no_offload") or {}).get("applicable"):  # else: no offload at all
@@ -155,6 +156,15 @@ def build_advice(pieces: dict, scenarios: list[dict], settings: dict) -> list[di
     if s and s["applicable"]:
         add(s, f"parameter copy-back in {pieces['sub_groups'] or 1} sub-group(s) per step ({ev})",
             "zero_optimization.sub_group_size", f"-> {s['sub_group_size']:.0e}")
+    s = sc.get("superoffload_no_clipping")
+    if s and s["applicable"]:
+        add(s, f"SuperOffload steps every sub-group inside the update while the training waits: "
+               f"{s['wait_ns'] / 1e6:,.1f} ms per iteration in cpu_update_wait ({ev}); with gradient clipping on "
+               f"(gradient_clipping {settings.get('gradient_clipping')}, DeepSpeed's default since 0.19.3) "
+               "SuperOffloadOptimizer_Stage3 skips its asynchronous path, which steps each finished sub-group in the "
+               "worker during the boundary backward",
+            "gradient_clipping", f"{settings.get('gradient_clipping')} -> 0.0 (only if the training can do without "
+            "clipping: it changes the optimisation, not just the schedule)", fixable=True)
     items.sort(key=lambda x: -x["saving_ms_per_iteration"])
     return items
 
@@ -214,7 +224,9 @@ def advise(export, model, loaded: dict, changes: dict | None = None) -> dict:
     sett = settings_map(rows)
     items, once, preds, steps = [], [], [], {}
     labels = {"overflow_check": "fp16 overflow check (has_overflow)", "unscale": "gradient unscale (unscale_and_clip_grads)",
-              "copy_back": "parameter copy-back", "grad_norm": "gradient norm", "cpu_adam": "CPU optimizer step"}
+              "copy_back": "parameter copy-back", "grad_norm": "gradient norm", "cpu_adam": "CPU optimizer step",
+              "cpu_wait": "waiting for the CPU optimizer worker (cpu_update_wait)",
+              "swap": "NVMe swap of the optimizer state (swap_in/swap_out)"}
     for p in ranks:
         steps[(p["pid"], p["device"])] = {
             (labels[k] if not (k == "cpu_adam" and v.get("unmarked")) else "unmarked CPU optimizer step"): v["cpu_ns"]

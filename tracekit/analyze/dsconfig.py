@@ -42,7 +42,7 @@ DEFAULTS = {
     "zero_optimization.stage3_prefetch_bucket_size": 50_000_000,
     "gradient_accumulation_steps": 1,
     "train_micro_batch_size_per_gpu": 1,
-    "gradient_clipping": 0.0,
+    "gradient_clipping": 0.0,  # before 0.19.3; 1.0 since (config_value)
     "precision": "fp32",
     "optimizer.params.torch_adam": False,
 }
@@ -185,6 +185,11 @@ def config_value(cfg: dict, key: str, ds_version: str | None = None) -> tuple[ob
         return _get(cfg, "zero_optimization.stage") == 3, "default"
     if key in ("zero_optimization.zenflow", "optimizer.type", "optimizer.params.weight_decay"):
         return None, "default"  # no DeepSpeed default (the optimizer's own applies): not shown
+    if key == "gradient_clipping":  # DeepSpeed's default became 1.0 in 0.19.3 (deepspeedai/DeepSpeed#8068)
+        ver = _version_tuple(ds_version)
+        if ver is None:
+            return None, "unknown"
+        return (1.0 if ver >= (0, 19, 3) else 0.0), "default"
     if key in DEFAULTS:
         return DEFAULTS[key], "default"
     return None, "unknown"

@@ -42,6 +42,11 @@ ROLES = {
     "copy_back": r"(_reassign_or_swap_out_partitioned_parameters|^param_copy_back|^param_copy_to_device)$",
     "grad_norm": r"(_get_norm_groups|^grad_norm|scaled_global_norm)$",
     "cpu_adam": r"^cpu_optimizer_step$",
+    # the training waiting for a CPU optimizer worker (SuperOffload, ZenFlow overlap_step: the
+    # Adam itself runs in the worker, tracekit.analyze.cpu_update)
+    "cpu_wait": r"^cpu_update_wait$",
+    # ZeRO-Infinity NVMe offload: optimizer state read from / written to NVMe inside the step
+    "swap": r"^(swap_in|swap_out|param_swap_in|param_swap_out|param_swap_in_wait|param_swap_out_wait)$",
 }
 #: Bytes the GPU reads and writes per parameter for the Adam arithmetic of one step, by
 #: implementation (fp32 state, the 16-bit gradient already made fp32):
@@ -73,8 +78,12 @@ STATE_BYTES_PER_PARAM = 16
 #: what pinned copies of >= 1 MiB reached on an H200 (PCIe Gen5 x16) in the shared trace.
 FALLBACK_PINNED_GBPS = {"H2D": 53.0, "D2H": 53.0}
 
+#: ``superoffload_no_clipping``: the SuperOffload async path needs ``gradient_clipping`` 0
+#: (``SuperOffloadOptimizer_Stage3.partition_grads`` submits a finished sub-group to the worker
+#: during the boundary backward only ``if ... not self.clip_grad``, DeepSpeed 0.19.8); DeepSpeed's
+#: default became 1.0 in 0.19.3 (deepspeedai/DeepSpeed#8068).
 SCENARIOS = ("pageable_to_pinned", "pin_memory", "bf16", "no_offload", "grads_on_gpu", "overlap_grad_copies",
-             "ratio", "sub_group_size")
+             "ratio", "sub_group_size", "superoffload_no_clipping")
 
 
 def _steady(its: list[int]) -> list[int]:
@@ -430,7 +439,8 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     # in the API call (a pageable copy is staged by the driver) and its exposed GPU time
     bwd_cost = float(np.maximum(bwd_host["host_ns"].fill_null(0.0).to_numpy(),
                                 bwd_host["exposed_ns"].to_numpy()).sum()) / n if bwd_host.height else 0.0
-    upd_cpu = sum(roles[k]["wall_ns"] for k in ("cpu_adam", "copy_back", "overflow_check", "unscale", "grad_norm"))
+    upd_cpu = sum(roles[k]["wall_ns"] for k in ("cpu_adam", "copy_back", "overflow_check", "unscale", "grad_norm",
+                                                 "cpu_wait", "swap"))
     dev_gbps, dev_basis = _device_bandwidth(pieces)
     impl, step_bytes, impl_basis = gpu_step_bytes(settings, changes)
     gpu_upd = (P * step_bytes / dev_gbps) if P and dev_gbps else None
@@ -443,7 +453,8 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
         pieces, "no_offload", s,
         f"backward without its host copies ({bwd_cost / 1e6:,.1f} ms per iteration: per copy the longer of the "
         f"host stall in the API call and the exposed time; {bwd_exposed / 1e6:,.1f} ms exposed); the update without "
-        f"the CPU steps (Adam, copy-back, overflow check, unscale, norm: {upd_cpu / 1e6:,.1f} ms) plus a GPU step "
+        f"the CPU steps (Adam, copy-back, overflow check, unscale, norm, waits for a CPU optimizer worker, NVMe swaps: "
+        f"{upd_cpu / 1e6:,.1f} ms) plus a GPU step "
         f"reading and writing {step_bytes} B per parameter ({impl_basis}; {(P or 0) / 1e6:,.0f} M parameters) at "
         f"{dev_basis} = {(gpu_upd or 0) / 1e6:,.2f} ms"
         + ("" if fits is None else f"; optimizer state {need / 1e9:,.1f} GB vs {free / 1e9:,.1f} GB free"),
@@ -507,6 +518,25 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     # 8. sub_group_size
     target = changes.get("sub_group_size") or 1e8
     out.append(_sub_group(pieces, cb, float(target), P, nsg, n))
+
+    # 9. SuperOffload without gradient clipping: the worker steps sub-groups during the boundary backward
+    wait = roles["cpu_wait"]["wall_ns"]
+    so = settings.get("zero_optimization.offload_optimizer.super_offload") is True
+    clip = settings.get("gradient_clipping")
+    micro = pieces.get("micro_steps") or 1
+    bwd_boundary = pieces["phase_ns"].get("backward", 0.0) / micro
+    ok = so and isinstance(clip, (int, float)) and clip > 0 and wait > 0
+    s = min(wait, bwd_boundary) if ok else 0.0
+    out.append(_result(
+        pieces, "superoffload_no_clipping", s,
+        f"the update's waits for the CPU optimizer worker (cpu_update_wait, {wait / 1e6:,.1f} ms per iteration: with "
+        f"gradient_clipping {clip} every sub-group is stepped inside the update while the training waits) hidden behind "
+        f"the boundary backward ({bwd_boundary / 1e6:,.1f} ms: the backward per micro-step), at most its length; the "
+        "per-sub-group unscale and copy-back stay; assumes the worker keeps up with backward's sub-groups", "low",
+        applicable=ok and s > 0,
+        why="" if ok else ("not SuperOffload" if not so else "gradient_clipping is already 0" if not clip else
+                           "no wait for the CPU optimizer worker measured"),
+        wait_ns=wait, boundary_backward_ns=bwd_boundary))
     return out
 
 
