@@ -11,6 +11,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from tracekit.analyze.render_cpu_update import render_cpu_update
 from tracekit.analyze.render_multi_gpu import render_multi_gpu, render_rank_order
 from tracekit.analyze.render_transfers import render_findings, render_rank_transfers
 from tracekit.textsafe import text as _t
@@ -111,6 +112,7 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
         console.print(tt)
         for ph, rows in rank.get("sub_phases", {}).items():
             _render_sub_phases(console, head, ph, rows)
+        render_cpu_update(console, head, rank, result.get("cpu_update_notes"))
         render_rank_transfers(console, head, rank, phase)
     if len(result["ranks"]) > 1:
         s = Table(title=_t("across ranks (whole-trace wall time per phase)"), title_justify="left")
