@@ -93,5 +93,9 @@ def test_bad_address(runs, capsys):
 def test_dask_bad_trace_named(cluster, runs, capsys):
     (runs / "rank1.sqlite").write_bytes(b"not an export")
     rc = main(["analyze", str(runs), "--dask", cluster.scheduler_address, "--no-cache"])
-    err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and "rank1.sqlite" in err
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    # one line naming the bad trace, one saying the others were reported (issue 9, d13)
+    assert rc == 2 and len(lines) == 2
+    assert "rank1.sqlite" in lines[0] and "1 of 3 traces could not be analyzed" in lines[1]
+    assert "2 ranks in 2 traces" in captured.out
