@@ -286,6 +286,10 @@ class Export:
     def close(self) -> None:
         """Close the SQLite connection (and the Arrow reader's, when one was opened); remove the
         private copy of a WAL-mode trace."""
+        for pending in list(self._pending.values()):
+            if isinstance(pending, _ChunkReader):
+                pending.close()
+        self._pending.clear()
         self.conn.close()
         if self._adbc is not None:
             for handle in reversed(self._adbc):
@@ -411,13 +415,73 @@ class Export:
         pending = self._pending.pop(mkey, None) if self._pending else None
         if pending is not None:
             frame = pending.result()  # re-raises what the background read raised
-        if frame is None and reader() == "adbc":
-            frame = self._query_adbc(sql, params, schema)
         if frame is None:
-            frame = self._query_sqlite3(sql, params, schema)
+            frame = self._read(sql, params, schema)
         if key is not None:
             self.cache.put_frame(key, frame)
         return frame
+
+    def _read(self, sql: str, params: tuple, schema: dict | None) -> pl.DataFrame:
+        """The rows of ``sql`` from the trace itself: ADBC when available, else sqlite3 (no
+        cache, no memo)."""
+        frame = self._query_adbc(sql, params, schema) if reader() == "adbc" else None
+        return frame if frame is not None else self._query_sqlite3(sql, params, schema)
+
+    def query_chunks(self, sql: str, params: tuple = (), schema: dict | None = None, table: str | None = None,
+                     chunk_rows: int = 2_000_000, workers: int = 1):
+        """The rows of ``sql`` as a sequence of frames, one per range of ``chunk_rows`` rowids
+        of ``table``, in rowid order: concatenated, the frames are the rows one
+        :meth:`query` returns, in its order (a rowid table is scanned in rowid order), but at
+        most ``workers + 2`` chunks are held at a time, so a caller that reduces each chunk
+        before asking for the next needs memory for a few chunks, not for the table.
+
+        ``sql`` must be a plain ``SELECT ... FROM table WHERE condition`` (no join, subquery,
+        grouping, order or limit) and ``schema`` given; otherwise the whole result is returned
+        as one frame (:meth:`query`). ``workers`` threads read the next chunks while the
+        caller works on the current one, each on its own read-only connection. With a cache,
+        each chunk is a cache entry of its own (read from it when present, stored when read);
+        chunks are never kept in the memo. A reader started by :meth:`prefetch_chunks` with
+        the same arguments is taken over. Raises :class:`TracekitError` when SQLite fails
+        (from the step that reads the failing chunk).
+        """
+        key = ("chunks", *_prefetch_key(sql, params, schema), table, chunk_rows)
+        rd = self._pending.pop(key, None) if self._pending else None
+        if rd is None:
+            rd = self._chunk_reader(sql, params, schema, table, chunk_rows, workers)
+        if rd is None:
+            yield self.query(sql, params, schema)
+            return
+        try:
+            yield from rd
+        finally:
+            rd.close()
+
+    def prefetch_chunks(self, sql: str, params: tuple = (), schema: dict | None = None, table: str | None = None,
+                        chunk_rows: int = 2_000_000, workers: int = 1) -> bool:
+        """Start reading the first chunks of :meth:`query_chunks` (same arguments) in the
+        background now, so that the scan overlaps work done before the chunks are asked for;
+        at most ``workers + 2`` chunks are read ahead. Returns False, starting nothing, when
+        such a read is pending already or the query cannot be split."""
+        key = ("chunks", *_prefetch_key(sql, params, schema), table, chunk_rows)
+        if key in self._pending:
+            return False
+        rd = self._chunk_reader(sql, params, schema, table, chunk_rows, workers)
+        if rd is None:
+            return False
+        self._pending[key] = rd
+        return True
+
+    def _chunk_reader(self, sql, params, schema, table, chunk_rows, workers) -> "_ChunkReader | None":
+        split = _rowid_split(sql, table) if table and schema is not None else None
+        if split is None:
+            return None
+        lo = self.conn.execute(f"SELECT min(rowid) FROM {quote_ident(table)}").fetchone()[0]
+        hi = self.conn.execute(f"SELECT max(rowid) FROM {quote_ident(table)}").fetchone()[0]
+        if lo is None:
+            return None
+        step = max(1, int(chunk_rows))
+        queries = [split.format(a=a, b=min(a + step, hi + 1) - 1) + " ORDER BY rowid" for a in range(lo, hi + 1, step)]
+        return _ChunkReader(self, queries, tuple(params), schema, max(1, int(workers)))
 
     def prefetch(
         self, sql: str, params: tuple = (), schema: dict | None = None, table: str | None = None, parts: int = 1
@@ -680,6 +744,81 @@ def _rowid_split(sql: str, table: str) -> str | None:
     if re.search(r"(?i)\b(join|distinct)\b|,", m.group(1).split("FROM")[-1] if "FROM" in m.group(1) else ""):
         return None
     return f"{m.group(1)} WHERE ({m.group(3)}) AND rowid BETWEEN {{a}} AND {{b}}"
+
+
+class _ChunkReader:
+    """Reads ``queries`` (rowid ranges of one table, in order) with ``workers`` threads, at most
+    ``workers + 2`` results held at a time; iterating yields them in order. Cache lookups and
+    stores happen in the consuming thread."""
+
+    def __init__(self, export: "Export", queries: list[str], params: tuple, schema: dict, workers: int) -> None:
+        import threading
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.export, self.queries, self.params, self.schema = export, queries, params, schema
+        self.ahead = workers + 2
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="tracekit-chunks")
+        self.local = threading.local()
+        self.siblings: list[Export] = []
+        self.lock = threading.Lock()
+        self.todo = deque(range(len(queries)))
+        self.inflight: deque = deque()
+        self.closed = False
+        self._fill()
+
+    def _key(self, i: int):
+        c = self.export.cache
+        return c.query_key(self.queries[i], self.params, self.schema) if c is not None else None
+
+    def _fill(self) -> None:
+        while self.todo and len(self.inflight) < self.ahead:
+            i = self.todo.popleft()
+            key = self._key(i)
+            if key is not None and self.export.cache.has_frame(key):
+                self.inflight.append((i, key, None))  # read from the cache when its turn comes
+            else:
+                self.inflight.append((i, key, self.pool.submit(self._read, i)))
+
+    def _read(self, i: int) -> pl.DataFrame:
+        other = getattr(self.local, "export", None)
+        if other is None:
+            other = self.local.export = self.export._sibling()
+            with self.lock:
+                self.siblings.append(other)
+        return other._read(self.queries[i], self.params, self.schema)
+
+    def __iter__(self):
+        while self.inflight:
+            i, key, fut = self.inflight.popleft()
+            frame = None
+            if fut is None:
+                frame = self.export.cache.get_frame(key)
+                if frame is None:  # the entry went bad since: read the trace
+                    fut = self.pool.submit(self._read, i)
+            if frame is None:
+                frame = fut.result()  # re-raises what the read raised
+                if key is not None:
+                    self.export.cache.put_frame(key, frame)
+            self._fill()
+            yield frame
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for _, _, fut in self.inflight:
+            if fut is not None:
+                fut.cancel()
+        self.inflight.clear()
+        self.todo.clear()
+        self.pool.shutdown(wait=True)
+        for other in self.siblings:
+            try:
+                other.close()
+            except Exception:
+                pass
+        self.siblings.clear()
 
 
 #: Query results up to this many rows are kept for the life of the Export and returned again

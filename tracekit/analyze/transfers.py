@@ -119,8 +119,13 @@ def analyze_transfers(
     sections: tuple[str, ...] = (),
     pcie_threshold: float = 80.0,
     bin_ns: int = 1_000_000,
+    keep_samples: bool = False,
 ) -> TransferResult:
     """Compute the selected ``sections`` plus what the findings need; see module doc.
+
+    ``keep_samples``: also keep ``pcie_series`` (one row per PCIe sample, for ``--out``); without
+    it the samples are streamed and only their per-window reduction is held
+    (:func:`tracekit.analyze.pcie_metrics.reduce_pcie`).
 
     Frame names: overlap (per phase window), overlap_phase (whole trace per phase),
     overlap_sub_phase (per iteration, phase and sub-phase), overlap_total (one row per rank), contention, contention_phase,
@@ -171,18 +176,20 @@ def analyze_transfers(
         frames["throughput_timeline"] = throughput.throughput_timeline(model, bin_ns=bin_ns)
     if "pcie" in sel:
         try:
-            series = pcie_metrics.pcie_series(export, model)
-            if series.height == 0:
+            red = pcie_metrics.reduce_pcie(export, model, pcie_threshold, keep_samples=keep_samples)
+            if red.samples == 0:
                 notes.append("pcie: the PCIe samples of GPU_METRICS could not be matched to the devices with work "
                              "(TARGET_INFO_GPU lists a different number of GPUs than were sampled)")
-            frames["pcie_series"] = series
-            frames["pcie"] = pcie_metrics.pcie_phase_stats(export, model, by=PER_WINDOW, series=series)
-            frames["pcie_phase"] = pcie_metrics.pcie_phase_stats(export, model, by=("phase",), series=series)
-            frames["pcie_saturation"] = pcie_metrics.pcie_saturation(export, model, pcie_threshold, series=series)
+            if red.series is not None:
+                frames["pcie_series"] = red.series
+            frames["pcie"] = pcie_metrics.pcie_phase_stats(export, model, by=PER_WINDOW, reduction=red)
+            frames["pcie_phase"] = pcie_metrics.pcie_phase_stats(export, model, by=("phase",), reduction=red)
+            frames["pcie_saturation"] = pcie_metrics.pcie_saturation(export, model, pcie_threshold, reduction=red)
+            model.cache["pcie_reduction"] = red
         except MissingDataError as exc:
             notes.append(f"pcie: skipped, {exc}")
     steady = steady_model(model)
-    ff = frames if steady is model else _findings_frames(export, steady, frames, pcie_threshold)
+    ff = frames if steady is model else _findings_frames(export, model, steady, frames, pcie_threshold)
     iters: dict[tuple[int, int], dict[str, int]] = {}
     win = steady.windows.filter(pl.col("iteration").is_not_null())
     ranks = model.ops.select("global_pid", "device").unique().drop_nulls()
@@ -197,7 +204,7 @@ def analyze_transfers(
     return TransferResult(frames=kept, sections=tuple(sections), notes=notes, findings=findings, multi_gpu=mg)
 
 
-def _findings_frames(export: Export, steady: PhaseModel, frames: dict[str, pl.DataFrame],
+def _findings_frames(export: Export, model: PhaseModel, steady: PhaseModel, frames: dict[str, pl.DataFrame],
                      pcie_threshold: float) -> dict[str, pl.DataFrame]:
     """The frames :func:`build_findings` reads, computed again on ``steady`` (the model without
     its unclosed iterations, :func:`tracekit.analyze.phases.steady_model`)."""
@@ -210,10 +217,10 @@ def _findings_frames(export: Export, steady: PhaseModel, frames: dict[str, pl.Da
     trips = opportunities.gradient_round_trips(steady)
     ff["round_trip_summary"] = opportunities.gradient_round_trip_summary(export, steady, trips)
     ff["update_opportunity"] = opportunities.update_opportunity(export, steady)
-    series = frames.get("pcie_series")
-    if series is not None and "pcie_phase" in frames:
-        ff["pcie_phase"] = pcie_metrics.pcie_phase_stats(export, steady, by=("phase",), series=series)
-        ff["pcie_saturation"] = pcie_metrics.pcie_saturation(export, steady, pcie_threshold, series=series)
+    red = model.cache.get("pcie_reduction")  # the samples as attributed to the whole model
+    if red is not None and "pcie_phase" in frames:
+        ff["pcie_phase"] = pcie_metrics.pcie_phase_stats(export, steady, by=("phase",), reduction=red)
+        ff["pcie_saturation"] = pcie_metrics.pcie_saturation(export, steady, pcie_threshold, reduction=red)
     return ff
 
 
@@ -288,16 +295,14 @@ def write_frames(frames: dict[str, pl.DataFrame], out_dir: str | Path, fmt: str 
     return paths
 
 
-def write_trace_frames(path: str | Path, options: dict, out_dir: str | Path, fmt: str = "csv") -> list[Path]:
-    """Open ``path``, compute the transfer sections of ``options`` (the fields of
-    :class:`tracekit.analyze.result.Options`) and write their frames with :func:`write_frames`."""
-    from tracekit.analyze import phases
-
-    with Export.open(path) as export:
-        model = phases.build(export, phase_map=options.get("phase_map"), gas=options.get("gas"))
-        tr = analyze_transfers(export, model, tuple(options.get("sections") or SECTIONS),
-                               options.get("pcie_threshold", 80.0),
-                               max(1, int(round(options.get("bin_ms", 1.0) * 1e6))))
-    for note in tr.notes:
-        print(f"note: {note}")
-    return write_frames(tr.frames, out_dir, fmt)
+def write_analysis(analysis, out_dir: str | Path, fmt: str = "csv") -> list[Path]:
+    """``--out DIR``: write the frames of an :class:`tracekit.analysis.Analysis` with
+    :func:`write_frames`: ``phases`` (per rank, iteration, phase and micro-step: the numbers of
+    ``--json``), ``totals`` (per rank and phase, whole trace), ``sub_phases`` (every phase by
+    sub-phase, per iteration) and the frames of the selected sections (all by default;
+    ``global_pid`` as the OS ``pid``). Returns the paths written; the sections skipped for
+    missing data are in ``analysis.notes`` (the caller prints them, on stderr)."""
+    wanted = {n for s in (analysis.options.sections or SECTIONS) for n in SECTION_FRAMES[s]}
+    frames = {"phases": analysis.phases, "totals": analysis.totals, "sub_phases": analysis.sub_phases}
+    frames.update({k: v for k, v in analysis.section_frames().items() if k in wanted})
+    return write_frames(frames, out_dir, fmt)
