@@ -327,30 +327,49 @@ class _Reducer:
 
     def add(self, c: pl.DataFrame) -> None:
         """Reduce a frame of :func:`_clean_samples` rows that follows the previous ones."""
-        if c.height == 0:
-            return
         for (tid, d), g in c.partition_by("type_id", "direction", maintain_order=True, as_dict=True).items():
-            t = g["time"].to_numpy()
-            v = g["value_pct"].to_numpy()
-            last = self.last.get((tid, d))
-            if (t.size > 1 and (t[1:] < t[:-1]).any()) or (last is not None and t[0] < last):
-                raise _Unsorted
-            self.seen.add(tid)
-            start = np.empty_like(t)
-            start[1:] = t[:-1]
-            first = last is None
-            start[0] = t[0] if first else last
-            if first:
-                self.pending.append((tid, d, int(t[0]), float(v[0])))
-            self.diffs.add((t - start)[1:] if first else t - start)
-            self.last[(tid, d)] = int(t[-1])
-            if tid not in self.mapping:
-                if self.mapping:
-                    raise _Unsorted  # a type the mapping did not know: the mapping may change
-                continue
-            dev = self.mapping[tid]
-            for gpid in self.ranks.get(dev, ()):
-                self._rank(gpid, dev, d, tid, t, start, v, first)
+            self._metric(tid, d, g["time"].to_numpy(), g["value_pct"].to_numpy())
+
+    def add_raw(self, chunk: pl.DataFrame, by_dir: dict) -> None:
+        """Reduce a chunk of raw ``type_id, metric_id, time, value_pct`` rows (``by_dir``:
+        direction -> its metric ids) that follows the previous ones: the rows of each metric
+        picked by a mask, in rowid order."""
+        if any(chunk.null_count().row(0)):
+            chunk = chunk.drop_nulls()  # a damaged sample cannot be placed
+        if chunk.height == 0:
+            return
+        ty, me = chunk["type_id"].to_numpy(), chunk["metric_id"].to_numpy()
+        t_all, v_all = chunk["time"].to_numpy(), chunk["value_pct"].to_numpy()
+        tids = [int(ty[0])] if (ty == ty[0]).all() else np.unique(ty).tolist()
+        for tid in tids:
+            mt = None if len(tids) == 1 else ty == tid
+            for d, mids in by_dir.items():
+                m = me == mids[0] if len(mids) == 1 else np.isin(me, mids)
+                if mt is not None:
+                    m &= mt
+                if m.any():
+                    self._metric(tid, d, t_all[m], v_all[m])
+
+    def _metric(self, tid: int, d: str, t: np.ndarray, v: np.ndarray) -> None:
+        last = self.last.get((tid, d))
+        if (t.size > 1 and (t[1:] < t[:-1]).any()) or (last is not None and t[0] < last):
+            raise _Unsorted
+        self.seen.add(tid)
+        start = np.empty_like(t)
+        start[1:] = t[:-1]
+        first = last is None
+        start[0] = t[0] if first else last
+        if first:
+            self.pending.append((tid, d, int(t[0]), float(v[0])))
+        self.diffs.add((t - start)[1:] if first else t - start)
+        self.last[(tid, d)] = int(t[-1])
+        if tid not in self.mapping:
+            if self.mapping:
+                raise _Unsorted  # a type the mapping did not know: the mapping may change
+            return
+        dev = self.mapping[tid]
+        for gpid in self.ranks.get(dev, ()):
+            self._rank(gpid, dev, d, tid, t, start, v, first)
 
     def _rank(self, gpid, dev, d, tid, t, start, v, first) -> None:
         g = self.group(gpid, dev, d)
@@ -361,7 +380,11 @@ class _Reducer:
         g.cnt += np.bincount(idx, minlength=nw + 1)
         g.sum += np.bincount(idx, weights=v, minlength=nw + 1)
         np.maximum.at(g.max, idx, v)
-        moved = g.cum(t) - g.cum(start)
+        ft = g.cum(t)
+        fs = np.empty_like(ft)  # the cumulative at each start is the one at the previous time
+        fs[1:] = ft[:-1]
+        fs[0] = g.cum(start[:1])[0]
+        moved = ft - fs
         zero = moved <= 0
         if first:
             zero[0] = False  # decided in finish(), once the median interval is known
@@ -490,15 +513,17 @@ def reduce_pcie(export: Export, model: PhaseModel, threshold: float = 80.0, keep
     args, kw = _chunk_args(ids)
     red = None
     try:
+        by_dir: dict = {}
+        for mid, d in ids.select("metric_id", "direction").iter_rows():
+            by_dir.setdefault(d, []).append(mid)
         for chunk in export.query_chunks(*args, **kw):
-            c = _clean_samples(chunk, ids)
             if red is None:
-                if c.height == 0:
-                    continue
                 if not types:  # no typeIds listed: those of the first samples (checked at the end)
-                    types = sorted(c["type_id"].unique().to_list())
+                    types = sorted(chunk["type_id"].drop_nulls().unique().to_list())
+                    if not types:
+                        continue
                 red = _Reducer(model, _mapping(types, gpus, model), threshold, keep_samples)
-            red.add(c)
+            red.add_raw(chunk, by_dir)
         if red is None:
             red = _Reducer(model, {}, threshold, keep_samples)
         elif sorted(red.seen) != types:
