@@ -95,10 +95,17 @@ def register(app: typer.Typer) -> None:
         fail_above: Annotated[
             Optional[float],
             typer.Option("--fail-above", help="exit 1 when a phase or the iteration (mean wall time per steady "
-                         "iteration) got slower from A to B by more than this percent (for CI)"),
+                         "iteration) got slower from A to B by more than this percent (for CI; also with --json)"),
         ] = None,
+        ds_config_a: Annotated[
+            Optional[Path], typer.Option("--ds-config-a", help="A's DeepSpeed JSON config (or capture manifest); "
+                                         "default: NAME.json beside A")] = None,
+        ds_config_b: Annotated[
+            Optional[Path], typer.Option("--ds-config-b", help="B's DeepSpeed JSON config (or capture manifest); "
+                                         "default: NAME.json beside B")] = None,
     ) -> None:
-        """Compare two runs per phase and iteration: time, bytes, overlap, pageable copies, memory peak."""
+        """Compare two runs per phase, update sub-phase, config key and iteration: time, bytes, overlap,
+        pageable copies, memory peak, and the advice item that explains a difference."""
         from tracekit.report import compare as C
         from tracekit.report import style as S
         from tracekit.report.report import FORMATS, prepare_dir, progress
@@ -106,8 +113,14 @@ def register(app: typer.Typer) -> None:
         _check(rank, gas)
         if fmt not in FORMATS:
             raise TracekitError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
+        if fail_above is not None and not fail_above >= 0:
+            raise TracekitError(f"--fail-above {fail_above:g}: give a percent >= 0")
         with progress(not as_json, "tracekit compare") as step:
-            result = C.compare_paths(a, b, rank=rank, phase_map=phase_map, gas=gas, step=step)
+            result = C.compare_paths(a, b, rank=rank, phase_map=phase_map, gas=gas, step=step,
+                                     ds_config_a=ds_config_a, ds_config_b=ds_config_b)
+        slow = C.regressions(result, fail_above) if fail_above is not None else []
+        if fail_above is not None:
+            result["regressions"] = {"fail_above_pct": fail_above, "slower": slow}
         written = []
         if out is not None:
             d = prepare_dir(out, with_data=False)
@@ -123,14 +136,12 @@ def register(app: typer.Typer) -> None:
         if as_json:
             json.dump(result, sys.stdout, indent=1)
             sys.stdout.write("\n")
-            return
-        C.render(result)
-        if fail_above is not None:
-            slow = C.regressions(result, fail_above)
-            for r in slow:
-                print(f"regression: {r['what']} {r['a_ms']:,.1f} -> {r['b_ms']:,.1f} ms per iteration "
-                      f"({r['pct']:+.1f}% > {fail_above:g}%)", file=sys.stderr)
-            if slow:
-                raise typer.Exit(1)
-        if written:
+        else:
+            C.render(result)
+        for r in slow:
+            print(f"regression: {r['what']} {r['a_ms']:,.1f} -> {r['b_ms']:,.1f} ms per iteration "
+                  f"(mean per steady iteration, {r['pct']:+.1f}% > {fail_above:g}%)", file=sys.stderr)
+        if written and not as_json:
             print("wrote " + ", ".join(str(p) for p in written))
+        if slow:
+            raise typer.Exit(1)

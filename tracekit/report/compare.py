@@ -12,6 +12,18 @@ A is 0 or missing):
 Metrics (:data:`METRICS`): wall time, GPU idle time, H2D/D2H bytes, exposed H2D/D2H copy time,
 the share of copy time hidden behind kernels, pageable copies (count, bytes) and the GPU memory
 peak. Units: ns, bytes, ratio 0..1. Trace paths are printed as data (:mod:`tracekit.textsafe`).
+
+Beyond the phases (:func:`config_and_advice`):
+
+- ``per_sub_phase``: the update's DeepSpeed steps (overflow check, unscale, copy-back, gradient
+  norm, CPU optimizer step: :data:`tracekit.analyze.whatif.ROLES`), wall and CPU-only time, mean
+  per steady iteration of each run;
+- ``config``: each setting of :data:`tracekit.analyze.dsconfig.KEYS` in A and B (from the
+  capture manifest beside each trace, ``--ds-config-a/-b``, or inferred from the trace) and
+  whether it differs;
+- ``explanations``: for each differing key that one of the what-if scenarios replays
+  (:data:`EXPLAINERS`), the scenario predicted *on B* with A's value as the target: the predicted
+  cost of B's setting per iteration, beside the measured B - A of the phases it touches.
 """
 
 from __future__ import annotations
@@ -61,14 +73,134 @@ def _side(data: ReportData, rank: int) -> tuple[dict, pl.DataFrame, list[int]]:
     return rk, summary.iteration_metrics(data, rk), steady
 
 
-def compare_data(a: ReportData, b: ReportData, rank: int = 0) -> dict:
+#: scenario of the what-if model that replays a config key going back from B's value to A's:
+#: key -> (scenario, applies(a_value, b_value), change targets from A's value)
+EXPLAINERS = {
+    "zero_optimization.offload_optimizer.pin_memory": ("pin_memory", lambda a, b: a is True and b is not True, None),
+    "precision": ("bf16", lambda a, b: a == "bf16" and b == "fp16", None),
+    "zero_optimization.offload_optimizer.device": ("no_offload", lambda a, b: a in (None, "none") and b not in (None, "none"),
+                                                   None),
+    "zero_optimization.sub_group_size": ("sub_group_size", lambda a, b: a != b and isinstance(a, (int, float)),
+                                         lambda a: {"sub_group_size": float(a)}),
+    "zero_optimization.offload_optimizer.ratio": ("ratio", lambda a, b: a != b and isinstance(a, (int, float)),
+                                                  lambda a: {"ratio": float(a)}),
+    "zero_optimization.overlap_comm": ("overlap_grad_copies", lambda a, b: a is True and b is False, None),
+}
+#: labels of the update's steps (:data:`tracekit.analyze.whatif.ROLES`)
+SUB_PHASE_LABELS = {"overflow_check": "fp16 overflow check (has_overflow)",
+                    "unscale": "gradient unscale (unscale_and_clip_grads)",
+                    "copy_back": "parameter copy-back (param_copy_back)", "grad_norm": "gradient norm (grad_norm)",
+                    "cpu_adam": "CPU optimizer step (cpu_optimizer_step)",
+                    "cpu_wait": "wait for the CPU optimizer step (cpu_update_wait)",
+                    "swap": "NVMe swap in/out"}
+
+
+def _pieces(d: ReportData, rk: dict) -> dict | None:
+    from tracekit.analyze import whatif
+
+    for p in whatif.measure(d.export, d.model):
+        if p["global_pid"] == rk["global_pid"] and p["device"] == rk["device"]:
+            return p
+    return None
+
+
+def _settings(d: ReportData, pieces: dict | None, ds_config) -> tuple[list[dict], dict]:
+    from tracekit.analyze import advice, dsconfig, whatif
+
+    loaded = dsconfig.load(d.path, ds_config)
+    inferred = dsconfig.infer_settings(whatif.trace_facts(pieces)) if pieces else {}
+    rows = dsconfig.settings(loaded, inferred)
+    have = {r["key"] for r in rows if r["value"] is not None}
+    for k, (v, how) in inferred.items():  # what the config leaves unknown but the trace shows
+        if k not in have and loaded.get("deepspeed_config") is not None:
+            rows.append({"key": k, "value": v, "source": "trace", "how": how})
+    return rows, advice.settings_map(rows)
+
+
+def config_and_advice(a: ReportData, b: ReportData, ra: dict, rb: dict, ds_config_a=None, ds_config_b=None,
+                      per_phase: list[dict] | None = None) -> dict:
+    """Sub-phases, config keys and the advice that explains a difference (see module doc)::
+
+        {"per_sub_phase": [{"phase": "update", "sub_phase": label, "role": role,
+                            "metrics": {"wall_ns": diff, "cpu_ns": diff}}],
+         "config": [{"key", "a", "b", "a_source", "b_source", "differs": bool}],
+         "explanations": [{"key", "a", "b", "scenario", "applicable", "predicted_cost_ms",
+                           "predicted_b_iteration_ms", "b_iteration_ms", "basis", "confidence",
+                           "phases": {phase: {"predicted_ms", "measured_delta_ms"}},
+                           "measured_iteration_delta_ms",
+                           "advice": {"problem", "knob", "change", "saving_ms_per_iteration"} | None}]}
+
+    ``diff`` as in :func:`compare_data` (ns per steady iteration). ``predicted_cost_ms``: what
+    B's setting costs per iteration by the what-if model run on B with A's value as the target
+    (positive = B slower because of it); ``phases``: the model's per-phase part of that cost and
+    the measured B - A of the phase. ``ds_config_a/_b``: a DeepSpeed config or manifest for A/B
+    (default: the manifest beside each trace). Raises :class:`TracekitError` for a bad
+    ``--ds-config`` file.
+    """
+    from tracekit.analyze import advice, whatif
+
+    pa, pb = _pieces(a, ra), _pieces(b, rb)
+    subs = []
+    for role in whatif.ROLES:
+        label = SUB_PHASE_LABELS.get(role, role)
+        va = (pa["roles"].get(role) or {}) if pa else {}
+        vb = (pb["roles"].get(role) or {}) if pb else {}
+        if not va.get("wall_ns") and not vb.get("wall_ns"):
+            continue
+        if (va.get("unmarked") or vb.get("unmarked")) and role == "cpu_adam":
+            label = "CPU optimizer step (cpu_optimizer_step, or the update's unmarked time)"
+        subs.append({"phase": "update", "sub_phase": label, "role": role,
+                     "metrics": {"wall_ns": _diff(va.get("wall_ns"), vb.get("wall_ns")),
+                                 "cpu_ns": _diff(va.get("cpu_ns"), vb.get("cpu_ns"))}})
+    rows_a, sett_a = _settings(a, pa, ds_config_a)
+    rows_b, sett_b = _settings(b, pb, ds_config_b)
+    by_a = {r["key"]: r for r in rows_a}
+    by_b = {r["key"]: r for r in rows_b}
+    keys = [k for k in by_a] + [k for k in by_b if k not in by_a]
+    config = []
+    for k in keys:
+        xa, xb = by_a.get(k, {}), by_b.get(k, {})
+        config.append({"key": k, "a": xa.get("value"), "b": xb.get("value"), "a_source": xa.get("source"),
+                       "b_source": xb.get("source"), "differs": xa.get("value") != xb.get("value")})
+    measured = {r["phase"]: r["metrics"]["wall_ns"] for r in per_phase or []}
+    expl = []
+    for c in config:
+        if not c["differs"] or c["key"] not in EXPLAINERS or pb is None:
+            continue
+        scenario, applies, targets = EXPLAINERS[c["key"]]
+        if not applies(c["a"], c["b"]):
+            continue
+        changes = targets(c["a"]) if targets else {}
+        if scenario == "no_offload":  # A's own GPU optimizer (torch_adam or FusedAdam)
+            changes["gpu_optimizer"] = whatif.gpu_step_bytes(sett_a)[0]
+        scen = whatif.predict(pb, sett_b, changes)
+        s = {x["scenario"]: x for x in scen}[scenario]
+        item = next((i for i in advice.build_advice(pb, scen, sett_b) if i["scenario"] == scenario), None)
+        ph = {}
+        for phase, dns in (s.get("phase_delta_ns") or {}).items():
+            m = measured.get(phase) or {}
+            ph[phase] = {"predicted_ms": round(-dns / 1e6, 3),
+                         "measured_delta_ms": None if m.get("delta") is None else round(m["delta"] / 1e6, 3)}
+        expl.append({"key": c["key"], "a": c["a"], "b": c["b"], "scenario": scenario, "applicable": s["applicable"],
+                     "why_not": s["why_not"], "predicted_cost_ms": round(s["saving_ns"] / 1e6, 3),
+                     "predicted_b_iteration_ms": round(s["predicted_ns"] / 1e6, 3),
+                     "b_iteration_ms": round(s["baseline_ns"] / 1e6, 3), "basis": s["basis"],
+                     "confidence": s["confidence"], "phases": ph,
+                     "advice": None if item is None else {k: item[k] for k in ("problem", "knob", "change",
+                                                                                 "saving_ms_per_iteration")}})
+    return {"per_sub_phase": subs, "config": config, "explanations": expl}
+
+
+def compare_data(a: ReportData, b: ReportData, rank: int = 0, ds_config_a=None, ds_config_b=None) -> dict:
     """Compare two analysed traces (see module doc); returns a JSON-ready dict::
 
         {"a": {"trace", "pid", "device", "iterations"}, "b": {...},
          "per_phase": [{"phase", "metrics": {METRIC: {"a", "b", "delta", "pct"}}}],
-         "per_iteration": [{"position", "a_iteration", "b_iteration", "phase", "metrics": {...}}]}
+         "per_iteration": [{"position", "a_iteration", "b_iteration", "phase", "metrics": {...}}],
+         "iteration_total": {METRIC: diff}, "per_sub_phase": [...], "config": [...], "explanations": [...]}
 
-    Raises :class:`TracekitError` when a trace lacks the rank or any iteration.
+    (the last three from :func:`config_and_advice`, with ``measured_iteration_delta_ms`` in each
+    explanation). Raises :class:`TracekitError` when a trace lacks the rank or any iteration.
     """
     ra, ma, sa = _side(a, rank)
     rb, mb, sb = _side(b, rank)
@@ -97,12 +229,17 @@ def compare_data(a: ReportData, b: ReportData, rank: int = 0) -> dict:
     def side(d: ReportData, rk: dict, steady: list[int]) -> dict:
         return {"trace": str(d.path), "pid": rk["pid"], "device": rk["device"], "iterations": steady}
 
+    extra = config_and_advice(a, b, ra, rb, ds_config_a, ds_config_b, per_phase)
+    for e in extra["explanations"]:
+        d = total["wall_ns"]["delta"]
+        e["measured_iteration_delta_ms"] = None if d is None else round(d / 1e6, 3)
     return {"a": side(a, ra, sa), "b": side(b, rb, sb), "per_phase": per_phase, "iteration_total": total,
-            "per_iteration": per_it}
+            "per_iteration": per_it, **extra}
 
 
 def compare_paths(a: str | Path, b: str | Path, rank: int = 0, phase_map: list[str] | None = None,
-                  gas: int | None = None, step: Callable[[str], None] | None = None) -> dict:
+                  gas: int | None = None, step: Callable[[str], None] | None = None,
+                  ds_config_a=None, ds_config_b=None) -> dict:
     """Open, analyse and compare two traces (:func:`compare_data`)."""
     step = step or (lambda _m: None)
     da = ReportData.load(a, phase_map=phase_map, gas=gas, step=lambda m: step(f"A: {m}"))
@@ -110,7 +247,7 @@ def compare_paths(a: str | Path, b: str | Path, rank: int = 0, phase_map: list[s
         db = ReportData.load(b, phase_map=phase_map, gas=gas, step=lambda m: step(f"B: {m}"))
         try:
             step("comparing")
-            return compare_data(da, db, rank)
+            return compare_data(da, db, rank, ds_config_a, ds_config_b)
         finally:
             db.close()
     finally:
@@ -192,6 +329,7 @@ def render(result: dict, console=None) -> None:
             first = False
         t.add_section()
     console.print(t)
+    _render_sub_phases(result, console)
     it = Table(title="per iteration (k-th steady iteration of A vs of B; B - A)", title_justify="left",
                header_style="bold")
     cols = ["wall_ns", "h2d_bytes", "d2h_bytes", "h2d_exposed_ns", "d2h_exposed_ns", "pageable_bytes", "peak_bytes"]
@@ -216,6 +354,61 @@ def render(result: dict, console=None) -> None:
     console.print(it)
     console.print(_t("Δ = B - A; change = Δ / A; exposed = copy busy time with no kernel running; metrics that "
                      "are 0 in both runs are not listed; MB = 1e6 B, GB = 1e9 B"))
+    _render_config(result, console)
+
+
+def _ms_text(ns) -> str:
+    return "–" if ns is None else f"{ns / 1e6:,.1f}"
+
+
+def _render_sub_phases(result: dict, console) -> None:
+    from rich.table import Table
+
+    rows = result.get("per_sub_phase") or []
+    if not rows:
+        return
+    t = Table(title="update sub-phases, mean per steady iteration (B - A)", title_justify="left", header_style="bold")
+    for c, j in (("sub-phase", "left"), ("A ms", "right"), ("B ms", "right"), ("B - A ms", "right"),
+                 ("change", "right"), ("B - A CPU-only ms", "right")):
+        t.add_column(c, justify=j)
+    for r in rows:
+        w, c = r["metrics"]["wall_ns"], r["metrics"]["cpu_ns"]
+        pct = "–" if w["pct"] is None else _pct_text(w["pct"])
+        style = "red" if (w["pct"] or 0) >= 10 else "green" if (w["pct"] or 0) <= -10 else ""
+        t.add_row(*map(_t, (r["sub_phase"], _ms_text(w["a"]), _ms_text(w["b"]), _ms_text(w["delta"]))),
+                  _t(pct, style), _t(_ms_text(c["delta"])))
+    console.print(t)
+
+
+def _render_config(result: dict, console) -> None:
+    from rich.table import Table
+
+    diff = [c for c in result.get("config") or [] if c["differs"]]
+    if diff:
+        t = Table(title="config keys that differ (source: config, default, trace)", title_justify="left",
+                  header_style="bold")
+        for c in ("key", "A", "B"):
+            t.add_column(c)
+        for c in diff:
+            t.add_row(*map(_t, (c["key"], f"{c['a']} ({c['a_source']})", f"{c['b']} ({c['b_source']})")))
+        console.print(t)
+    elif result.get("config"):
+        console.print(_t("config: no key of the shown settings differs between A and B"))
+    for e in result.get("explanations") or []:
+        meas = e.get("measured_iteration_delta_ms")
+        head = (f"explained by advice: {e['key']} {e['a']} (A) -> {e['b']} (B) costs B "
+                f"{e['predicted_cost_ms']:,.1f} ms per iteration by the what-if model run on B "
+                f"({e['scenario']}, {e['confidence']} confidence); measured B - A: "
+                + ("–" if meas is None else f"{meas:+,.1f} ms per iteration"))
+        if not e["applicable"]:
+            head += f" (the model gives no effect: {e['why_not']})"
+        parts = [f"{ph} predicted {v['predicted_ms']:+,.1f} / measured "
+                 + ("–" if v["measured_delta_ms"] is None else f"{v['measured_delta_ms']:+,.1f}") + " ms"
+                 for ph, v in e["phases"].items() if abs(v["predicted_ms"]) >= 0.05]
+        console.print(_t(head + (("; " + ", ".join(parts)) if parts else "")))
+        if e.get("advice"):
+            console.print(_t(f"  advice for B: {e['advice']['knob']}: {e['advice']['change']} — "
+                             f"{e['advice']['problem']}"))
 
 
 # ---------------------------------------------------------------------- figure
