@@ -381,3 +381,32 @@ def test_gradient_clipping_default_by_version():
     assert config_value({}, "gradient_clipping", "0.19.2") == (0.0, "default")
     assert config_value({}, "gradient_clipping", None) == (None, "unknown")
     assert config_value({"gradient_clipping": 0.0}, "gradient_clipping", "0.19.8") == (0.0, "config")
+
+
+@pytest.mark.parametrize("name", sorted(WORKER_CUTS))
+def test_worker_is_no_rank(name, results):
+    """The worker process has tracekit ranges but no GPU work: no rank, no phase source, no windows."""
+    rank_pid, worker_pid = WORKER_CUTS[name]
+    res = results[name]
+    assert [r["pid"] for r in res["ranks"]] == [rank_pid]
+    assert set(res["phase_source"]) == {str(rank_pid)}
+
+
+def test_terminal_table(results):
+    from rich.console import Console
+
+    from tracekit.analyze.render_cpu_update import render_cpu_update
+
+    res = results["superoffload_cut.sqlite"]
+    con = Console(record=True, width=200)
+    render_cpu_update(con, "rank pid 685 device 0", res["ranks"][0], res["cpu_update_notes"])
+    out = con.export_text()
+    assert "CPU optimizer step per iteration (cpu_optimizer_step ranges in worker process 879; ms)" in out
+    for it in res["ranks"][0]["iterations"]:
+        c = it["cpu_update"]
+        assert f"{c['busy_ns'] / 1e6:,.2f}" in out and f"{c['wait_ns'] / 1e6:,.2f}" in out
+    st = res["ranks"][0]["cpu_update_steady"]
+    assert f"per iteration (mean over steady iterations 1-2): CPU optimizer step {st['busy_ns'] / 1e6:,.2f} ms" in out
+    con = Console(record=True, width=200)
+    render_cpu_update(con, "x", {"pid": 1, "iterations": [{"index": 0, "complete": True, "cpu_update": None}]})
+    assert con.export_text() == ""

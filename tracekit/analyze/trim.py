@@ -19,7 +19,8 @@ What is kept:
   ``keep_metrics``;
 - all rows of tables without a time column (TARGET_INFO_*, ENUM_*, PROCESSES, ThreadNames,
   metadata), except ``StringIds``, reduced to the ids that kept rows use;
-- a table ``TRACEKIT_TRIM`` (name, value) recording the source, iterations and window.
+- a table ``TRACEKIT_TRIM`` (name, value) recording the source, iterations (``A-B``; no such
+  row for a time cut) or time range, and window.
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ def trim(
             if name == "sqlite_sequence":
                 continue
             db.execute(sql)
-            if name in drop_set or name == "StringIds":
+            if name in drop_set or name in ("StringIds", "TRACEKIT_TRIM"):  # a cut of a cut: its own rows only
                 continue
             cols = columns.get(name, {})
             where, params = _filter(name, cols, t0, t1, keep_metrics, set(tables))
@@ -207,7 +208,8 @@ def trim(
         db["TRACEKIT_TRIM"].insert_all(
             [
                 {"name": "source", "value": src.name},
-                {"name": "iterations", "value": f"{first}-{last}" if time_range is None else ""},
+                # a time cut has no "iterations" row: Export reads it as the first iteration kept (A-B only)
+                *([{"name": "iterations", "value": f"{first}-{last}"}] if time_range is None else []),
                 {"name": "time_range", "value": time_range or ""},
                 {"name": "window_start_ns", "value": str(t0)},
                 {"name": "window_end_ns", "value": str(t1)},
