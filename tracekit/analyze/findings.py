@@ -10,6 +10,10 @@ Built only from the frames of the transfer analyses (no new measurement), per ra
 - ``gradient-round-trip`` and ``update``: the two offload opportunities
   (:mod:`tracekit.analyze.opportunities`);
 - ``pcie``: time at or above the saturation threshold per phase, when the series was read;
+- ``cpu-update``: where the CPU optimizer step ran (a worker process, or the training's own
+  thread), how much of it GPU compute hid and how much the training waited for
+  (:func:`cpu_update_findings`, from :mod:`tracekit.analyze.cpu_update`; added by
+  :mod:`tracekit.analyze.result`, since the worker ranges are no transfer frame);
 - ``pcie-cross-check``: the link peak implied by copy bytes/s and the metric per phase
   (:func:`tracekit.analyze.pcie_metrics.pcie_phase_stats`); within 25 % of each other the
   copies account for the traffic.
