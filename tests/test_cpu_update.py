@@ -410,3 +410,19 @@ def test_terminal_table(results):
     con = Console(record=True, width=200)
     render_cpu_update(con, "x", {"pid": 1, "iterations": [{"index": 0, "complete": True, "cpu_update": None}]})
     assert con.export_text() == ""
+
+
+def test_finding_of_one_iteration(tmp_path):
+    """``--iteration N``: the cpu-update finding on that iteration alone, after the rank's update finding."""
+    from tracekit.analyze.findings import cpu_update_findings
+
+    t = SyntheticTrace()
+    _engine(t)
+    cu = cpu_update.cpu_update(_model(t.write(tmp_path / "synthetic_cpu_update_finding.sqlite")))
+    upd = {"topic": "update", "pid": 100, "device": 0, "phase": "update", "text": "update: ...", "values": {}}
+    out = cpu_update_findings([upd], cu, iteration=0)
+    assert [f["topic"] for f in out] == ["update", "cpu-update"]
+    v = out[1]["values"]
+    assert (v["busy_ns"], v["hidden_ns"], v["exposed_ns"], v["wait_ns"], v["basis"]) == (140, 100, 40, 60, "iteration 0")
+    assert "worker process 200" in out[1]["text"] and "ran in worker process 200" in out[0]["text"]
+    assert cpu_update_findings([], cu, iteration=7) == []
