@@ -241,7 +241,7 @@ def iteration_findings(export, model, iteration: int, pcie_threshold: float = 80
     one = dataclasses.replace(model, windows=windows, ops=ops)
     if hasattr(one, "cache"):
         one.cache = {}
-    ff = transfers._findings_frames(export, one, {}, pcie_threshold)
+    ff = transfers._findings_frames(export, one, one, {}, pcie_threshold)
     iters = {}
     for (gpid, dev) in ops.select("global_pid", "device").unique().drop_nulls().iter_rows():
         w = windows.filter(pl.col("global_pid") == gpid)
