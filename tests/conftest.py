@@ -42,8 +42,16 @@ def full_trace(tmp_path_factory) -> Path:
 
 # ---------------------------------------------------------------- shared test helpers
 def run_cli(*args, env=None):
-    """Run ``tracekit ARGS`` in a subprocess; returns (exit code, stdout, stderr)."""
+    """Run ``tracekit ARGS`` in a subprocess; returns (exit code, stdout, stderr).
+
+    Without ``env``, the child gets this environment less ``COLUMNS`` and ``LINES``: GNU
+    readline (imported by pytest through pdb) exports the terminal's size into the process
+    environment, and tracekit honours ``COLUMNS``; tests that want a width pass it."""
+    import os
     import subprocess
+
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
 
     p = subprocess.run([sys.executable, "-m", "tracekit.cli", *map(str, args)],
                        capture_output=True, text=True, env=env)

@@ -100,7 +100,9 @@ def test_cache_invalidated_by_changed_content(trace):
 def test_result_cache_and_no_cache(trace, tmp_path):
     first = analyze_one(trace, {"phase": "update"}, cache=True)
     tc = TraceCache(trace)
-    key = tc.result_key({"phase": "update"}, str(trace))
+    from tracekit.options import Options
+
+    key = tc.result_key(Options(phase="update").key(), str(trace))  # every option keys a result
     assert tc.get_result(key) == first
     assert analyze_one(trace, {"phase": "update"}, cache=True) == first
     other = tmp_path / "other.sqlite"

@@ -236,13 +236,12 @@ def test_memory_limit_large_enough_runs(tmp_path):
 
 
 def test_python_memory_error_is_one_line(monkeypatch, capsys):
-    from tracekit import cli
-    from tracekit.analyze import multi
+    from tracekit import analysis, cli
 
     def boom(*a, **k):
         raise MemoryError()
 
-    monkeypatch.setattr(multi, "analyze_one", boom)
+    monkeypatch.setattr(analysis, "analyze", boom)  # the one pipeline every command goes through
     rc = cli.main(["analyze", str(ZERO3_CUT), "--no-cache"])
     err = capsys.readouterr().err
     lines = _err_lines(err)

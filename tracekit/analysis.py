@@ -329,33 +329,46 @@ class Analysis:
             ).sort("start_ns")
         return self._memo["kernels"]
 
+    def _transfers(self, sections: tuple[str, ...]):
+        """The :class:`tracekit.analyze.transfers.TransferResult` holding at least ``sections``:
+        the one computed with the result when it does, else computed now (once)."""
+        for key in ("transfers", "more_transfers"):
+            tr = self._parts.get(key)
+            if tr is not None and set(sections) <= set(tr.sections):
+                return tr
+        from tracekit.analyze.transfers import analyze_transfers
+
+        with self._export() as export:
+            tr = analyze_transfers(export, self.model, tuple(sections), self.options.pcie_threshold,
+                                   self.options.bin_ns)
+        self._parts["more_transfers"] = tr
+        return tr
+
+    def section_frames(self, sections: tuple[str, ...] | None = None) -> "dict[str, pl.DataFrame]":
+        """The frames of ``sections`` (default: the ``sections`` option, else all) by name, as in
+        :attr:`frames`."""
+        import polars as pl
+
+        from tracekit.vocab import os_pid_expr
+
+        tr = self._transfers(tuple(sections or self.options.sections or SECTIONS))
+        out = {}
+        for name, f in {**tr.frames, **tr.multi_gpu}.items():
+            if isinstance(f, pl.DataFrame) and "global_pid" in f.columns:
+                f = f.with_columns(pid=os_pid_expr(pl.col("global_pid"))).select(
+                    "pid", *[c for c in f.columns if c not in ("global_pid", "pid")])
+            out[name] = f
+        return out
+
     @property
     def frames(self) -> "dict[str, pl.DataFrame]":
         """Every transfer section's frames by name (:data:`tracekit.analyze.transfers.SECTION_FRAMES`:
         ``overlap``, ``overlap_phase``, ..., ``memory_timeline``, ``pcie_series``) and the multi-GPU
         frames (``rank_ids``, host contention, communication, waiting ranks), ``global_pid``
-        replaced by ``pid``. Sections whose data the trace lacks are absent (see :attr:`notes`).
-        Computed when first asked for unless the analysis already holds them."""
+        replaced by the OS ``pid``. Sections whose data the trace lacks are absent (see
+        :attr:`notes`). Computed when first asked for unless the analysis already holds them."""
         if "frames" not in self._memo:
-            import polars as pl
-
-            from tracekit.vocab import os_pid_expr
-
-            tr = self._parts.get("transfers")
-            if tr is None or set(tr.sections) != set(SECTIONS):
-                from tracekit.analyze.transfers import analyze_transfers
-
-                with self._export() as export:
-                    tr = analyze_transfers(export, self.model, SECTIONS, self.options.pcie_threshold,
-                                           self.options.bin_ns)
-                self._parts["all_transfers"] = tr
-            out = {}
-            for name, f in {**tr.frames, **tr.multi_gpu}.items():
-                if isinstance(f, pl.DataFrame) and "global_pid" in f.columns:
-                    f = f.with_columns(pid=os_pid_expr(pl.col("global_pid"))).select(
-                        "pid", *[c for c in f.columns if c not in ("global_pid", "pid")])
-                out[name] = f
-            self._memo["frames"] = out
+            self._memo["frames"] = self.section_frames(SECTIONS)
         return self._memo["frames"]
 
     @property

@@ -11,7 +11,92 @@ import typer
 
 from tracekit.errors import TracekitError
 
-PHASE_CHOICES = ("forward", "backward", "update", "other")
+from tracekit.options import Options as _Options
+from tracekit.vocab import PHASES as PHASE_CHOICES  # noqa: F401 (the phases --phase accepts)
+
+_DEFAULTS = _Options()  # the defaults shown by --help are those of tracekit.options.Options
+#: ``--format`` on stdout (as ``nsys stats --format``); with ``--out`` it names the file format
+STDOUT_FORMATS = ("table", "csv", "md", "json")
+FILE_FORMATS = ("csv", "parquet")
+
+
+def _output_format(fmt: str | None, out, as_json: bool) -> str:
+    """What goes to stdout: ``table``, ``csv``, ``md`` or ``json`` (``--json``). With ``--out``,
+    ``--format`` names the file format and stdout gets the table (or JSON with ``--json``)."""
+    if out is not None:
+        if fmt is not None and fmt not in FILE_FORMATS:
+            raise TracekitError(f"--format {fmt!r}: with --out choose {' or '.join(FILE_FORMATS)}")
+        return "json" if as_json else "table"
+    if fmt is None:
+        return "json" if as_json else "table"
+    if fmt not in STDOUT_FORMATS:
+        raise TracekitError(f"--format {fmt!r}: choose {', '.join(STDOUT_FORMATS)} (csv or parquet with --out)")
+    if as_json and fmt != "json":
+        raise TracekitError(f"--json and --format {fmt}: choose one")
+    return fmt
+
+
+def _cached_text(path: Path, options, fmt: str, wide: bool) -> tuple[str | None, str | None]:
+    """The output printed before for ``path``, ``options`` and this stdout, from the result
+    cache: the JSON text, or the table/csv/md text stored per view (width, colours, NO_COLOR)."""
+    from tracekit.analysis import cached_result_text
+
+    if fmt == "json":
+        return cached_result_text(path, options), None
+    from tracekit.analyze import multi
+
+    view, text = multi.cached_view(path, options, options.phase, wide=wide, fmt=fmt)
+    return text, None
+
+
+def _print(a, fmt: str, wide: bool, store: bool) -> None:
+    """Print :class:`tracekit.analysis.Analysis` ``a`` on stdout in ``fmt``; keep the text of a
+    table view in the cache (``store``)."""
+    if fmt == "json":
+        sys.stdout.write(a.json_text())  # rows one per line; fast on large results
+        return
+    from tracekit.analyze import multi
+
+    text = multi.render_to_text(a, fmt, wide)
+    sys.stdout.write(text)
+    if store:
+        multi.store_view(a.path, a.options, multi.view_of(a.options.phase, wide, fmt), text)
+
+
+def _write_out(a, out: Path, fmt: str) -> None:
+    """``--out``: the files of one analysis; notes (sections skipped) and the summary line on stderr,
+    so that stdout stays the table or the JSON."""
+    from tracekit.analyze import transfers
+
+    written = transfers.write_analysis(a, out, fmt)
+    for note in a.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {len(written)} files to {out} ({a.path})", file=sys.stderr)
+
+
+def _many(traces, options, out, out_format: str, fmt: str, wide: bool, jobs, dask, ranks) -> None:
+    """Several traces (or a directory, a glob, Dask): :func:`tracekit.analysis.analyze_many`."""
+    from tracekit.analysis import Analysis, analyze_many
+    from tracekit.analyze import multi
+
+    many = analyze_many(traces, options, jobs=jobs, dask=dask, expected_ranks=ranks)
+    if out is not None:
+        from tracekit.analyze import transfers
+
+        for a, dest in zip(many.traces, transfers.frame_dirs([a.path for a in many.traces], out)):
+            _write_out(Analysis(a.path, a.options, a.to_json()), dest, out_format)
+    if fmt == "json":
+        multi.write_json(many.to_json(), sys.stdout)
+    elif fmt in ("csv", "md"):
+        sys.stdout.write(multi.many_text(many, fmt))
+    else:
+        multi.render_many(many.to_json(), wide=wide)
+    failures = multi.failure_lines(many.to_json())
+    if failures:  # every good trace is reported above; then the bad ones, one line each
+        sys.stdout.flush()
+        for line in failures[:-1]:
+            print(f"tracekit: error: {line}", file=sys.stderr)
+        raise TracekitError(failures[-1])
 
 
 def check_phase_map_regexes(items: list[str]) -> None:
@@ -85,12 +170,21 @@ def register(app: typer.Typer) -> None:
         all_sections: Annotated[bool, typer.Option("--all", help="every transfer section")] = False,
         pcie_threshold: Annotated[
             float, typer.Option("--pcie-threshold", help="PCIe saturation threshold, % of the link (pcie section)")
-        ] = 80.0,
-        bin_ms: Annotated[float, typer.Option("--bin-ms", help="bin width of the copy throughput timeline, ms")] = 1.0,
+        ] = _DEFAULTS.pcie_threshold,
+        bin_ms: Annotated[
+            float, typer.Option("--bin-ms", help="bin width of the copy throughput timeline, ms")
+        ] = _DEFAULTS.bin_ms,
         out: Annotated[
-            Optional[Path], typer.Option("--out", help="write the frames of the selected sections to this directory")
+            Optional[Path], typer.Option("--out", help="write the per-iteration phase table, the sub-phase table "
+                                         "and the frames of the selected sections to this directory")
         ] = None,
-        out_format: Annotated[str, typer.Option("--format", help="file format for --out: csv or parquet")] = "csv",
+        out_format: Annotated[
+            Optional[str],
+            typer.Option("--format", help="output format: table (default), csv, md or json on stdout; with --out, "
+                         "the file format: csv (default) or parquet"),
+        ] = None,
+        wide: Annotated[bool, typer.Option("--wide", help="every column (default: the columns that fit 80 "
+                                           "characters, or $COLUMNS)")] = False,
         ds_config: Annotated[
             Optional[Path],
             typer.Option("--ds-config", help="the run's DeepSpeed JSON config (or capture manifest), for the "
@@ -99,86 +193,44 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Break a DeepSpeed run into iterations and phases: time, GPU busy/idle, H2D/D2H copies."""
         from tracekit.analyze import multi
+        from tracekit.analyze import sections as transfer_sections  # no polars: a cached result needs none
+        from tracekit.options import Options, load_ds_config
 
+        fmt = _output_format(out_format, out, as_json)
         if out is not None:  # before any analysis (issue 9, item 22)
             from tracekit.analyze.transfers import check_out
 
-            check_out(out, out_format)
-        if phase is not None and phase not in PHASE_CHOICES:
-            raise TracekitError(f"--phase {phase!r}: choose one of {', '.join(PHASE_CHOICES)}")
-        if gas is not None and gas < 1:
-            raise TracekitError("--gas must be a positive integer")
+            check_out(out, out_format or "csv")
         if jobs is not None and jobs < 1:
             raise TracekitError("--jobs must be a positive integer")
-        # fields of tracekit.analyze.result.Options (a dict: a cached result needs no polars)
-        from tracekit.analyze import sections as transfer_sections  # no polars: a cached result needs none
-
         sections = transfer_sections.parse_sections(section, all_sections)
-        if as_json and not sections:  # --json carries every section but the (long) timeline
+        if fmt == "json" and not sections:  # --json carries every section but the (long) timeline
             sections = tuple(s for s in transfer_sections.SECTIONS if s != "timeline")
         if out is not None and not sections:
             sections = transfer_sections.SECTIONS
-        if not 0 < pcie_threshold <= 100:
-            raise TracekitError("--pcie-threshold must be in (0, 100]")
-        if not (math.isfinite(bin_ms) and bin_ms > 0):  # nan and inf pass a plain `<= 0`
-            raise TracekitError(f"--bin-ms {bin_ms}: must be a positive finite number of ms")
         if phase_map:
             check_phase_map_regexes(phase_map)
-        options = dict(phase=phase, iteration=iteration, phase_map=phase_map, gas=gas, sections=sections,
-                       pcie_threshold=pcie_threshold, bin_ms=bin_ms)
-        from tracekit.analyze import dsconfig  # no polars
-
-        if ds_config is not None or (len(traces) == 1 and traces[0].is_file()):
-            # the config is part of the options, so a cached result is keyed on it too
-            options["ds_config"] = dsconfig.load(traces[0], ds_config)
-        if out is not None:
-            from tracekit.analyze import transfers
-
-            paths = multi.expand_inputs(traces)
-            for path, dest in zip(paths, transfers.frame_dirs(paths, out)):
-                try:
-                    written = transfers.write_trace_frames(path, options, dest, out_format)
-                except TracekitError:
-                    if len(paths) == 1:
-                        raise
-                    continue  # a bad trace among several: analyze_many lists it below
-                print(f"wrote {len(written)} files to {dest} ({path})", file=sys.stderr)
+        one = len(traces) == 1 and traces[0].is_file()
+        options = Options(phase=phase, iteration=iteration, phase_map=tuple(phase_map) if phase_map else None,
+                          gas=gas, sections=sections, pcie_threshold=pcie_threshold, bin_ms=bin_ms, cache=cache,
+                          # the config is part of the options, so a cached result is keyed on it too
+                          ds_config=load_ds_config(traces[0], ds_config) if ds_config is not None or one else None)
         if len(traces) > 1 or traces[0].is_dir() or dask or not traces[0].exists() and "*" in str(traces[0]):
-            many = multi.analyze_many(traces, options, jobs=jobs, dask=dask, cache=cache, expected_ranks=ranks)
-            if as_json:
-                multi.write_json(many, sys.stdout)
-            else:
-                multi.render_many(many)
-            failures = multi.failure_lines(many)
-            if failures:  # every good trace is reported above; then the bad ones, one line each
-                sys.stdout.flush()
-                for line in failures[:-1]:
-                    print(f"tracekit: error: {line}", file=sys.stderr)
-                raise TracekitError(failures[-1])
+            _many(traces, options, out, out_format or "csv", fmt, wide, jobs, dask, ranks)
             return
-        if as_json and cache:
-            text = multi.cached_json(traces[0], options)  # printed as stored, without parsing
+        path = traces[0]
+        if out is None and cache:  # printed as stored (JSON: without parsing; tables: per terminal view)
+            text, key = _cached_text(path, options, fmt, wide)
             if text is not None:
                 sys.stdout.write(text)
                 return
-        if as_json:
-            result = multi.analyze_one(traces[0], options, cache=cache)
-            multi.write_json(result, sys.stdout)  # rows one per line; fast on large results
-            return
-        if cache:  # the tables as printed before for this trace, options and terminal, if any
-            view, text = multi.cached_view(traces[0], options, phase)
-            if text is not None:
-                sys.stdout.write(text)
-                return
-        result = multi.analyze_one(traces[0], options, cache=cache)
-        from tracekit.analyze.render import render
+        from tracekit.analysis import analyze
 
-        if cache and view is not None:
-            text = multi.render_to_text(render, result, phase, view)
-            sys.stdout.write(text)
-            multi.store_view(traces[0], options, view, text)
-            return
-        render(result, phase=phase)
+        a = analyze(path, options)
+        if out is not None:
+            _write_out(a, out, out_format or "csv")
+        _print(a, fmt, wide, store=cache and out is None)
+
 
     @app.command("trim")
     def trim_cmd(

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tracekit.errors import TracekitError
 
-PHASES = ("forward", "backward", "update", "other")
+from tracekit.vocab import PHASES  # noqa: E402
 #: How long ``--dask`` waits for the scheduler before giving up, seconds
 #: (environment variable ``TRACEKIT_DASK_TIMEOUT`` overrides).
 DASK_CONNECT_TIMEOUT_S = 10.0
@@ -407,21 +407,22 @@ def summarize_ranks(
 
 
 # ---------------------------------------------------------------------- terminal
-def render_many(out: dict, console=None) -> None:
+def render_many(out: dict, console=None, wide: bool = False) -> None:
     """Print the per-rank table and the summary across ranks of :func:`analyze_many`'s dict
-    (rich tables; ms = 1e6 ns)."""
-    from rich.console import Console
-    from rich.table import Table
+    (rich tables of :func:`tracekit.analyze.terminal.terminal_width`; ms = 1e6 ns)."""
+    from tracekit.analyze.terminal import add_num_column, make_console, new_table
+    from tracekit.vocab import fmt_ms
 
-    console = console or Console()
+    console = console or make_console(wide)
     s = out["summary"]
 
     def ms(v):
-        return "" if v is None else f"{v / 1e6:,.1f}"
+        return fmt_ms(v, 1)
 
-    t = Table(title=f"{s['ranks']} ranks in {s['traces']} traces (phase times summed over iterations, ms)")
-    for col in ("trace", "rank", "pid", "dev", "iters", "mean iter", *PHASES):
-        t.add_column(col, justify="left" if col == "trace" else "right")
+    t = new_table(f"{s['ranks']} ranks in {s['traces']} traces (phase times summed over iterations, ms)", wide)
+    t.add_column("trace", overflow="fold")
+    for col in ("rank", "pid", "dev", "iters", "mean iter", *PHASES):
+        add_num_column(t, col)
     for r in s["rank_rows"]:
         label = r["rank"] if r["rank"] is not None else r["node"]
         t.add_row(
@@ -435,9 +436,11 @@ def render_many(out: dict, console=None) -> None:
         )
     console.print(t)
     if s["per_phase"]:
-        t = Table(title="Across ranks (ms)")
-        for col in ("phase", "min", "mean", "max", "spread", "spread %", "slowest"):
-            t.add_column(col, justify="left" if col in ("phase", "slowest") else "right")
+        t = new_table("Across ranks (ms)", wide)
+        t.add_column("phase")
+        for col in ("min", "mean", "max", "spread", "spread %"):
+            add_num_column(t, col)
+        t.add_column("slowest", overflow="fold")
         for phase, v in s["per_phase"].items():
             who = v["slowest"]
             t.add_row(
@@ -498,27 +501,25 @@ def cached_json(path: str | Path, options=None) -> str | None:
 
 
 # ---------------------------------------------------------------------- cached terminal output
-def _view(phase: str | None) -> dict | None:
-    """How :func:`tracekit.analyze.render.render` would draw on this stdout: width, colours,
-    terminal or not (the key of a cached rendering); None when stdout is not UTF-8 (rich then
-    picks other characters, which a cached text could not honour)."""
+def view_of(phase: str | None, wide: bool = False, fmt: str = "table") -> dict | None:
+    """How :func:`tracekit.analyze.render.render` would draw on this stdout
+    (:func:`tracekit.analyze.terminal.view`: width, colours, NO_COLOR, terminal or not, wide,
+    format) and the phase: the key of a cached rendering; None when stdout is not UTF-8 (rich
+    then picks other characters, which a cached text could not honour)."""
     enc = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "")
     if enc != "utf8":
         return None
-    from rich.console import Console
+    from tracekit.analyze.terminal import view
 
-    console = Console()
-    if not console.is_terminal:  # as render() does: piped output is not squeezed into 80 columns
-        console = Console(width=170)
-    return {"width": console.width, "color_system": console.color_system, "terminal": console.is_terminal,
-            "phase": phase}
+    return {**view(wide, fmt), "phase": phase}
 
 
-def cached_view(path: str | Path, options, phase: str | None) -> tuple[dict | None, str | None]:
-    """(view, text): the terminal output stored for ``path``, ``options`` and this stdout's
-    view (:func:`_view`), or None as text. The cache entry shares the result's key, so it
-    goes stale with it (trace changed, tracekit edited)."""
-    view = _view(phase)
+def cached_view(path: str | Path, options, phase: str | None, wide: bool = False,
+                fmt: str = "table") -> tuple[dict | None, str | None]:
+    """(view, text): the output stored for ``path``, ``options`` and this stdout's view
+    (:func:`view_of`), or None as text. The entry shares the result's key, so it goes stale
+    with it (trace changed, tracekit edited)."""
+    view = view_of(phase, wide, fmt)
     path = Path(path)
     if view is None or not path.is_file():
         return view, None
@@ -538,22 +539,18 @@ def _view_key(view: dict) -> str:
     return hashlib.sha1(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def render_to_text(render, result: dict, phase: str | None, view: dict) -> str:
-    """What ``render(result, phase=phase)`` prints on a stdout with ``view``, as text (ANSI
-    styles included when the view is a colour terminal)."""
-    import io
+def render_to_text(analysis, fmt: str = "table", wide: bool = False) -> str:
+    """What ``tracekit analyze`` prints for :class:`tracekit.analysis.Analysis` ``analysis`` in
+    ``fmt`` (table: ANSI styles included when stdout is a colour terminal; csv; md)."""
+    from tracekit.analyze import render
 
-    from rich.console import Console
-
-    buf = io.StringIO()
-    console = Console(file=buf, width=view["width"], color_system=view["color_system"],
-                      force_terminal=view["terminal"])
-    render(result, console=console, phase=phase)
-    return buf.getvalue()
+    return render.render_text(analysis, fmt, wide)
 
 
-def store_view(path: str | Path, options, view: dict, text: str) -> None:
-    """Keep ``text`` (the terminal output for ``view``) in the trace's cache; errors ignored."""
+def store_view(path: str | Path, options, view: dict | None, text: str) -> None:
+    """Keep ``text`` (the output for ``view``) in the trace's cache; errors ignored."""
+    if view is None:
+        return
     from tracekit.analyze.cache import TraceCache
 
     try:
@@ -562,3 +559,24 @@ def store_view(path: str | Path, options, view: dict, text: str) -> None:
         return
     tc.put_text(tc.result_key(_options_dict(options), str(path)) + "-" + _view_key(view), text)
 
+
+def many_text(many, fmt: str) -> str:
+    """``--format csv|md`` for several traces: the per-rank rows of the summary
+    (:func:`rank_rows`; ms = 1e6 ns in md, ns in csv)."""
+    import polars as pl
+
+    rows = many.summary["rank_rows"]
+    flat = [{"trace": r["trace"], "rank": r["rank"] if r["rank"] is not None else r["node"], "pid": r["pid"],
+             "device": r["device"], "iterations": r["iterations"], "mean_iteration_ns": r["mean_iteration_ns"],
+             **{f"{p}_ns": r["phase_ns"].get(p, 0) for p in PHASES}} for r in rows]
+    f = pl.DataFrame(flat, infer_schema_length=None)
+    if fmt == "csv":
+        return f.write_csv()
+    from tracekit.analyze.render import markdown_table
+    from tracekit.vocab import fmt_ms
+
+    head = ["trace", "rank", "pid", "dev", "iters", "mean iter ms", *[f"{p} ms" for p in PHASES]]
+    body = [[Path(r["trace"]).name, "" if r["rank"] is None else str(r["rank"]), str(r["pid"]), str(r["device"]),
+             str(r["iterations"]), fmt_ms(r["mean_iteration_ns"], 1), *[fmt_ms(r[f"{p}_ns"], 1) for p in PHASES]]
+            for r in flat]
+    return markdown_table(head, body, right=range(1, len(head)))

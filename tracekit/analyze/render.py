@@ -9,42 +9,32 @@ Units on screen: ms (1e6 ns), MB (1e6 bytes), GB/s (1e9 B/s).
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
 from tracekit.analyze.render_cpu_update import render_cpu_update
 from tracekit.analyze.render_multi_gpu import render_multi_gpu, render_rank_order
 from tracekit.analyze.render_transfers import render_findings, render_rank_transfers
+from tracekit.analyze.terminal import add_num_column, make_console, new_table, terminal_width, view  # noqa: F401
 from tracekit.textsafe import text as _t
-
-
-def _ms(ns) -> str:
-    return "" if ns is None else f"{ns / 1e6:,.2f}"
+from tracekit.vocab import fmt_gbps as _gbps
+from tracekit.vocab import UNITS_LINE, fmt_mb, fmt_mb_at, phase_label, short_name
+from tracekit.vocab import fmt_ms as _ms
+from tracekit.vocab import fmt_pct as _pct
 
 
 def _mb(b) -> str:
-    return "" if not b else f"{b / 1e6:,.1f}"
+    return fmt_mb(b, zero="")
 
 
-def _gbps(v) -> str:
-    return "" if v is None else f"{v:,.1f}"
-
-
-def _pct(v) -> str:
-    return "" if v is None else f"{100 * v:.0f}%"
+#: sub-phase names in the default (80-column) tables are cut to this many characters
+SUB_PHASE_WIDTH = 18
 
 
 def _phase_label(p: dict) -> str:
-    label = p["phase"]
-    if p.get("micro_step") is not None and p["phase"] in ("forward", "backward"):
-        label += f" {p['micro_step']}"
-    if p.get("boundary"):
-        label += " *"
-    if p.get("inferred"):
-        label += " (inferred)"
-    return label
+    return phase_label(p)
 
 
-_COLUMNS = [
+#: every column of the per-iteration and whole-trace tables (``--wide``)
+WIDE_COLUMNS = [
     ("wall ms", lambda p: _ms(p["wall_ns"])),
     ("GPU idle", lambda p: _pct(p.get("gpu_idle_share"))),
     ("kernel ms", lambda p: _ms(p["kernel_busy_ns"])),
@@ -57,23 +47,36 @@ _COLUMNS = [
     ("D2H GB/s", lambda p: _gbps(p.get("d2h_gbps"))),
     ("memset MB", lambda p: _mb(p["memset_bytes"])),
 ]
+#: the default columns: fit 80 terminal columns without cutting a number
+NARROW_COLUMNS = [
+    ("wall ms", lambda p: _ms(p["wall_ns"], 1)),
+    ("GPU idle", lambda p: _pct(p.get("gpu_idle_share"))),
+    ("H2D MB @ GB/s", lambda p: fmt_mb_at(p["h2d_bytes"], p.get("h2d_gbps"))),
+    ("D2H MB @ GB/s", lambda p: fmt_mb_at(p["d2h_bytes"], p.get("d2h_gbps"))),
+]
+_COLUMNS = WIDE_COLUMNS  # the full set (kept for callers of the old name)
 
 
-def _table(title: str, first: list[str]) -> Table:
-    t = Table(title=_t(title), title_justify="left", header_style="bold")
+def columns(wide: bool) -> list:
+    """The numeric columns of the phase tables: all with ``wide``, else :data:`NARROW_COLUMNS`."""
+    return WIDE_COLUMNS if wide else NARROW_COLUMNS
+
+
+def _table(title: str, first: list[str], wide: bool = True) -> Table:
+    t = new_table(title, wide)
     for c in first:
-        t.add_column(c)
-    for name, _ in _COLUMNS:
-        t.add_column(name, justify="right")
+        t.add_column(c, overflow="fold")
+    for name, _ in columns(wide):
+        add_num_column(t, name)
     return t
 
 
-def render(result: dict, console: Console | None = None, phase: str | None = None) -> None:
-    """Print the per-iteration phase tables, totals, sub-phase breakdown and notes."""
+def render(result: dict, console: Console | None = None, phase: str | None = None, wide: bool = False) -> None:
+    """Print the per-iteration phase tables, totals, sub-phase breakdown and notes. The default
+    tables fit :func:`terminal_width` (80 columns when piped) and never cut a number; ``wide``
+    shows every column (:data:`WIDE_COLUMNS`)."""
     if console is None:
-        console = Console()
-        if not console.is_terminal:  # piped or redirected: do not squeeze tables into 80 columns
-            console = Console(width=170)
+        console = make_console(wide)
     head_line = _t(result["trace"], "bold")
     head_line.append(_t(f"  nsys {result.get('nsys_version') or '?'} (export schema {result['schema_version']})"))
     console.print(head_line)
@@ -90,43 +93,46 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
         console.print(_t("no process with GPU work in this trace"))
     render_rank_order(console, result)
     for rank in result["ranks"]:
-        head = f"rank pid {rank['pid']} device {rank['device']}"
-        if len(result["ranks"]) > 1 and rank.get("rank") is not None:
-            head = f"rank {rank['rank']} (pid {rank['pid']} device {rank['device']})"
-        t = _table(f"{head}: per iteration and phase", ["iter", "phase"])
+        head = rank_title(rank, len(result["ranks"]))
+        t = _table(f"{head}: per iteration and phase", ["iter", "phase"], wide)
         for it in rank["iterations"]:
             for i, p in enumerate(it["phases"]):
                 mark = " (unclosed)" if it.get("unclosed") else "" if it["complete"] else " (no update)"
                 t.add_row(_t(str(it["index"]) + mark if i == 0 else ""), _t(_phase_label(p)),
-                          *[_t(f(p)) for _, f in _COLUMNS])
+                          *[_t(f(p)) for _, f in columns(wide)])
             t.add_section()
         if rank["iterations"]:
             console.print(t)
         else:
             console.print(_t(f"{head}: no iteration found (no forward/backward/update NVTX ranges)"))
-        tt = _table(f"{head}: whole trace", ["phase"])
+        tt = _table(f"{head}: whole trace", ["phase"], wide)
         for name, p in rank["totals"].items():
             if phase and name != phase:
                 continue
-            tt.add_row(_t(name), *[_t(f(p)) for _, f in _COLUMNS])
+            tt.add_row(_t(name), *[_t(f(p)) for _, f in columns(wide)])
         console.print(tt)
         for ph, rows in rank.get("sub_phases", {}).items():
-            _render_sub_phases(console, head, ph, rows)
+            _render_sub_phases(console, head, ph, rows, wide)
         render_cpu_update(console, head, rank, result.get("cpu_update_notes"))
-        render_rank_transfers(console, head, rank, phase)
+        render_rank_transfers(console, head, rank, phase, wide)
     if len(result["ranks"]) > 1:
-        s = Table(title=_t("across ranks (whole-trace wall time per phase)"), title_justify="left")
-        for c in ("phase", "mean ms", "max ms", "slowest rank pid", "spread ms"):
-            s.add_column(c, justify="right")
+        s = new_table("across ranks (whole-trace wall time per phase)", wide)
+        s.add_column("phase")
+        for c in ("mean ms", "max ms", "slowest rank pid", "spread ms"):
+            add_num_column(s, c)
         for ph, v in result["summary"]["per_phase"].items():
             s.add_row(*map(_t, (ph, _ms(v["mean_wall_ns"]), _ms(v["max_wall_ns"]), str(v["slowest_rank_pid"]),
                                 _ms(v["spread_ns"]))))
         console.print(s)
     render_multi_gpu(console, result)
     console.print(_t("* gradient accumulation boundary backward; GPU idle = share of the window with no "
-                     "kernel, copy or memset running; MB = 1e6 B, GB/s = 1e9 B/s"))
-    console.print(_t("kernel ms = compute kernels; comm ms = communication kernels (NCCL and the like), "
-                     "which neither kernel ms nor GPU idle count"))
+                     f"kernel, copy or memset running; {UNITS_LINE}"))
+    if wide:
+        console.print(_t("kernel ms = compute kernels; comm ms = communication kernels (NCCL and the like), "
+                         "which neither kernel ms nor GPU idle count"))
+    else:
+        console.print(_t("MB @ GB/s = bytes copied in the phase @ bytes / copy busy time; --wide for every "
+                         "column (kernel, communication, copy ms, memset)"))
     a = result["nvtx_anomalies"]
     if any(a.values()):
         console.print(_t(
@@ -149,8 +155,9 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
     render_findings(console, result)
 
 
-def _render_sub_phases(console: Console, head: str, phase: str, rows: list[dict]) -> None:
-    """Sub-phases summed over the shown iterations, largest first."""
+def _render_sub_phases(console: Console, head: str, phase: str, rows: list[dict], wide: bool = False) -> None:
+    """Sub-phases summed over the shown iterations, largest first; names shortened as the
+    figures draw them (:func:`tracekit.vocab.short_name`) unless ``wide``."""
     agg: dict[str, dict] = {}
     for r in rows:
         a = agg.setdefault(r["sub_phase"], {k: 0 for k in ("wall_ns", "gpu_idle_ns", "kernel_busy_ns",
@@ -159,20 +166,27 @@ def _render_sub_phases(console: Console, head: str, phase: str, rows: list[dict]
         for k in a:
             a[k] += r[k] or 0
     total = sum(a["wall_ns"] for a in agg.values()) or 1
-    t = Table(title=_t(f"{head}: {phase} by sub-phase (innermost NVTX range; (none) = no range open)"),
-              title_justify="left", header_style="bold")
-    for c, j in (("sub-phase", "left"), ("wall ms", "right"), ("share", "right"), ("GPU idle ms", "right"),
-                 ("kernel ms", "right"), ("H2D MB", "right"), ("H2D GB/s", "right"),
-                 ("D2H MB", "right"), ("D2H GB/s", "right")):
-        t.add_column(c, justify=j, overflow="fold")
+    t = new_table(f"{head}: {phase} by sub-phase (innermost NVTX range; (none) = no range open)", wide)
+    if wide:
+        t.add_column("sub-phase", overflow="fold")
+    else:  # one line per sub-phase: the name shortened as the figures do (tracekit.vocab.short_name)
+        t.add_column("sub-phase", no_wrap=True, min_width=SUB_PHASE_WIDTH)
+    heads = (("wall ms", "share", "GPU idle ms", "kernel ms", "H2D MB", "H2D GB/s", "D2H MB", "D2H GB/s") if wide
+             else ("wall ms", "share", "GPU idle ms", "H2D MB @ GB/s", "D2H MB @ GB/s"))
+    for c in heads:
+        add_num_column(t, c)
     for name, a in sorted(agg.items(), key=lambda kv: -kv[1]["wall_ns"]):
         if a["wall_ns"] == 0 and not (a["h2d_count"] or a["d2h_count"] or a["kernel_busy_ns"]):
             continue
-        t.add_row(*map(_t, (
-            name, _ms(a["wall_ns"]), _pct(a["wall_ns"] / total), _ms(a["gpu_idle_ns"]), _ms(a["kernel_busy_ns"]),
-            _mb(a["h2d_bytes"]), _gbps(a["h2d_bytes"] / a["h2d_busy_ns"] if a["h2d_busy_ns"] else None),
-            _mb(a["d2h_bytes"]), _gbps(a["d2h_bytes"] / a["d2h_busy_ns"] if a["d2h_busy_ns"] else None),
-        )))
+        h2d = a["h2d_bytes"] / a["h2d_busy_ns"] if a["h2d_busy_ns"] else None
+        d2h = a["d2h_bytes"] / a["d2h_busy_ns"] if a["d2h_busy_ns"] else None
+        if wide:
+            cells = (name, _ms(a["wall_ns"]), _pct(a["wall_ns"] / total), _ms(a["gpu_idle_ns"]),
+                     _ms(a["kernel_busy_ns"]), _mb(a["h2d_bytes"]), _gbps(h2d), _mb(a["d2h_bytes"]), _gbps(d2h))
+        else:
+            cells = (short_name(name, SUB_PHASE_WIDTH), _ms(a["wall_ns"], 1), _pct(a["wall_ns"] / total), _ms(a["gpu_idle_ns"], 1),
+                     fmt_mb_at(a["h2d_bytes"], h2d), fmt_mb_at(a["d2h_bytes"], d2h))
+        t.add_row(*map(_t, cells))
     console.print(t)
     idle = sum(a["gpu_idle_ns"] for a in agg.values())
     console.print(_t(
@@ -196,7 +210,7 @@ def render_config_and_advice(console: Console, result: dict) -> None:
             console.print(_t(f"note: {cfg['note']}"))
         rows = cfg.get("settings") or []
         if rows:
-            t = Table(title=_t("DeepSpeed settings that matter for offload"), title_justify="left", header_style="bold")
+            t = new_table("DeepSpeed settings that matter for offload")
             for c in ("key", "value", "from"):
                 t.add_column(c, overflow="fold")
             for r in rows:
@@ -222,3 +236,67 @@ def render_config_and_advice(console: Console, result: dict) -> None:
         console.print(_t("advice: none (no change of the what-if model saves 0.5% of a steady iteration)"))
     for c in result.get("one_time_costs") or []:
         console.print(_t(f"one-time cost (total, not per iteration): {c['problem']} [{c['knob']}: {c['change']}]"))
+
+
+# ---------------------------------------------------------------------- other formats (--format)
+def markdown_table(head: list[str], rows: list[list[str]], right=()) -> str:
+    """A GitHub-Markdown pipe table; columns whose index is in ``right`` are right-aligned.
+    Cells are text from the analysis; ``|`` and line breaks in them are escaped."""
+    right = set(right)
+
+    def cell(v: str) -> str:
+        return str(v).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in head) + " |",
+             "|" + "|".join("---:" if i in right else "---" for i in range(len(head))) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(result: dict, wide: bool = False) -> str:
+    """``--format md``: per rank, the per-iteration phase table and the whole-trace table with
+    the terminal's columns (all with ``wide``), as Markdown; units in the headers (ms = 1e6 ns,
+    MB = 1e6 B, GB/s = 1e9 B/s)."""
+    cols = columns(wide)
+    out = []
+    for rank in result["ranks"]:
+        head = rank_title(rank, len(result["ranks"]))
+        rows = []
+        for it in rank["iterations"]:
+            mark = " (unclosed)" if it.get("unclosed") else "" if it["complete"] else " (no update)"
+            for p in it["phases"]:
+                rows.append([f"{it['index']}{mark}", _phase_label(p), *[f(p) for _, f in cols]])
+        out.append(f"### {head}: per iteration and phase\n")
+        out.append(markdown_table(["iter", "phase", *[n for n, _ in cols]], rows, right=range(2, 2 + len(cols))))
+        tot = [[name, *[f(p) for _, f in cols]] for name, p in rank["totals"].items()]
+        out.append(f"\n### {head}: whole trace\n")
+        out.append(markdown_table(["phase", *[n for n, _ in cols]], tot, right=range(1, 1 + len(cols))))
+        out.append("\n")
+    out.append(f"{UNITS_LINE}; * = gradient accumulation boundary backward\n")
+    return "".join(out)
+
+
+def rank_title(rank: dict, n_ranks: int = 1) -> str:
+    """``rank pid P device D`` (one rank) or ``rank R (pid P device D)`` (several, distributed rank known)."""
+    if n_ranks > 1 and rank.get("rank") is not None:
+        return f"rank {rank['rank']} (pid {rank['pid']} device {rank['device']})"
+    return f"rank pid {rank['pid']} device {rank['device']}"
+
+
+def render_text(analysis, fmt: str = "table", wide: bool = False) -> str:
+    """What ``tracekit analyze`` prints for an :class:`tracekit.analysis.Analysis` in ``fmt``:
+    ``table`` (the rich tables laid out for :func:`terminal_width`, ANSI styles when stdout is a
+    colour terminal), ``csv`` (:attr:`Analysis.phases`, raw units: ns, bytes, GB/s) or ``md``
+    (:func:`render_markdown`)."""
+    if fmt == "csv":
+        return analysis.phases.write_csv()
+    if fmt == "md":
+        return render_markdown(analysis.to_json(), wide)
+    import io
+
+    buf = io.StringIO()
+    ref = make_console(wide)  # the real stdout's width, colours, NO_COLOR
+    console = Console(file=buf, width=ref.width, color_system=ref.color_system, no_color=ref.no_color,
+                      force_terminal=ref.is_terminal)
+    render(analysis.to_json(), console=console, phase=analysis.options.phase, wide=wide)
+    return buf.getvalue()

@@ -8,33 +8,17 @@ Units on screen: ms (1e6 ns), MB (1e6 B), GB (1e9 B), GB/s (1e9 B/s). Text from 
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
+from tracekit.analyze.terminal import add_num_column, new_table
 from tracekit.textsafe import text as _t
-
-
-def _ms(v):
-    return "" if v is None else f"{v / 1e6:,.2f}"
-
-
-def _mb(v):
-    return "" if v is None else f"{v / 1e6:,.1f}"
-
-
-def _gb(v):
-    return "" if v is None else f"{v / 1e9:,.2f}"
-
-
-def _rate(v):
-    return "" if v is None else f"{v:,.1f}"
-
-
-def _pct(v):
-    return "" if v is None else f"{100 * v:.0f}%"
-
-
-def _num(v):
-    return "" if v is None else f"{v:,}" if isinstance(v, int) else f"{v:,.2f}"
+from tracekit.vocab import fmt_gb as _gb
+from tracekit.vocab import fmt_gbps as _rate
+from tracekit.vocab import fmt_mb as _mb
+from tracekit.vocab import fmt_ms as _ms
+from tracekit.vocab import fmt_number as _num
+from tracekit.vocab import fmt_pct as _pct
+from tracekit.vocab import fmt_size as _size
+from tracekit.vocab import phase_label
 
 
 def _txt(v):
@@ -42,26 +26,34 @@ def _txt(v):
 
 
 def _phase(r):
-    p = r.get("phase") or ""
-    if r.get("micro_step") is not None and p in ("forward", "backward"):
-        p += f" {r['micro_step']}"
-    if r.get("boundary"):
-        p += " *"
-    return p
+    return phase_label(r, inferred=False)
 
 
 def _it(r):
     return "" if r.get("iteration") is None else str(r["iteration"])
 
 
-def _table(console: Console, title: str, rows: list[dict], cols: list[tuple], limit: int | None = None) -> None:
+#: columns left out of the default (80-column) section tables; ``--wide`` shows them
+NARROW_DROP = {"H2D exposed ms", "D2H exposed ms", "both dirs ms", "windows", "same-dir ms", "bidir ms",
+               "host ms", "blocking", "min GB", "device GB", "samples", "idle %", "implied peak GB/s",
+               "size to", "copy ms", "start ms", "H2D MB", "D2H MB"}
+_TEXT_COLUMNS = ("phase", "sub-phase", "kind", "dir", "host", "iter")
+
+
+def _table(console: Console, title: str, rows: list[dict], cols: list[tuple], limit: int | None = None,
+           wide: bool = True) -> None:
     if not rows:
         console.print(_t(f"{title}: none"))
         return
-    t = Table(title=_t(title), title_justify="left", header_style="bold")
+    if not wide:
+        kept = [c for c in cols if c[0] not in NARROW_DROP]
+        cols = kept if len(kept) >= 3 else cols
+    t = new_table(title, wide)
     for name, _, _ in cols:
-        t.add_column(name, justify="left" if name in ("phase", "sub-phase", "kind", "dir", "host", "iter") else "right",
-                     overflow="fold")
+        if name in _TEXT_COLUMNS:
+            t.add_column(name, overflow="fold")
+        else:
+            add_num_column(t, name)
     shown = rows if limit is None else rows[:limit]
     for r in shown:
         t.add_row(*[_t(fmt(key(r) if callable(key) else r.get(key))) for _, key, fmt in cols])
@@ -118,46 +110,39 @@ UPDATE = [
 ]
 
 
-def _size(v):
-    if v is None:
-        return ""
-    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if v >= f:
-            return f"{v / f:g} {unit}"
-    return f"{v} B"
-
-
-def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | None = None) -> None:
+def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | None = None,
+                          wide: bool = True) -> None:
     """Tables of the transfer sections present in ``rank["transfers"]`` (with ``phase``, the
-    overlap of that phase's sub-phases too)."""
+    overlap of that phase's sub-phases too); without ``wide``, the columns of
+    :data:`NARROW_DROP` are left out."""
     tr = rank.get("transfers") or {}
     if "overlap" in tr:
         _table(console, f"{head}: copy/compute overlap per phase window (hidden = share of copy time under kernels)",
-               tr["overlap"].get("overlap", []), OVERLAP)
+               tr["overlap"].get("overlap", []), OVERLAP, wide=wide)
         total = [dict(r, phase="all phases") for r in tr["overlap"].get("overlap_total", [])]
         _table(console, f"{head}: copy/compute overlap, whole trace per phase",
-               tr["overlap"].get("overlap_phase", []) + total, OVERLAP[1:])
+               tr["overlap"].get("overlap_phase", []) + total, OVERLAP[1:], wide=wide)
         subs = [r for r in tr["overlap"].get("overlap_sub_phase", []) if r.get("phase") == phase]
         if phase and subs:
             _table(console, f"{head}: copy/compute overlap in {phase} by sub-phase",
                    sorted(subs, key=lambda r: (r.get("iteration") is None, r.get("iteration"), -r["copy_busy_ns"])),
-                   [OVERLAP[0], ("sub-phase", "sub_phase", _txt), *OVERLAP[2:]])
+                   [OVERLAP[0], ("sub-phase", "sub_phase", _txt), *OVERLAP[2:]], wide=wide)
     if "contention" in tr:
         c = tr["contention"]
-        _table(console, f"{head}: PCIe contention per phase window", c.get("contention", []), CONTENTION)
+        _table(console, f"{head}: PCIe contention per phase window", c.get("contention", []), CONTENTION, wide=wide)
         ub = ", ".join(f"{r['direction']} {r['host_kind']} {r['median_gbps']:.1f} GB/s ({r['copies']} copies)"
                        for r in c.get("uncontended_bandwidth", []) if r["median_gbps"] is not None)
         console.print(_t(f"uncontended copies, median bandwidth: {ub or 'none'}"))
         wins = sorted(c.get("contention_windows", []), key=lambda r: -r["duration_ns"])
-        _table(console, f"{head}: longest contention windows", wins, WINDOWS, limit=10)
+        _table(console, f"{head}: longest contention windows", wins, WINDOWS, limit=10, wide=wide)
     if "sizes" in tr:
-        _table(console, f"{head}: copy sizes (power-of-two buckets) per phase", tr["sizes"].get("copy_sizes", []), SIZES)
+        _table(console, f"{head}: copy sizes (power-of-two buckets) per phase", tr["sizes"].get("copy_sizes", []), SIZES, wide=wide)
     if "pageable" in tr:
         _table(console, f"{head}: pageable copies per phase and sub-phase (saving = time vs pinned copies of that size)",
-               tr["pageable"].get("pageable_phase", []), PAGEABLE)
+               tr["pageable"].get("pageable_phase", []), PAGEABLE, wide=wide)
     if "memory" in tr:
         _table(console, f"{head}: GPU memory in use (CUDA allocator view) per phase window",
-               tr["memory"].get("memory_peaks", []), MEMORY)
+               tr["memory"].get("memory_peaks", []), MEMORY, wide=wide)
     if "timeline" in tr:
         bins = tr["timeline"].get("throughput_timeline", [])
         if bins:
@@ -172,16 +157,16 @@ def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | 
     if "pcie" in tr:
         p = tr["pcie"]
         _table(console, f"{head}: PCIe RX (H2D) / TX (D2H) metric per phase window vs copies",
-               p.get("pcie", []), PCIE)
+               p.get("pcie", []), PCIE, wide=wide)
         sat = p.get("pcie_saturation", [])
         console.print(_t(f"{head}: PCIe saturation windows: {len(sat)}, "
                          f"{_ms(sum(r['duration_ns'] for r in sat))} ms in total"))
     if "opportunities" in tr:
         o = tr["opportunities"]
         _table(console, f"{head}: gradient round trips per backward micro-step (* = accumulation boundary)",
-               o.get("round_trips", []), TRIPS)
+               o.get("round_trips", []), TRIPS, wide=wide)
         _table(console, f"{head}: update: idle GPU and free memory during the CPU optimizer step",
-               o.get("update_opportunity", []), UPDATE)
+               o.get("update_opportunity", []), UPDATE, wide=wide)
 
 
 def render_findings(console: Console, result: dict) -> None:

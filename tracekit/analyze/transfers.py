@@ -295,16 +295,14 @@ def write_frames(frames: dict[str, pl.DataFrame], out_dir: str | Path, fmt: str 
     return paths
 
 
-def write_trace_frames(path: str | Path, options: dict, out_dir: str | Path, fmt: str = "csv") -> list[Path]:
-    """Open ``path``, compute the transfer sections of ``options`` (the fields of
-    :class:`tracekit.analyze.result.Options`) and write their frames with :func:`write_frames`."""
-    from tracekit.analyze import phases
-
-    with Export.open(path) as export:
-        model = phases.build(export, phase_map=options.get("phase_map"), gas=options.get("gas"))
-        tr = analyze_transfers(export, model, tuple(options.get("sections") or SECTIONS),
-                               options.get("pcie_threshold", 80.0),
-                               max(1, int(round(options.get("bin_ms", 1.0) * 1e6))))
-    for note in tr.notes:
-        print(f"note: {note}")
-    return write_frames(tr.frames, out_dir, fmt)
+def write_analysis(analysis, out_dir: str | Path, fmt: str = "csv") -> list[Path]:
+    """``--out DIR``: write the frames of an :class:`tracekit.analysis.Analysis` with
+    :func:`write_frames`: ``phases`` (per rank, iteration, phase and micro-step: the numbers of
+    ``--json``), ``totals`` (per rank and phase, whole trace), ``sub_phases`` (every phase by
+    sub-phase, per iteration) and the frames of the selected sections (all by default;
+    ``global_pid`` as the OS ``pid``). Returns the paths written; the sections skipped for
+    missing data are in ``analysis.notes`` (the caller prints them, on stderr)."""
+    wanted = {n for s in (analysis.options.sections or SECTIONS) for n in SECTION_FRAMES[s]}
+    frames = {"phases": analysis.phases, "totals": analysis.totals, "sub_phases": analysis.sub_phases}
+    frames.update({k: v for k, v in analysis.section_frames().items() if k in wanted})
+    return write_frames(frames, out_dir, fmt)

@@ -1,0 +1,67 @@
+"""The one width rule of tracekit's terminal output (issue 10), and the house table style.
+
+``tracekit analyze`` (one trace and many) and ``tracekit compare`` lay their tables out for
+:func:`terminal_width`; the default tables fit it without cutting a number, ``--wide`` shows
+every column. Colours as rich decides: none when ``NO_COLOR`` is set or the output is no
+terminal. A rendering kept in the result cache is keyed on :func:`view`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from tracekit.textsafe import text as _t
+
+#: Width of output that goes to no terminal (a pipe, a file) and no ``$COLUMNS``: sentences
+#: stay on one line for grep; the default tables are narrower anyway (they fit 80 columns),
+#: ``--wide`` tables get :data:`WIDE_WIDTH`.
+PIPE_WIDTH = 160
+WIDE_WIDTH = 240
+
+
+def terminal_width(wide: bool = False, stream=None) -> int:
+    """The width every terminal table of tracekit is laid out for (``analyze`` of one trace
+    and of many, ``compare``): ``$COLUMNS`` when set, else the terminal's width, else (not a
+    terminal) :data:`PIPE_WIDTH`, or :data:`WIDE_WIDTH` with ``wide``."""
+    cols = os.environ.get("COLUMNS", "")
+    if cols.isdigit() and int(cols) > 0:
+        return int(cols)
+    stream = stream or sys.stdout
+    try:
+        if stream.isatty():
+            return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        pass
+    return WIDE_WIDTH if wide else PIPE_WIDTH
+
+
+def make_console(wide: bool = False, file=None, **kwargs) -> Console:
+    """A rich console of :func:`terminal_width` on ``file`` (stdout); colours as rich decides
+    (none when ``NO_COLOR`` is set or the output is no terminal)."""
+    return Console(file=file, width=terminal_width(wide, file), **kwargs)
+
+
+def view(wide: bool = False, fmt: str = "table") -> dict:
+    """How :func:`render` would draw on this stdout: width, colour system, ``NO_COLOR``,
+    terminal or not, ``wide`` and format (the key of a rendering kept in the result cache)."""
+    c = make_console(wide)
+    return {"width": c.width, "color_system": c.color_system, "no_color": bool(c.no_color),
+            "terminal": c.is_terminal, "wide": wide, "format": fmt}
+
+
+def new_table(title: str, wide: bool = False) -> Table:
+    """A table of the house style: title left, bold header, light rules (no vertical borders,
+    so that 80 columns hold more); at least as wide as its title, so that the title wraps only
+    at the console's width."""
+    return Table(title=_t(title), title_justify="left", header_style="bold", box=box.SIMPLE_HEAD,
+                 pad_edge=False, collapse_padding=False, min_width=len(title))
+
+
+def add_num_column(t: Table, name: str) -> None:
+    """A right-aligned number column that never cuts a number (folds it at worst)."""
+    t.add_column(name, justify="right", overflow="fold", no_wrap=False)
