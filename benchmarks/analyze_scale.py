@@ -1,35 +1,33 @@
 #!/usr/bin/env python
-"""Benchmark ``tracekit analyze`` with every analysis against a bare SQLite scan (issue 6).
+"""Benchmark ``tracekit analyze`` against the read floor: every row of issue 13's table in one run.
 
-For a trace and cuts of half and a quarter of it (made with ``tracekit trim --time-range``
-when absent), prints medians over ``--repeat`` runs of:
+Rows (each from interleaved runs of fresh processes; ratios are taken pair by pair, and their
+minimum and median are reported, because on a shared machine wall times vary by up to 2x):
 
-- **bare scan**: a fresh Python process that runs, with the standard library's ``sqlite3``,
-  every query the analysis sends through ``Export.query`` (recorded from a real run), as
-  ``SELECT count(*), max(col1), ..., max(colN) FROM (query)``: the same tables, columns and
-  filters, every value read, nothing built from them;
-- **analyze, no cache**: ``tracekit analyze TRACE --all --no-cache`` (every section; output
-  to /dev/null), and the ratio of its wall time to the bare scan's;
-- **analyze, first run**: ``--all`` with an empty cache directory (reads the trace and writes
-  the Parquet + result cache);
-- **analyze, cached**: the same command again (the stored tables answer); and
-  **frames cached**: the same with the stored results and tables deleted first, so every
-  query is read from Parquet but the whole analysis runs;
-- peak RSS (``ru_maxrss`` of each child process) for all of the above;
-- scaling: time and memory against trace size over the full trace and the cuts, with the
-  least-squares line ``t = a + b * size`` and its R^2;
-- CPU time (user + system) of the bare scan and the analysis, less sensitive than wall time
-  to other work on the machine;
-- where the time of one run goes (imports, SQLite reads, phase model, transfer sections,
-  JSON rows, terminal tables), from an in-process run with timers around those functions.
+1. ``analyze TRACE --all --no-cache`` / bare scan: wall time against a bare ``sqlite3`` scan of
+   the tables the analysis reads (``../shared/tools/bare_all.sql``: every column read, nothing
+   built), on the machine as it is (its load average is printed);
+2. the same with the machine loaded on purpose: one busy-looping process per core runs
+   during the pairs (``--no-loaded`` skips it);
+3. CPU time (user + system of the child) of ``analyze --all`` / the bare scan's, from row 1;
+4. peak RSS (``ru_maxrss``) of ``analyze --all``, from row 1;
+5. peak RSS on larger traces built with ``../shared/tools/make_nx_trace.py`` (which appends
+   shifted copies of every event row: ``--sizes 1,4`` = the trace and a 4x one), with the
+   least-squares slope per 100 MB and the ratio to the 1x figure (goal: flat);
+6. ``analyze TRACE`` (default view, no cache) / a plain polars computation of the per-phase
+   copy bytes (ADBC into polars, a join of copies to their launch, an asof join into the NVTX
+   phase ranges, a group-by), in a fresh process each;
+7. ``tracekit report TRACE``: the first run after the cache is cleared, then the cached runs;
+8. ``analyze --jobs 2`` / ``--jobs 1`` on 5 traces (hard links of TRACE), under the load of row 2.
 
-Everything runs with the trace in the OS page cache (one discarded warm-up run first): it
-measures tracekit, not the disk. Timings on a shared machine are noisy; medians are reported.
+Then where the time of one ``--all`` run goes (an in-process run with timers around the stages).
+Everything runs with the trace in the OS page cache (one discarded warm-up run first).
 
 Usage::
 
-    python benchmarks/analyze_scale.py /work/scratch/ds3.sqlite [--repeat 3] [--cuts-dir DIR]
-        [--no-cuts] [--json OUT.json]
+    python benchmarks/analyze_scale.py /tmp/full/ds.sqlite [--repeat 5] [--sizes 1,4]
+        [--work-dir /tmp] [--no-loaded] [--skip report,jobs,sizes,default] [--json OUT.json]
+        [--pythonpath DIR]   # e.g. `git archive OLD | tar -x -C DIR`: the same rows for an older tree
 """
 
 from __future__ import annotations
@@ -45,181 +43,103 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_TOOLS = ROOT.parent / "shared" / "tools"
 TRACEKIT = [sys.executable, "-m", "tracekit.cli"]
-ANALYZE_ARGS = ["--all"]
-GOAL_RATIO = 1.5
-GOAL_RSS_MB = 1024
-GOAL_CACHE_SPEEDUP = 5.0
+GOALS = {"ratio_quiet": 1.0, "ratio_loaded": 1.2, "cpu_ratio": 1.2, "rss_mib": 300.0, "rss_flat": 1.2,
+         "default_vs_polars": 1.5, "report_cached_s": 1.0, "jobs2_vs_jobs1": 1.0}
 
-_RECORDER = r"""
-import json, sys, contextlib, io, threading
-from tracekit.analyze import export as ex
-seen, out = set(), []
-orig = ex.Export.query
-def query(self, sql, params=(), schema=None):
-    key = (sql, tuple(params))
-    # the main thread asks for every query the analysis needs; prefetch threads only read
-    # pieces of those (rowid ranges), which must not be scanned twice by the bare scan
-    if key not in seen and threading.current_thread() is threading.main_thread():
-        seen.add(key)
-        out.append({"sql": sql, "params": list(params)})
-    return orig(self, sql, params, schema)
-ex.Export.query = query
-from tracekit.cli import main
-with contextlib.redirect_stdout(io.StringIO()):
-    rc = main(["analyze", sys.argv[1], *sys.argv[3:], "--no-cache"])
-json.dump({"rc": rc, "queries": out}, open(sys.argv[2], "w"))
-"""
-
-_BARE = r"""
-import json, sqlite3, sys
+_PLAIN_POLARS = r"""
+import sys
+import adbc_driver_manager, adbc_driver_sqlite
+import polars as pl
 from urllib.parse import quote
-path, queries = sys.argv[1], json.load(open(sys.argv[2]))
-conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True)
-rows = 0
-for q in queries:
-    cur = conn.execute(f"SELECT * FROM ({q['sql']}) LIMIT 0", q["params"])
-    cols = [d[0] for d in cur.description]
-    aggs = ", ".join(f'max("{c}")' for c in cols)
-    rows += conn.execute(f"SELECT count(*), {aggs} FROM ({q['sql']})", q["params"]).fetchone()[0]
-print(rows)
+db = adbc_driver_sqlite.connect(f"file:{quote(sys.argv[1])}?mode=ro")
+conn = adbc_driver_manager.AdbcConnection(db)
+def q(sql):
+    st = adbc_driver_manager.AdbcStatement(conn)
+    st.set_sql_query(sql)
+    stream, _ = st.execute_query()
+    f = pl.DataFrame(stream)
+    st.close()
+    return f
+names = {"DeepSpeedEngine.forward": "forward", "DeepSpeedEngine.backward": "backward",
+         "DeepSpeedZeroOptimizer_Stage3.step": "update"}
+marks = ",".join("'" + n + "'" for n in names)
+ranges = q(f'SELECT n.start AS start, n."end" AS "end", s.value AS name FROM NVTX_EVENTS n JOIN StringIds s '
+           f'ON s.id = n.textId WHERE s.value IN ({marks})')
+ranges = ranges.with_columns(phase=pl.col("name").replace_strict(names)).sort("start")
+copies = q("SELECT correlationId AS c, bytes, copyKind AS kind FROM CUPTI_ACTIVITY_KIND_MEMCPY")
+launch = q("SELECT correlationId AS c, start AS launch FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId > 0")
+c = copies.join(launch, on="c").sort("launch")
+c = c.join_asof(ranges, left_on="launch", right_on="start").with_columns(
+    phase=pl.when(pl.col("launch") < pl.col("end")).then(pl.col("phase")).otherwise(pl.lit("other")))
+print(c.group_by("phase", "kind").agg(pl.col("bytes").sum()).sort("phase", "kind"))
 """
 
+_BURN = "import time\nwhile True:\n    pass\n"
 
-def measure(cmd: list[str], env: dict | None = None) -> tuple[float, float, str, float]:
-    """Run ``cmd`` and return (wall s, peak RSS MB, stdout, CPU s = user + system), RSS and CPU
-    from ``os.wait4`` of that child."""
+
+def measure(cmd: list[str], stdin: Path | None = None, cwd: Path | None = None) -> dict:
+    """Run ``cmd``; wall s, CPU s (user + system of the child) and peak RSS MiB (``ru_maxrss``)."""
     t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
-        _, status, usage = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        if p.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}): {err.read().decode()[-2000:]}")
-        return wall, usage.ru_maxrss / 1024, out.read().decode(), usage.ru_utime + usage.ru_stime
-
-
-def median_of(runs: list[tuple[float, float, str, float]]) -> dict:
-    walls = [r[0] for r in runs]
-    rss = [r[1] for r in runs]
-    cpu = [r[3] for r in runs]
-    return {"wall_s": statistics.median(walls), "wall_min_s": min(walls), "wall_max_s": max(walls),
-            "cpu_s": statistics.median(cpu), "rss_mb": statistics.median(rss), "rss_max_mb": max(rss),
-            "runs": len(runs)}
-
-
-def cache_dir(trace: Path) -> Path:
-    from tracekit.analyze.cache import default_cache_dir
-
-    return default_cache_dir(trace)
-
-
-def bench_trace(trace: Path, repeat: int, work: Path) -> dict:
-    size_mb = trace.stat().st_size / 1e6
-    qfile = work / f"{trace.name}.queries.json"
-    subprocess.run([sys.executable, "-c", _RECORDER, str(trace), str(qfile), *ANALYZE_ARGS], check=True)
-    recorded = json.loads(qfile.read_text())
-    if recorded["rc"] != 0:
-        raise RuntimeError(f"tracekit analyze {trace} exited {recorded['rc']}")
-    queries = recorded["queries"]
-    qonly = work / f"{trace.name}.q.json"
-    qonly.write_text(json.dumps(queries))
-    analyze = [*TRACEKIT, "analyze", str(trace), *ANALYZE_ARGS]
-    env = dict(os.environ)
-
-    # warm-up: page cache, .pyc files
-    measure([*analyze, "--no-cache"], env)
-    bare, nocache = [], []
-    for _ in range(repeat):  # interleaved, so that both see the same load on a shared machine
-        bare.append(measure([sys.executable, "-c", _BARE, str(trace), str(qonly)], env))
-        nocache.append(measure([*analyze, "--no-cache"], env))
-    rows = int(bare[0][2].strip())
-
-    first, cached, frames = [], [], []
-    for _ in range(repeat):
-        shutil.rmtree(cache_dir(trace), ignore_errors=True)
-        first.append(measure(analyze, env))
-        cached.append(measure(analyze, env))
-        for pattern in ("r-*.json", "t-*.txt"):  # keep the Parquet frames, drop results and tables
-            for p in cache_dir(trace).glob(pattern):
-                p.unlink()
-        frames.append(measure(analyze, env))
-    measure(analyze, env)  # the frames run stored the result again; size the complete cache
-    cache_mb = sum(p.stat().st_size for p in cache_dir(trace).iterdir()) / 1e6
-    out = {
-        "trace": str(trace),
-        "size_mb": size_mb,
-        "queries": len(queries),
-        "rows_read": rows,
-        "bare_scan": median_of(bare),
-        "analyze_no_cache": median_of(nocache),
-        "analyze_first_run": median_of(first),
-        "analyze_cached": median_of(cached),
-        "analyze_frames_cached": median_of(frames),
-        "cache_mb": cache_mb,
-    }
-    out["ratio_to_bare"] = out["analyze_no_cache"]["wall_s"] / out["bare_scan"]["wall_s"]
-    out["ratio_to_bare_min"] = out["analyze_no_cache"]["wall_min_s"] / out["bare_scan"]["wall_min_s"]
-    out["cpu_ratio_to_bare"] = out["analyze_no_cache"]["cpu_s"] / out["bare_scan"]["cpu_s"]
-    out["cache_speedup"] = out["analyze_first_run"]["wall_s"] / out["analyze_cached"]["wall_s"]
-    out["frames_cache_speedup"] = out["analyze_first_run"]["wall_s"] / out["analyze_frames_cached"]["wall_s"]
-    return out
-
-
-_STAGES = r"""
-import contextlib, io, json, sys, threading, time
-t_start = time.perf_counter()
-timers = {}
-def wrap(obj, name, label):
-    fn = getattr(obj, name, None)
-    if fn is None:  # renamed since: leave it out
-        return
-    def timed(*a, **k):
-        if threading.current_thread() is not threading.main_thread():
-            return fn(*a, **k)  # the prefetch thread: its time overlaps the main thread's
-        t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as err, open(os.devnull, "wb") as out:
+        fin = open(stdin, "rb") if stdin else subprocess.DEVNULL
         try:
-            return fn(*a, **k)
+            p = subprocess.Popen(cmd, stdin=fin, stdout=out, stderr=err, cwd=cwd)
+            _, status, ru = os.wait4(p.pid, 0)
         finally:
-            timers[label] = timers.get(label, 0.0) + time.perf_counter() - t0
-    setattr(obj, name, timed)
-t0 = time.perf_counter()
-from tracekit.cli import main
-from tracekit.analyze import export, phases, pcie_metrics, transfers, result, render, multi
-timers["import (tracekit, polars, numpy)"] = time.perf_counter() - t0
-wrap(export.Export, "query", "SQLite reads in the main thread (Export.query, incl. waiting for the prefetch)")
-wrap(phases, "build", "phase model (phases.build)")
-wrap(transfers, "analyze_transfers", "transfer sections (transfers.analyze_transfers)")
-wrap(pcie_metrics, "pcie_series", "  of which pcie_series (GPU_METRICS, incl. its read)")
-wrap(transfers.TransferResult, "rank_sections", "frames -> JSON rows (TransferResult.rank_sections)")
-wrap(render, "render", "terminal tables (render.render)")
-wrap(result, "analyze_export", "whole analysis (result.analyze_export)")
-with contextlib.redirect_stdout(io.StringIO()):
-    rc = main(["analyze", sys.argv[1], *sys.argv[2:], "--no-cache"])
-timers["total in process"] = time.perf_counter() - t_start
-print(json.dumps(timers))
-"""
+            if stdin:
+                fin.close()
+        wall = time.perf_counter() - t0
+        rc = os.waitstatus_to_exitcode(status)
+        if rc != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({rc}): {err.read().decode()[-2000:]}")
+    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "rss_mib": ru.ru_maxrss / 1024}
 
 
-def stages(trace: Path) -> dict:
-    """Seconds spent per stage in one in-process run of ``analyze --all --no-cache``."""
-    _, _, out, _ = measure([sys.executable, "-c", _STAGES, str(trace), *ANALYZE_ARGS])
-    return json.loads(out.strip().splitlines()[-1])
+def stats(xs: list[float]) -> dict:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
 
 
-def make_cuts(trace: Path, cuts_dir: Path) -> list[Path]:
-    cuts = []
-    for label, rng in (("half", "50%:100%"), ("quarter", "75%:100%")):
-        dst = cuts_dir / f"{trace.stem}.{label}.sqlite"
-        if not dst.exists() or dst.stat().st_mtime < trace.stat().st_mtime:
-            print(f"cutting {dst} (--time-range {rng}) ...", file=sys.stderr)
-            subprocess.run([*TRACEKIT, "trim", str(trace), str(dst), "--time-range", rng, "--force"],
-                           check=True, stdout=subprocess.DEVNULL)
-        cuts.append(dst)
-    return cuts
+def pairs(a_cmd, b_cmd, repeat: int, a_in=None, b_in=None) -> tuple[list[dict], list[dict]]:
+    """``repeat`` interleaved runs of A then B (after one warm-up of each)."""
+    measure(a_cmd, a_in)
+    measure(b_cmd, b_in)
+    a, b = [], []
+    for _ in range(repeat):
+        a.append(measure(a_cmd, a_in))
+        b.append(measure(b_cmd, b_in))
+    return a, b
+
+
+def ratio_rows(a: list[dict], b: list[dict], key: str = "wall_s") -> dict:
+    return stats([x[key] / y[key] for x, y in zip(a, b)])
+
+
+class Load:
+    """One busy-looping process per core while the block runs."""
+
+    def __enter__(self):
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.procs = [subprocess.Popen([sys.executable, "-c", _BURN]) for _ in range(n)]
+        time.sleep(1.0)
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+
+
+def bare_cmd(trace: Path) -> tuple[list[str], Path]:
+    sql = SHARED_TOOLS / "bare_all.sql"
+    if shutil.which("sqlite3"):
+        return ["sqlite3", str(trace)], sql
+    code = "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\n[c.execute(s).fetchall() for s in open(sys.argv[2]).read().split(';') if s.strip()]"
+    return [sys.executable, "-c", code, str(trace), str(sql)], None
 
 
 def linear_fit(xs: list[float], ys: list[float]) -> dict:
@@ -234,76 +154,188 @@ def linear_fit(xs: list[float], ys: list[float]) -> dict:
     return {"a": a, "b": b, "r2": 1 - ss_res / ss_tot if ss_tot else 1.0}
 
 
-def report(results: list[dict]) -> None:
-    w = print
-    w("\n== tracekit analyze " + " ".join(ANALYZE_ARGS) + " vs bare SQLite scan (medians) ==")
-    hdr = f"{'trace':28} {'MB':>7} {'rows read':>10} {'bare s':>7} {'bare MB':>8} {'analyze s':>9} " \
-          f"{'RSS MB':>7} {'ratio':>6} {'1st s':>6} {'cached s':>8} {'x':>6} {'frames s':>8} {'x':>5}"
-    w(hdr)
-    for r in results:
-        w(f"{Path(r['trace']).name[:28]:28} {r['size_mb']:7.1f} {r['rows_read']:10d} "
-          f"{r['bare_scan']['wall_s']:7.2f} {r['bare_scan']['rss_mb']:8.0f} "
-          f"{r['analyze_no_cache']['wall_s']:9.2f} {r['analyze_no_cache']['rss_mb']:7.0f} "
-          f"{r['ratio_to_bare']:6.2f} {r['analyze_first_run']['wall_s']:6.2f} "
-          f"{r['analyze_cached']['wall_s']:8.2f} {r['cache_speedup']:6.1f} "
-          f"{r['analyze_frames_cached']['wall_s']:8.2f} {r['frames_cache_speedup']:5.1f}")
-    w("columns: bare = sqlite3 scan of the analysis' queries; analyze = --no-cache; ratio = analyze / bare;")
-    for r in results:
-        w(f"  {Path(r['trace']).name}: fastest runs ratio {r['ratio_to_bare_min']:.2f}; CPU (user+sys) "
-          f"bare {r['bare_scan']['cpu_s']:.2f} s, analyze {r['analyze_no_cache']['cpu_s']:.2f} s, "
-          f"ratio {r['cpu_ratio_to_bare']:.2f}")
-    w("         1st = first run with the cache on (writes it); cached = second run (result cache);")
-    w("         frames = results deleted, Parquet frames kept; x = 1st / that run")
-    if len(results) >= 2:
-        xs = [r["size_mb"] for r in results]
-        for key, label in (("analyze_no_cache", "analyze time"), ("bare_scan", "bare scan time")):
-            f = linear_fit(xs, [r[key]["wall_s"] for r in results])
-            w(f"scaling, {label}: {f['a']:.2f} s + {f['b'] * 100:.3f} s per 100 MB (R^2 {f['r2']:.3f})")
-        f = linear_fit(xs, [r["analyze_no_cache"]["cpu_s"] for r in results])
-        w(f"scaling, analyze CPU time: {f['a']:.2f} s + {f['b'] * 100:.3f} s per 100 MB (R^2 {f['r2']:.3f})")
-        f = linear_fit(xs, [r["analyze_no_cache"]["rss_mb"] for r in results])
-        w(f"scaling, analyze peak RSS: {f['a']:.0f} MB + {f['b'] * 100:.1f} MB per 100 MB (R^2 {f['r2']:.3f})")
-        full = max(results, key=lambda r: r["size_mb"])
-        for r in results:
-            w(f"  {Path(r['trace']).name:28} size {r['size_mb'] / full['size_mb']:5.2f} of full, "
-              f"time {r['analyze_no_cache']['wall_s'] / full['analyze_no_cache']['wall_s']:5.2f}, "
-              f"CPU {r['analyze_no_cache']['cpu_s'] / full['analyze_no_cache']['cpu_s']:5.2f}, "
-              f"RSS {r['analyze_no_cache']['rss_mb'] / full['analyze_no_cache']['rss_mb']:5.2f}")
-    full = max(results, key=lambda r: r["size_mb"])
-    w("\ngoals on the largest trace:")
-    ok = lambda c: "met" if c else "NOT met"  # noqa: E731
-    w(f"  time <= {GOAL_RATIO}x bare scan: {full['ratio_to_bare']:.2f}x ({ok(full['ratio_to_bare'] <= GOAL_RATIO)})")
-    w(f"  peak RSS <= {GOAL_RSS_MB} MB: {full['analyze_no_cache']['rss_mb']:.0f} MB "
-      f"({ok(full['analyze_no_cache']['rss_mb'] <= GOAL_RSS_MB)})")
-    w(f"  cached run >= {GOAL_CACHE_SPEEDUP}x faster: {full['cache_speedup']:.1f}x "
-      f"({ok(full['cache_speedup'] >= GOAL_CACHE_SPEEDUP)}); Parquet frames only: "
-      f"{full['frames_cache_speedup']:.1f}x; cache size {full['cache_mb']:.1f} MB")
+def build_nx(trace: Path, copies: int, work: Path) -> Path:
+    dst = work / f"{trace.stem}.x{copies}.sqlite"
+    if not dst.exists() or dst.stat().st_mtime < trace.stat().st_mtime:
+        print(f"building {dst} with make_nx_trace.py ({copies} copies) ...", file=sys.stderr)
+        tmp = dst.with_suffix(".part")
+        subprocess.run([sys.executable, str(SHARED_TOOLS / "make_nx_trace.py"), str(trace), str(tmp), str(copies)],
+                       check=True, stdout=subprocess.DEVNULL)
+        tmp.rename(dst)
+    return dst
+
+
+_STAGES = r"""
+import contextlib, io, json, sys, threading, time
+t_start = time.perf_counter()
+timers = {}
+def wrap(obj, name, label):
+    fn = getattr(obj, name, None)
+    if fn is None:  # renamed since: leave it out
+        return
+    def timed(*a, **k):
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*a, **k)
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            timers[label] = timers.get(label, 0.0) + time.perf_counter() - t0
+    setattr(obj, name, timed)
+t0 = time.perf_counter()
+from tracekit.cli import main
+from tracekit.analyze import export, phases, pcie_metrics, transfers, result, render
+timers["import (tracekit, polars, numpy)"] = time.perf_counter() - t0
+wrap(export.Export, "query", "SQLite reads in the main thread (Export.query)")
+wrap(phases, "build", "phase model (phases.build)")
+wrap(transfers, "analyze_transfers", "transfer sections (transfers.analyze_transfers)")
+wrap(pcie_metrics, "reduce_pcie", "  of which reduce_pcie (GPU_METRICS streamed, incl. waiting for reads)")
+wrap(transfers.TransferResult, "rank_sections", "frames -> JSON rows (TransferResult.rank_sections)")
+wrap(render, "render", "terminal tables (render.render)")
+with contextlib.redirect_stdout(io.StringIO()):
+    rc = main(["analyze", sys.argv[1], "--all", "--no-cache"])
+timers["total in process"] = time.perf_counter() - t_start
+print(json.dumps(timers))
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", type=Path)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--cuts-dir", type=Path, help="where the half/quarter cuts live (default: beside the trace)")
-    ap.add_argument("--no-cuts", action="store_true", help="only the trace itself")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--sizes", default="1,4", help="trace sizes for the RSS slope (copies by make_nx_trace.py)")
+    ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()),
+                    help="where the larger traces and the 5 links are made (removed at the end)")
+    ap.add_argument("--keep", action="store_true", help="keep the traces built in --work-dir")
+    ap.add_argument("--no-loaded", action="store_true", help="skip the rows measured under added load")
+    ap.add_argument("--skip", default="", help="comma list of: sizes, default, report, jobs")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--pythonpath", type=Path, help="run the tracekit found there (e.g. an unpacked older commit)")
     args = ap.parse_args(argv)
-    traces = [args.trace]
-    if not args.no_cuts:
-        traces += make_cuts(args.trace, args.cuts_dir or args.trace.parent)
-    results = []
-    with tempfile.TemporaryDirectory() as work:
-        for t in traces:
-            print(f"benchmarking {t} ...", file=sys.stderr)
-            results.append(bench_trace(t, args.repeat, Path(work)))
-    report(results)
-    st = stages(args.trace)
-    print(f"\nwhere the time goes, {args.trace.name} (one in-process run; stages nest):")
-    for label, sec in st.items():
-        print(f"  {sec:6.2f} s  {label}")
+    if args.pythonpath:
+        os.environ["PYTHONPATH"] = str(args.pythonpath.resolve())
+    skip = set(filter(None, args.skip.split(",")))
+    trace = args.trace.resolve()
+    work = Path(tempfile.mkdtemp(prefix="tk-bench-", dir=args.work_dir))
+    out: dict = {"trace": str(trace), "size_mb": trace.stat().st_size / 1e6, "repeat": args.repeat,
+                 "cores": len(os.sched_getaffinity(0)), "load_before": os.getloadavg()}
+    allc = [*TRACEKIT, "analyze", str(trace), "--all", "--no-cache"]
+    bare, bare_in = bare_cmd(trace)
+    try:
+        print("1, 3, 4: --all vs bare scan ...", file=sys.stderr)
+        a, b = pairs(allc, bare, args.repeat, None, bare_in)
+        out["load_during"] = os.getloadavg()
+        out["all"] = {"runs": a, "bare": b, "ratio": ratio_rows(a, b), "cpu_ratio": ratio_rows(a, b, "cpu_s"),
+                      "rss_mib": stats([x["rss_mib"] for x in a])}
+        if not args.no_loaded:
+            print("2: the same under load ...", file=sys.stderr)
+            with Load():
+                la, lb = pairs(allc, bare, args.repeat, None, bare_in)
+            out["all_loaded"] = {"runs": la, "bare": lb, "ratio": ratio_rows(la, lb),
+                                 "cpu_ratio": ratio_rows(la, lb, "cpu_s")}
+        if "sizes" not in skip:
+            sizes = []
+            for k in (int(x) for x in args.sizes.split(",")):
+                t = trace if k == 1 else build_nx(trace, k, work)
+                print(f"5: peak RSS, {k}x ...", file=sys.stderr)
+                runs = [measure([*TRACEKIT, "analyze", str(t), "--all", "--no-cache"]) for _ in range(2)]
+                sizes.append({"copies": k, "size_mb": t.stat().st_size / 1e6, "rss_mib": min(r["rss_mib"] for r in runs),
+                              "wall_s": min(r["wall_s"] for r in runs), "cpu_s": min(r["cpu_s"] for r in runs)})
+            out["sizes"] = sizes
+            if len(sizes) >= 2:
+                out["rss_fit"] = linear_fit([s["size_mb"] for s in sizes], [s["rss_mib"] for s in sizes])
+        if "default" not in skip:
+            print("6: default analyze vs plain polars ...", file=sys.stderr)
+            d, p = pairs([*TRACEKIT, "analyze", str(trace), "--no-cache"],
+                         [sys.executable, "-c", _PLAIN_POLARS, str(trace)], args.repeat)
+            out["default"] = {"runs": d, "polars": p, "ratio": ratio_rows(d, p)}
+        if "report" in skip:
+            pass
+        else:
+            print("7: report, first and cached ...", file=sys.stderr)
+            from tracekit.analyze.cache import default_cache_dir
+
+            shutil.rmtree(default_cache_dir(trace), ignore_errors=True)
+            rep = [*TRACEKIT, "report", str(trace), "-o", str(work / "report")]
+            first = measure(rep)
+            cached = [measure(rep) for _ in range(max(2, args.repeat // 2))]
+            out["report"] = {"first": first, "cached": cached, "cached_wall": stats([c["wall_s"] for c in cached])}
+        if "jobs" not in skip:
+            print("8: --jobs 2 vs --jobs 1 on 5 traces, under load ...", file=sys.stderr)
+            links = work / "five"
+            links.mkdir()
+            for i in range(5):
+                try:
+                    os.link(trace, links / f"rank{i}.sqlite")
+                except OSError:
+                    os.symlink(trace, links / f"rank{i}.sqlite")
+            j = [*TRACEKIT, "analyze", str(links), "--no-cache"]
+            import contextlib
+
+            with Load() if not args.no_loaded else contextlib.nullcontext():
+                j2, j1 = pairs([*j, "--jobs", "2"], [*j, "--jobs", "1"], max(2, args.repeat // 2))
+            out["jobs"] = {"jobs2": j2, "jobs1": j1, "ratio": ratio_rows(j2, j1), "loaded": not args.no_loaded}
+        print("where the time goes ...", file=sys.stderr)
+        r = subprocess.run([sys.executable, "-c", _STAGES, str(trace)], capture_output=True, text=True, check=True)
+        out["stages"] = json.loads(r.stdout.strip().splitlines()[-1])
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    report(out)
     if args.json:
-        args.json.write_text(json.dumps({"results": results, "stages": st}, indent=1))
+        args.json.write_text(json.dumps(out, indent=1))
     return 0
+
+
+def report(o: dict) -> None:
+    w = print
+    ok = lambda c: "met" if c else "NOT met"  # noqa: E731
+    f = lambda s: f"min {s['min']:.2f}, median {s['median']:.2f}"  # noqa: E731
+    w(f"\n== tracekit benchmark, {Path(o['trace']).name} ({o['size_mb']:.0f} MB), {o['cores']} cores, "
+      f"{o['repeat']} interleaved pairs per row ==")
+    w(f"load average before {o['load_before'][0]:.1f}, during rows 1/3/4 {o['load_during'][0]:.1f}")
+    a = o["all"]
+    med = lambda runs, k: statistics.median(r[k] for r in runs)  # noqa: E731
+    w(f"1. --all --no-cache / bare scan, wall: {f(a['ratio'])}  (goal <= {GOALS['ratio_quiet']} quiet: "
+      f"{ok(a['ratio']['min'] <= GOALS['ratio_quiet'])} on the fastest pair)   "
+      f"[analyze median {med(a['runs'], 'wall_s'):.2f} s, bare {med(a['bare'], 'wall_s'):.2f} s]")
+    if "all_loaded" in o:
+        la = o["all_loaded"]
+        w(f"2. same, loaded (+1 busy process per core): {f(la['ratio'])}  (goal <= {GOALS['ratio_loaded']}: "
+          f"{ok(la['ratio']['median'] <= GOALS['ratio_loaded'])})   [CPU ratio {f(la['cpu_ratio'])}]")
+    w(f"3. CPU time / bare scan CPU: {f(a['cpu_ratio'])}  (goal <= {GOALS['cpu_ratio']}: "
+      f"{ok(a['cpu_ratio']['median'] <= GOALS['cpu_ratio'])})   [analyze {med(a['runs'], 'cpu_s'):.2f} s, "
+      f"bare {med(a['bare'], 'cpu_s'):.2f} s]")
+    w(f"4. peak RSS --all: {f(a['rss_mib'])} MiB  (goal <= {GOALS['rss_mib']:.0f}: "
+      f"{ok(a['rss_mib']['max'] <= GOALS['rss_mib'])})")
+    if "sizes" in o:
+        base = o["sizes"][0]["rss_mib"]
+        for s in o["sizes"]:
+            w(f"5. {s['copies']}x trace {s['size_mb']:.0f} MB: peak RSS {s['rss_mib']:.0f} MiB ({s['rss_mib'] / base:.2f}x "
+              f"the 1x figure), wall {s['wall_s']:.2f} s, CPU {s['cpu_s']:.2f} s")
+        if "rss_fit" in o:
+            fit = o["rss_fit"]
+            top = o["sizes"][-1]["rss_mib"] / base
+            w(f"   peak RSS fit: {fit['a']:.0f} MiB + {fit['b'] * 100:.1f} MiB per 100 MB (R^2 {fit['r2']:.3f}); "
+              f"largest / 1x = {top:.2f} (goal <= {GOALS['rss_flat']}: {ok(top <= GOALS['rss_flat'])})")
+    if "default" in o:
+        d = o["default"]
+        w(f"6. analyze (default) / plain polars per-phase copy bytes: {f(d['ratio'])}  (goal <= "
+          f"{GOALS['default_vs_polars']}: {ok(d['ratio']['median'] <= GOALS['default_vs_polars'])})   "
+          f"[{med(d['runs'], 'wall_s'):.2f} vs {med(d['polars'], 'wall_s'):.2f} s]")
+    if "report" in o:
+        r = o["report"]
+        w(f"7. report: first {r['first']['wall_s']:.2f} s, cached {f(r['cached_wall'])} s  (goal <= "
+          f"{GOALS['report_cached_s']} s: {ok(r['cached_wall']['median'] <= GOALS['report_cached_s'])})")
+    if "jobs" in o:
+        j = o["jobs"]
+        w(f"8. --jobs 2 / --jobs 1 on 5 traces{' (loaded)' if j['loaded'] else ''}: {f(j['ratio'])}  (goal <= "
+          f"{GOALS['jobs2_vs_jobs1']}: {ok(j['ratio']['median'] <= GOALS['jobs2_vs_jobs1'])})   "
+          f"[{med(j['jobs2'], 'wall_s'):.2f} vs {med(j['jobs1'], 'wall_s'):.2f} s]")
+    if "stages" in o:
+        w(f"\nwhere the time goes, one in-process --all --no-cache run (stages nest):")
+        for label, sec in o["stages"].items():
+            w(f"  {sec:6.2f} s  {label}")
 
 
 if __name__ == "__main__":
