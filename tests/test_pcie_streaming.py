@@ -278,3 +278,18 @@ def test_median_of_counts_is_polars_median():
             for part in np.array_split(a, 7):
                 c.add(part)
             assert c.median(a.dtype) == pl.Series(a).median()
+
+
+def test_timeline_peaks_equal_the_loop_over_bins():
+    from tracekit.analyze import throughput
+
+    with Export.open(ZERO3_CUT) as e:
+        tl = throughput.throughput_timeline(phases.build(e))
+    want: dict = {}
+    for b in tl.iter_rows(named=True):
+        k = (b["global_pid"], b["device"], b["phase"], b["direction"])
+        n, width, peak = want.get(k, (0, b["bin_end"] - b["bin_start"], 0.0))
+        want[k] = (n + 1, width, max(peak, b["gbps"] or 0.0))
+    got = throughput.timeline_peaks(tl)
+    assert {(r[0], r[1], r[2], r[3]): (r[4], r[5], r[6]) for r in got.iter_rows()} == want
+    assert got.height == len(want) == 8

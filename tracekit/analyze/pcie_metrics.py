@@ -21,6 +21,14 @@ then adds a note.
   two imply (the baseline is what the metric reads with no copy in flight) — it should be
   about the same in every phase when the copies explain the link traffic;
 - saturation windows: maximal runs of consecutive samples at or above ``threshold`` %.
+
+Streaming (issue 13): a long capture holds millions of samples, and none of the frames above
+needs them at once. :func:`reduce_pcie` reads them in chunks of rowids (in time order, as
+nsys writes them), reduces each chunk to per-window counts, sums and maxima, value counts
+for the baseline median and saturation runs (a run open at a chunk's end continues in the
+next) before reading on, and every frame is rolled up from that one reduction: memory grows
+with the number of phase windows, not with the samples. The samples themselves
+(:func:`pcie_series`) are built only for ``--out`` and figures.
 """
 
 from __future__ import annotations
@@ -79,11 +87,17 @@ _EMPTY_SERIES = {"device": pl.Int64, "type_id": pl.Int64, "direction": pl.String
 
 
 def read_threads() -> int:
-    """Threads that read GPU_METRICS chunks: the cores this process may use, at most 2
-    (``TRACEKIT_READ_THREADS`` overrides; ``--jobs`` workers split the cores between them)."""
+    """Threads that read GPU_METRICS chunks while the main thread reduces them: the cores this
+    process may use, at most 2; 1 in a worker process (``--jobs``, Dask: the workers already
+    share the cores, so that workers x read threads stays within them).
+    ``TRACEKIT_READ_THREADS=N`` overrides."""
     env = os.environ.get("TRACEKIT_READ_THREADS", "").strip()
     if env.isdigit() and int(env) > 0:
         return int(env)
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(2, cores))
 

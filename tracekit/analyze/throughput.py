@@ -73,3 +73,16 @@ def throughput_timeline(
     out = pl.concat(parts).with_columns(gbps=pl.col("bytes") / (pl.col("bin_end") - pl.col("bin_start")))
     out = attach_window(model, out, "bin_start")
     return out.sort([*RANK, "direction", "bin_start"])
+
+
+def timeline_peaks(timeline: pl.DataFrame) -> pl.DataFrame:
+    """The terminal view's one line of a :func:`throughput_timeline` frame, by one group-by
+    (no per-bin Python work, issue 13): per rank, phase and direction, ``bins`` (count),
+    ``bin_ns`` (bin length, ns) and ``peak_gbps`` (the largest bin's GB/s; 0.0 when no copy
+    moved bytes). Columns ``global_pid, device, phase, direction, bins, bin_ns, peak_gbps``,
+    sorted by rank, phase, direction; empty for an empty timeline."""
+    return timeline.group_by([*RANK, "phase", "direction"]).agg(
+        bins=pl.len().cast(pl.Int64),
+        bin_ns=(pl.col("bin_end") - pl.col("bin_start")).first(),
+        peak_gbps=pl.col("gbps").fill_null(0.0).max(),
+    ).sort([*RANK, "phase", "direction"])
