@@ -115,6 +115,41 @@ class Analysis:
         self._parts = dict(parts or {})
         self._memo: dict = {}
 
+    @classmethod
+    def of_export(cls, export, options: Options | dict | None = None, step=None) -> "Analysis":
+        """The analysis of an already open :class:`tracekit.analyze.export.Export` (``tracekit
+        report`` and ``compare`` keep the export open for their figures); no result cache.
+        ``step(message)`` is called before each stage."""
+        from tracekit.analyze.result import compute
+
+        opts = Options.of(options)
+        result, parts = compute(export, opts, step)
+        return cls(Path(export.path), opts, result, parts)
+
+    def part(self, name: str):
+        """What the result was built from (``model``, ``table`` = :func:`breakdown.phase_table`,
+        ``totals`` = :func:`breakdown.totals`, ``transfers``), computed when missing."""
+        if name == "model":
+            return self.model
+        if name not in self._parts:
+            from tracekit.analyze import breakdown
+
+            if name == "table":
+                self._parts["table"] = breakdown.phase_table(self.model)
+            elif name == "totals":
+                self._parts["totals"] = breakdown.totals(self.model)
+            elif name == "transfers":
+                return self._transfers(tuple(self.options.sections))
+            else:
+                raise KeyError(name)
+        return self._parts[name]
+
+    def advice_result(self) -> dict:
+        """``config``, ``advice``, ``one_time_costs`` and ``predictions`` of the result
+        (:func:`tracekit.analyze.advice.advise`, docs/advice.md), as ``--json`` has them."""
+        r = self._result
+        return {k: r.get(k) for k in ("config", "advice", "one_time_costs", "predictions")}
+
     def __repr__(self) -> str:
         r = self._result
         return (f"Analysis({str(self.path)!r}: {len(r.get('ranks', []))} rank(s), "

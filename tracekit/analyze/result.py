@@ -96,20 +96,25 @@ def analyze_export(export: Export, options: Options | dict | None = None) -> dic
     return compute(export, Options.of(options))[0]
 
 
-def compute(export: Export, options: Options) -> tuple[dict, dict]:
+def compute(export: Export, options: Options, step=None) -> tuple[dict, dict]:
     """The analysis of an open export: ``(result, parts)``, ``result`` the dict of the module doc
     and ``parts`` what it was built from, ``{"model": PhaseModel, "table": phase_table,
     "totals": totals, "sub_phases": {phase: sub_phase_table}, "transfers": TransferResult}``
     (kept by :class:`tracekit.analysis.Analysis`, so that nothing is computed twice).
 
     Raises :class:`~tracekit.errors.MissingDataError` when the trace has no CUDA activity,
-    :class:`TracekitError` for an ``options.iteration`` the trace lacks.
+    :class:`TracekitError` for an ``options.iteration`` the trace lacks. ``step(message)`` is
+    called before each stage (a progress display).
     """
+    step = step or (lambda _m: None)
+    step("finding phases and attributing GPU work")
     model = phases.build(export, phase_map=list(options.phase_map) if options.phase_map else None, gas=options.gas)
+    step("per-phase breakdown")
     table = breakdown.phase_table(model)
     tot = breakdown.totals(model)
     sub = breakdown.sub_phase_table(model, options.phase) if options.phase else pl.DataFrame()
     full_sub = sub
+    step("transfers, findings and advice")
     from tracekit.analyze import transfers
 
     tr = transfers.analyze_transfers(export, model, tuple(options.sections or ()), options.pcie_threshold,

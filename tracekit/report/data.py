@@ -58,6 +58,9 @@ class ReportData:
     table: pl.DataFrame
     totals: pl.DataFrame
     ranks: pl.DataFrame
+    #: the :class:`tracekit.analysis.Analysis` of the trace (findings, advice, JSON): the one
+    #: pipeline every command's numbers come from
+    analysis: object = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     def cached(self, key: str, compute: Callable[[], pl.DataFrame]) -> pl.DataFrame:
@@ -73,19 +76,28 @@ class ReportData:
         phase_map: list[str] | None = None,
         gas: int | None = None,
         step: Callable[[str], None] | None = None,
+        ds_config: str | Path | None = None,
     ) -> "ReportData":
-        """Open ``path`` and run the phase breakdown. ``step(message)`` is called before each
-        stage (for a progress display). Raises :class:`~tracekit.errors.TracekitError` for a
-        file that is not a readable nsys export or has no CUDA activity."""
+        """Open ``path`` and analyze it (:meth:`tracekit.analysis.Analysis.of_export`: phases,
+        breakdown, findings, advice with ``ds_config`` or the manifest beside the trace).
+        ``step(message)`` is called before each stage (for a progress display). Raises
+        :class:`~tracekit.errors.TracekitError` for a file that is not a readable nsys export or
+        has no CUDA activity."""
+        from tracekit.analysis import Analysis
+        from tracekit.options import Options, load_ds_config
+
         step = step or (lambda _m: None)
         step("opening the export")
         export = Export.open(path)
-        step("finding phases and attributing GPU work")
-        model = phases.build(export, phase_map=phase_map, gas=gas)
-        step("per-phase breakdown")
-        table = breakdown.phase_table(model)
-        tot = breakdown.totals(model)
-        return cls(Path(path), export, model, table, tot, breakdown.ranks(model))
+        try:
+            opts = Options(phase_map=tuple(phase_map) if phase_map else None, gas=gas, cache=False,
+                           ds_config=load_ds_config(path, ds_config))
+            a = Analysis.of_export(export, opts, step)
+        except BaseException:
+            export.close()
+            raise
+        model = a.part("model")
+        return cls(Path(path), export, model, a.part("table"), a.part("totals"), breakdown.ranks(model), analysis=a)
 
     def close(self) -> None:
         """Close the export."""

@@ -385,7 +385,9 @@ def write_advice(data: ReportData, notes: list[str]) -> dict | None:
         from tracekit.analyze import advice, dsconfig
     except ImportError:  # pragma: no cover - analysis layer without advice
         return None
-    try:
+    try:  # the advice of the trace's analysis (the one pipeline; --ds-config honoured)
+        if getattr(data, "analysis", None) is not None:
+            return data.analysis.advice_result()
         return advice.advise(data.export, data.model, dsconfig.load(data.path))
     except Exception as exc:  # noqa: BLE001 - the page is written without advice, and says so
         notes.append(f"advice skipped: {type(exc).__name__}: {exc}")

@@ -129,7 +129,7 @@ def write_report(
     if fmt not in FORMATS:
         raise TracekitError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
     step = step or (lambda _m: None)
-    data = ReportData.load(trace, phase_map=phase_map, gas=gas, step=step)
+    data = ReportData.load(trace, phase_map=phase_map, gas=gas, step=step, ds_config=ds_config)
     try:
         rk = data.rank(rank)
         it = data.pick_iteration(rk, iteration)
@@ -189,32 +189,26 @@ def write_report(
 
 
 def _findings(data: ReportData, rk: dict | None, notes: list[str]) -> list[dict]:
-    """Findings of :mod:`tracekit.analyze.findings` for the rank, or every rank's with ``rk=None``
-    (empty when unavailable)."""
-    try:
-        from tracekit.analyze.transfers import analyze_transfers
-    except ImportError:  # pragma: no cover - analysis layer without transfers
-        return []
-    try:
-        tr = data.cached("transfers:findings", lambda: analyze_transfers(data.export, data.model, sections=()))
-    except TracekitError as exc:
-        notes.append(f"findings skipped: {exc}")
-        return []
-    notes.extend(tr.notes)
+    """The findings of the trace's analysis (:attr:`tracekit.analysis.Analysis.findings`, the
+    ones ``analyze`` prints: steady iterations, warm-up included as ``analyze`` does) for the
+    rank, or every rank's with ``rk=None``; the analysis' notes are added to ``notes`` once."""
+    result = data.analysis.to_json()
+    for n in result.get("transfer_notes") or []:
+        if n not in notes:
+            notes.append(n)
+    found = list(result.get("findings") or [])
     if rk is None:  # every rank's (the Perfetto export)
-        return list(tr.findings)
-    return [f for f in tr.findings if f.get("pid") == rk["pid"] and f.get("device") == rk["device"]]
+        return found
+    return [f for f in found if f.get("pid") == rk["pid"] and f.get("device") == rk["device"]]
 
 
 def _with_advice(text: str, data: ReportData, rk: dict, trace, ds_config, notes: list[str]) -> str:
-    """``report.md`` with the run's config and the advice (:func:`tracekit.analyze.advice.advise`)
-    put before the key numbers: it leads the report (docs/advice.md)."""
-    from tracekit.analyze import advice, dsconfig
-
-    try:
-        res = advice.advise(data.export, data.model, dsconfig.load(trace, ds_config))
-    except TracekitError as exc:
-        notes.append(f"advice skipped: {exc}")
+    """``report.md`` with the run's config and the advice (of the trace's analysis,
+    :meth:`tracekit.analysis.Analysis.advice_result`) put before the key numbers: it leads the
+    report (docs/advice.md)."""
+    res = data.analysis.advice_result()
+    if res.get("config") is None:
+        notes.append("advice skipped: the analysis holds none")
         return text
     L = advice_markdown(res, rk)
     key = "## Key numbers"

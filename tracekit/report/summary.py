@@ -9,7 +9,11 @@ All values come from the analysis layer (:mod:`tracekit.analyze`), narrowed to o
 ``h2d_busy_ns``     busy time (union) of those copies, :func:`overlap.overlap`
 ``h2d_gbps``        h2d_bytes / h2d_busy_ns (GB/s = bytes per ns)
 ``h2d_exposed_ns``  part of h2d_busy_ns with no kernel of the GPU running (``d2h_*`` likewise)
-``overlap_ratio``   hidden / busy copy time over both directions (null without copies)
+``overlap_ratio``   share of copy time hidden behind compute kernels: copy_hidden_ns /
+                    copy_busy_ns, where copy_busy_ns is the union of the H2D and D2H copies'
+                    intervals and copy_hidden_ns its part under kernels (the ``overlap_ratio``
+                    of :func:`overlap.overlap` and of ``analyze --json``; null without copies).
+                    The one definition: a phase mean sums both over the iterations first
 ``pageable_count``  H2D/D2H memcpys from or to pageable host memory, ``pageable_bytes``
 ``peak_bytes``      peak GPU memory in use during the phase, :func:`memory.memory_peaks`
                     (null without CUDA memory events)
@@ -23,7 +27,10 @@ import polars as pl
 from tracekit.report import data as D
 from tracekit.report.data import ReportData
 
-PHASE_ORDER = ("forward", "backward", "update", "other")
+from tracekit.vocab import PHASES as PHASE_ORDER  # noqa: E402
+#: What ``overlap_ratio`` is made of (ns), kept beside :data:`METRICS` so that means over
+#: iterations divide sums (:func:`phase_means`).
+OVERLAP_PARTS = ["copy_busy_ns", "copy_hidden_ns"]
 #: Metrics of :func:`iteration_metrics`, in display order.
 METRICS = [
     "wall_ns", "gpu_idle_ns", "h2d_bytes", "h2d_busy_ns", "h2d_gbps", "h2d_exposed_ns", "d2h_bytes",
@@ -63,7 +70,8 @@ def iteration_metrics(data: ReportData, rank: dict) -> pl.DataFrame:
         d2h_gbps=pl.when(pl.col("d2h_busy_ns") > 0).then(pl.col("d2h_bytes") / pl.col("d2h_busy_ns")),
         overlap_ratio=pl.when(pl.col("copy_busy_ns") > 0).then(pl.col("copy_overlap_ns") / pl.col("copy_busy_ns")),
     )
-    return out.sort("iteration", _phase_rank()).select("iteration", "phase", "complete", *METRICS)
+    out = out.rename({"copy_overlap_ns": "copy_hidden_ns"})
+    return out.sort("iteration", _phase_rank()).select("iteration", "phase", "complete", *METRICS, *OVERLAP_PARTS)
 
 
 def phase_means(metrics: pl.DataFrame, iterations: list[int]) -> pl.DataFrame:
@@ -74,16 +82,16 @@ def phase_means(metrics: pl.DataFrame, iterations: list[int]) -> pl.DataFrame:
     m = metrics.filter(pl.col("iteration").is_in(iterations))
     summed = ["wall_ns", "gpu_idle_ns", "h2d_bytes", "h2d_busy_ns", "h2d_exposed_ns", "d2h_bytes", "d2h_busy_ns",
               "d2h_exposed_ns", "pageable_count", "pageable_bytes"]
-    g = m.with_columns(hidden=pl.col("overlap_ratio") * (pl.col("h2d_busy_ns") + pl.col("d2h_busy_ns"))).group_by("phase").agg(
+    g = m.group_by("phase").agg(
         *[(pl.col(c).sum() / n).alias(c) for c in summed],
         peak_bytes=pl.col("peak_bytes").max(),
-        _copy=(pl.col("h2d_busy_ns") + pl.col("d2h_busy_ns")).sum(),
-        _exposed=(pl.col("h2d_exposed_ns") + pl.col("d2h_exposed_ns")).sum(),
+        _copy=pl.col("copy_busy_ns").sum(),
+        _hidden=pl.col("copy_hidden_ns").sum(),
     )
     g = g.with_columns(
         iterations=pl.lit(len(iterations), pl.Int64),
         h2d_gbps=pl.when(pl.col("h2d_busy_ns") > 0).then(pl.col("h2d_bytes") / pl.col("h2d_busy_ns")),
         d2h_gbps=pl.when(pl.col("d2h_busy_ns") > 0).then(pl.col("d2h_bytes") / pl.col("d2h_busy_ns")),
-        overlap_ratio=pl.when(pl.col("_copy") > 0).then(1 - pl.col("_exposed") / pl.col("_copy")),
+        overlap_ratio=pl.when(pl.col("_copy") > 0).then(pl.col("_hidden") / pl.col("_copy")),
     )
     return g.sort(_phase_rank()).select("phase", "iterations", *METRICS)
