@@ -92,6 +92,8 @@ def register(app: typer.Typer) -> None:
             Optional[int], typer.Option(help="gradient accumulation steps, used only when updates must be inferred")
         ] = None,
         as_json: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
+        wide: Annotated[bool, typer.Option("--wide", help="every column (default: what fits 80 characters, "
+                                           "or $COLUMNS)")] = False,
         fail_above: Annotated[
             Optional[float],
             typer.Option("--fail-above", help="exit 1 when a phase or the iteration (mean wall time per steady "
@@ -137,7 +139,7 @@ def register(app: typer.Typer) -> None:
             json.dump(result, sys.stdout, indent=1)
             sys.stdout.write("\n")
         else:
-            C.render(result)
+            C.render(result, wide=wide)
         for r in slow:
             print(f"regression: {r['what']} {r['a_ms']:,.1f} -> {r['b_ms']:,.1f} ms per iteration "
                   f"(mean per steady iteration, {r['pct']:+.1f}% > {fail_above:g}%)", file=sys.stderr)

@@ -296,24 +296,24 @@ def _fmt_delta(metric: str, d: dict) -> tuple[str, str]:
     return s, pct
 
 
-def render(result: dict, console=None) -> None:
-    """Print the comparison as rich tables (per phase, then per iteration)."""
-    from rich.console import Console
-    from rich.table import Table
+def render(result: dict, console=None, wide: bool = False) -> None:
+    """Print the comparison as rich tables (per phase, then per iteration), laid out for
+    :func:`tracekit.analyze.terminal.terminal_width` (the width rule of ``analyze``); the
+    per-iteration table shows wall time and copy bytes unless ``wide`` (every metric)."""
+    from tracekit.analyze.terminal import add_num_column, make_console, new_table
 
     if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=160)
+        console = make_console(wide)
     a, b = result["a"], result["b"]
     for key, side in (("A", a), ("B", b)):
-        line = _t(key, "bold")
+        line = _t(key, "bold")  # wraps at the console's width (a long path)
         line.append(_t(f" {side['trace']}  (pid {side['pid']} GPU {side['device']}, iterations {side['iterations']})"))
         console.print(line)
-    t = Table(title="per phase, mean per iteration (B - A)", title_justify="left", header_style="bold")
-    for c, j in (("phase", "left"), ("metric", "left"), ("unit", "left"), ("A", "right"), ("B", "right"),
-                 ("B - A", "right"), ("change", "right")):
-        t.add_column(c, justify=j)
+    t = new_table("per phase, mean per iteration (B - A)", wide)
+    for c in ("phase", "metric", "unit"):
+        t.add_column(c, overflow="fold")
+    for c in ("A", "B", "B - A", "change"):
+        add_num_column(t, c)
     for r in result["per_phase"]:
         first = True
         for m, d in r["metrics"].items():
@@ -330,14 +330,14 @@ def render(result: dict, console=None) -> None:
         t.add_section()
     console.print(t)
     _render_sub_phases(result, console)
-    it = Table(title="per iteration (k-th steady iteration of A vs of B; B - A)", title_justify="left",
-               header_style="bold")
-    cols = ["wall_ns", "h2d_bytes", "d2h_bytes", "h2d_exposed_ns", "d2h_exposed_ns", "pageable_bytes", "peak_bytes"]
+    it = new_table("per iteration (k-th steady iteration of A vs of B; B - A)", wide)
+    cols = (["wall_ns", "h2d_bytes", "d2h_bytes", "h2d_exposed_ns", "d2h_exposed_ns", "pageable_bytes", "peak_bytes"]
+            if wide else ["wall_ns", "h2d_bytes", "d2h_bytes"])
     for c in ("k", "A it", "B it", "phase"):
-        it.add_column(c)
+        it.add_column(c, overflow="fold")
     for m in cols:
         label, _div, unit = METRICS[m]
-        it.add_column(f"Δ {label} {unit}", justify="right")
+        add_num_column(it, f"Δ {label} {unit}")
     last = None
     for r in result["per_iteration"]:
         if last is not None and r["position"] != last:
