@@ -68,12 +68,10 @@ MEM_KIND_BY_NAME: dict[str, str] = {
 }
 
 # NVTX event types (ENUM_NSYS_EVENT_TYPE); stable across the exports in shared/traces/public.
-NVTX_CATEGORY = 33
 NVTX_MARK = 34
 NVTX_PUSH_POP = 59
 NVTX_START_END = 60
 NVTX_DOMAIN_CREATE = 75
-NVTX_DOMAIN_DESTROY = 76
 
 #: The nsys option that records each table, for "the trace lacks ..." messages.
 RECORDED_BY: dict[str, str] = {

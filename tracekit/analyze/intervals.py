@@ -92,15 +92,6 @@ def intersection_length(a, b) -> int:
     return int((e - s).sum())
 
 
-def clip(starts, ends, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """Intervals cut to the window [lo, hi); those outside it vanish."""
-    s, e = _as_arrays(starts, ends)
-    s = np.clip(s, lo, hi)
-    e = np.clip(e, lo, hi)
-    keep = e > s
-    return s[keep], e[keep]
-
-
 def busy_in_windows(op_starts, op_ends, win_starts, win_ends) -> np.ndarray:
     """For each window [win_start, win_end), the length of ``union(ops)`` inside it.
 
