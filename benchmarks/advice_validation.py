@@ -6,7 +6,7 @@
 DIR holds ``base.sqlite`` and one trace per single config change (``pin``, ``bf16``,
 ``nooffload``, ``subgroup``, ``ratio``: see benchmarks/record_advice_pairs.sh), each with its
 manifest ``NAME.json``. Every changed run is *predicted from base alone* with the what-if model
-(:mod:`tracekit.analyze.whatif`) and *measured from its own trace*: the mean wall time of its
+(:mod:`tracekit.analyze.sections.whatif`) and *measured from its own trace*: the mean wall time of its
 steady iterations (complete ones, warm-up iteration 0 left out), the same basis as the
 prediction. Error % = 100 * (predicted - measured) / measured. Per phase, the prediction is
 base's phase plus the scenario's ``phase_delta_ns`` where the scenario gives one.
@@ -48,10 +48,11 @@ PHASES = ("forward", "backward", "update", "other")
 
 
 def measure(path: Path) -> dict | None:
-    """The what-if pieces of rank 0 of a trace (:func:`tracekit.analyze.whatif.measure`), or
+    """The what-if pieces of rank 0 of a trace (:func:`tracekit.analyze.sections.whatif.measure`), or
     None when it has no complete iteration (the run failed or was cut short)."""
-    from tracekit.analyze import phases, whatif
-    from tracekit.analyze.export import Export
+    from tracekit.analyze.model import phases
+    from tracekit.analyze.sections import whatif
+    from tracekit.analyze.trace.export import Export
 
     with Export.open(path) as ex:
         pieces = whatif.measure(ex, phases.build(ex))
@@ -75,7 +76,8 @@ def log_steps(text: str, default: str | None = None) -> dict[str, float]:
 
 def predictions(base: Path, pieces: dict, changes: dict) -> dict[str, dict]:
     """Every what-if scenario for ``base`` (its ``pieces`` and manifest) with ``changes``, by name."""
-    from tracekit.analyze import advice, dsconfig, whatif
+    from tracekit.analyze.sections import advice, whatif
+    from tracekit.analyze.trace import dsconfig
 
     loaded = dsconfig.load(base)
     inferred = dsconfig.infer_settings(whatif.trace_facts(pieces))

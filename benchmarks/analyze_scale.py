@@ -184,7 +184,11 @@ def wrap(obj, name, label):
     setattr(obj, name, timed)
 t0 = time.perf_counter()
 from tracekit.cli import main
-from tracekit.analyze import export, phases, pcie_metrics, transfers, result, render
+from tracekit.analyze.trace import export
+from tracekit.analyze.model import phases
+from tracekit.analyze.sections import pcie_metrics, transfers
+from tracekit.analyze import result
+from tracekit.render import tables as render
 timers["import (tracekit, polars, numpy)"] = time.perf_counter() - t0
 wrap(export.Export, "query", "SQLite reads in the main thread (Export.query)")
 wrap(phases, "build", "phase model (phases.build)")
@@ -253,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
         else:
             print("7: report, first and cached ...", file=sys.stderr)
-            from tracekit.analyze.cache import default_cache_dir
+            from tracekit.analyze.trace.cache import default_cache_dir
 
             shutil.rmtree(default_cache_dir(trace), ignore_errors=True)
             rep = [*TRACEKIT, "report", str(trace), "-o", str(work / "report")]

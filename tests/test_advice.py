@@ -10,7 +10,7 @@ import pytest
 from conftest import FIXTURES, assert_one_line_error, run_cli
 from test_whatif import B, build
 
-from tracekit.analyze import dsconfig
+from tracekit.analyze.trace import dsconfig
 
 
 @pytest.fixture
@@ -135,8 +135,9 @@ def test_pair_prediction_within_stated_error(changed, scenario, stated):
     the error stays within the 20 % docs/advice.md states (full traces: pin +6.9 %, bf16 +4.4 %,
     no offload +2.9 %). The no-offload run's GPU optimizer (torch.optim.AdamW: torch_adam true in
     its own manifest) is the one change target taken from the changed run."""
-    from tracekit.analyze import advice, phases, whatif
-    from tracekit.analyze.export import Export
+    from tracekit.analyze.sections import advice, whatif
+    from tracekit.analyze.model import phases
+    from tracekit.analyze.trace.export import Export
 
     base = PAIR.format("base")
     with Export.open(base) as ex:

@@ -12,12 +12,12 @@ import sqlite3
 import polars as pl
 import pytest
 
-from tracekit.analyze import export as export_mod
-from tracekit.analyze.cache import MANIFEST, SUFFIX, TraceCache, default_cache_dir
-from tracekit.analyze.export import Export, _inline_params
-from tracekit.analyze.gpu_ops import load_gpu_ops
+from tracekit.analyze.trace import export as export_mod
+from tracekit.analyze.trace.cache import MANIFEST, SUFFIX, TraceCache, default_cache_dir
+from tracekit.analyze.trace.export import Export, _inline_params
+from tracekit.analyze.model.gpu_ops import load_gpu_ops
 from tracekit.analyze.multi import analyze_one
-from tracekit.analyze.nvtx import load_ranges
+from tracekit.analyze.model.nvtx import load_ranges
 from tracekit.analyze.result import analyze_export
 from tracekit.cli import main
 
@@ -183,7 +183,7 @@ def test_inline_params():
 
 
 def test_prefetch_in_parts_equals_one_read(trace):
-    from tracekit.analyze import pcie_metrics
+    from tracekit.analyze.sections import pcie_metrics
 
     with Export.open(trace) as e:
         ids = pcie_metrics.pcie_metric_ids(e)
@@ -200,7 +200,7 @@ def test_prefetch_in_parts_equals_one_read(trace):
 
 
 def test_rowid_split_only_plain_selects():
-    from tracekit.analyze.export import _rowid_split
+    from tracekit.analyze.trace.export import _rowid_split
 
     q = _rowid_split("SELECT a, b FROM T WHERE x = 1 OR y = 2", "T")
     assert q == "SELECT a, b FROM T WHERE (x = 1 OR y = 2) AND rowid BETWEEN {a} AND {b}"

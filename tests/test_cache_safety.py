@@ -21,8 +21,8 @@ import polars as pl
 import pytest
 
 from conftest import run_cli
-from tracekit.analyze import cache as cache_mod
-from tracekit.analyze.cache import MANIFEST, SUFFIX, TraceCache, remove_cache, trace_identity
+from tracekit.analyze.trace import cache as cache_mod
+from tracekit.analyze.trace.cache import MANIFEST, SUFFIX, TraceCache, remove_cache, trace_identity
 from tracekit.cli import main
 
 
@@ -442,14 +442,19 @@ def test_d23_cli_run_after_kill_leaves_no_temporary(trace, tmp_path):
 def test_colour_tables_pass_the_text_check(trace):
     """The tables as a colour terminal gets them (SGR sequences) are stored and served: the
     control-character check rejects forgeries, not what tracekit itself prints."""
-    from tracekit.analyze import multi
-    from tracekit.analyze.render import render
+    import io
 
-    result = multi.analyze_one(trace, cache=False)
+    from rich.console import Console
+
+    from tracekit.analysis import analyze
+    from tracekit.render.tables import render
+
+    result = analyze(trace, cache=False).to_json()
     tc = TraceCache(trace)
     for i, system in enumerate(("truecolor", "256", "standard")):
-        view = {"width": 120, "color_system": system, "terminal": True, "phase": None}
-        text = multi.render_to_text(render, result, None, view)
+        buf = io.StringIO()
+        render(result, console=Console(file=buf, width=120, color_system=system, force_terminal=True))
+        text = buf.getvalue()
         assert "\x1b[" in text
         key = f"{i:040x}-{i:016x}"
         tc.put_text(key, text)

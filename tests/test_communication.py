@@ -10,8 +10,9 @@ from conftest import PUBLIC
 from conftest import union_length_loop as loop_union
 from synthetic import SyntheticTrace, gtid
 
-from tracekit.analyze import breakdown, communication, overlap, phases
-from tracekit.analyze.export import Export
+from tracekit.analyze.sections import breakdown, overlap
+from tracekit.analyze.model import communication, phases
+from tracekit.analyze.trace.export import Export
 
 TWO_GPU = PUBLIC / "nsys-ai__mfu_2gpu_before.sqlite"
 
@@ -134,8 +135,8 @@ def test_two_gpu_comm_and_compute_match_sql(two_gpu):
 
 def test_rank_figure_shows_communication(tmp_path):
     """The report's per-rank figure: communication time per steady iteration, from the grid."""
-    from tracekit.report import figures
-    from tracekit.report.data import ReportData
+    from tracekit.render import figures
+    from tracekit.render.data import ReportData
 
     _two_device_trace(tmp_path)
     fig, frame = figures.rank_summary(ReportData.load(tmp_path / "synthetic_two_device_comm.sqlite"))

@@ -9,10 +9,10 @@ import pytest
 from conftest import ZERO3_CUT
 from conftest import run_cli as run
 
-from tracekit.report import compare as C
-from tracekit.report import style as S
-from tracekit.report import summary
-from tracekit.report.data import ReportData
+from tracekit.render import compare as C
+from tracekit.render import style as S
+from tracekit.render import summary
+from tracekit.render.data import ReportData
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The CPU optimizer step wherever it ran (tracekit.analyze.cpu_update, issue 15 item 4).
+"""The CPU optimizer step wherever it ran (tracekit.analyze.sections.cpu_update, issue 15 item 4).
 
 Real cuts (SuperOffload, ZenFlow with overlap_step, ZeRO-3 NVMe / offload_param, the HF
 Trainer; tests/fixtures/README.md) checked against plain SQL over the worker ranges and the
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from synthetic import SyntheticTrace, gtid
 
-from tracekit.analyze import cpu_update, phases
-from tracekit.analyze.export import Export
+from tracekit.analyze.sections import cpu_update
+from tracekit.analyze.model import phases
+from tracekit.analyze.trace.export import Export
 from tracekit.analyze.result import analyze_path
 
 FIX = Path(__file__).parent / "fixtures"
@@ -305,7 +306,7 @@ def test_unclosed_worker_range_is_left_out(tmp_path):
 def test_trim_keeps_a_kept_iterations_worker_range_whole(tmp_path):
     """ZenFlow steps iteration N on the CPU during N+1's forward: the cut of N keeps that range
     and the kernels beside it."""
-    from tracekit.analyze.trim import trim
+    from tracekit.analyze.trace.trim import trim
 
     t = SyntheticTrace()
     tid = gtid(100, 100)
@@ -375,7 +376,7 @@ def test_no_finding_blames_the_update_for_a_worker_step(name, results):
 
 
 def test_gradient_clipping_default_by_version():
-    from tracekit.analyze.dsconfig import config_value
+    from tracekit.analyze.trace.dsconfig import config_value
 
     assert config_value({}, "gradient_clipping", "0.19.8") == (1.0, "default")
     assert config_value({}, "gradient_clipping", "0.19.2") == (0.0, "default")
@@ -395,7 +396,7 @@ def test_worker_is_no_rank(name, results):
 def test_terminal_table(results):
     from rich.console import Console
 
-    from tracekit.analyze.render_cpu_update import render_cpu_update
+    from tracekit.render.cpu_update_tables import render_cpu_update
 
     res = results["superoffload_cut.sqlite"]
     con = Console(record=True, width=200)
@@ -414,7 +415,7 @@ def test_terminal_table(results):
 
 def test_finding_of_one_iteration(tmp_path):
     """``--iteration N``: the cpu-update finding on that iteration alone, after the rank's update finding."""
-    from tracekit.analyze.findings import cpu_update_findings
+    from tracekit.analyze.sections.findings import cpu_update_findings
 
     t = SyntheticTrace()
     _engine(t)

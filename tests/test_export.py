@@ -6,7 +6,7 @@ import sqlite3
 import pytest
 from conftest import PUBLIC, ZERO3_CUT, public_exports
 
-from tracekit.analyze.export import Export
+from tracekit.analyze.trace.export import Export
 from tracekit.errors import MissingDataError, TracekitError
 
 
@@ -68,7 +68,7 @@ def test_builtin_enums_for_exports_without_enum_tables():
     path = PUBLIC / "DLProf__nsys_profile.sqlite"
     if not path.exists():
         pytest.skip("shared public exports not present")
-    from tracekit.analyze.gpu_ops import load_gpu_ops
+    from tracekit.analyze.model.gpu_ops import load_gpu_ops
 
     con = sqlite3.connect(path)
     assert not con.execute("SELECT name FROM sqlite_master WHERE name LIKE 'ENUM_%'").fetchall()
@@ -84,7 +84,7 @@ def test_builtin_enums_for_exports_without_enum_tables():
 
 def test_nvtx_names_from_text_and_textid_per_row(tmp_path):
     from synthetic import SyntheticTrace
-    from tracekit.analyze.nvtx import load_ranges
+    from tracekit.analyze.model.nvtx import load_ranges
 
     t = SyntheticTrace()
     t.range("from_text", 0, 10, 1 << 24 | 1, use_text=True)
@@ -98,7 +98,7 @@ def test_nvtx_names_from_text_and_textid_per_row(tmp_path):
 def test_gpu_ops_join_runtime_within_the_process(tmp_path):
     """The same correlationId in two processes must join to each process's own API call."""
     from synthetic import SyntheticTrace
-    from tracekit.analyze.gpu_ops import load_gpu_ops
+    from tracekit.analyze.model.gpu_ops import load_gpu_ops
 
     t = SyntheticTrace()
     t.kernel(100, 200, pid=1, tid=1, launch=50)
@@ -181,7 +181,7 @@ def test_strings_decode_with_replacement_and_stringify_odd_values(tmp_path):
 def test_query_with_invalid_utf8_gives_replaced_text_through_either_reader(tmp_path, monkeypatch, reader):
     import polars as pl
 
-    from tracekit.analyze import export as export_mod
+    from tracekit.analyze.trace import export as export_mod
 
     if reader == "adbc":
         pytest.importorskip("adbc_driver_sqlite")
@@ -195,7 +195,7 @@ def test_query_with_invalid_utf8_gives_replaced_text_through_either_reader(tmp_p
 def test_quote_ident_and_a_table_named_with_quotes(tmp_path):
     import shutil
 
-    from tracekit.analyze.export import quote_ident
+    from tracekit.analyze.trace.export import quote_ident
 
     assert quote_ident('we"ird') == '"we""ird"'
     p = tmp_path / "synthetic_quoted_table.sqlite"

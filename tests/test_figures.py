@@ -10,10 +10,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tracekit.report import data as D
-from tracekit.report import figures as F
-from tracekit.report import style as S
-from tracekit.report.data import ReportData
+from tracekit.render import data as D
+from tracekit.render import figures as F
+from tracekit.render import style as S
+from tracekit.render.data import ReportData
 from conftest import union_length_loop as union_len
 
 COPY_KIND = {1: "H2D", 2: "D2H"}

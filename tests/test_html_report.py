@@ -18,8 +18,8 @@ import polars as pl
 import pytest
 from conftest import ZERO3_CUT
 
-from tracekit.report import figures as F
-from tracekit.report.report import write_report
+from tracekit.render import figures as F
+from tracekit.render.report import write_report
 
 
 @pytest.fixture(scope="module")

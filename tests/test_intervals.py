@@ -5,7 +5,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.analyze import intervals as I
+from tracekit.analyze.model import intervals as I
 
 T = 40  # times on the grid 0..T
 

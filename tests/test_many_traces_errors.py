@@ -133,7 +133,7 @@ def test_out_same_file_name_kept_apart(tmp_path):
 
 
 def test_out_dirs_unique_names():
-    from tracekit.analyze.transfers import frame_dirs
+    from tracekit.render.files import frame_dirs
 
     out = Path("o")
     paths = [Path("x/a/rank0.sqlite"), Path("y/a/rank0.sqlite"), Path("b/rank1.sqlite"), Path("rank2.sqlite")]

@@ -42,7 +42,7 @@ READ: dict[str, list[str]] = {
     "ENUM_CUDA_MEM_KIND": ["id", "name"],
 }
 TEXT_COLUMNS = {"text", "value", "name", "metricName", "busLocation"}
-REQUIRED = {  # as tracekit.analyze.export.REQUIRED_COLUMNS says (written out: an independent list)
+REQUIRED = {  # as tracekit.analyze.trace.export.REQUIRED_COLUMNS says (written out: an independent list)
     "CUPTI_ACTIVITY_KIND_KERNEL": ["start", "end", "globalPid"],
     "CUPTI_ACTIVITY_KIND_MEMCPY": ["start", "end", "bytes", "copyKind"],
     "NVTX_EVENTS": ["start", "end", "globalTid", "eventType"],

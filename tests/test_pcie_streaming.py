@@ -13,10 +13,11 @@ from conftest import ZERO3_CUT
 from polars.testing import assert_frame_equal
 from synthetic import SyntheticTrace, gtid
 
-from tracekit.analyze import pcie_metrics, phases
-from tracekit.analyze.export import Export
-from tracekit.analyze.intervals import spread_cumulative
-from tracekit.analyze.transfers import PER_WINDOW, analyze_transfers
+from tracekit.analyze.sections import pcie_metrics
+from tracekit.analyze.model import phases
+from tracekit.analyze.trace.export import Export
+from tracekit.analyze.model.intervals import spread_cumulative
+from tracekit.analyze.sections.transfers import PER_WINDOW, analyze_transfers
 
 MS = 1_000_000
 RANK = ["global_pid", "device"]
@@ -281,7 +282,7 @@ def test_median_of_counts_is_polars_median():
 
 
 def test_timeline_peaks_equal_the_loop_over_bins():
-    from tracekit.analyze import throughput
+    from tracekit.analyze.sections import throughput
 
     with Export.open(ZERO3_CUT) as e:
         tl = throughput.throughput_timeline(phases.build(e))

@@ -8,8 +8,9 @@ import pytest
 from conftest import ZERO3_CUT
 from conftest import union_length_loop as _union_loop
 
-from tracekit.analyze import breakdown, phases
-from tracekit.analyze.export import Export
+from tracekit.analyze.sections import breakdown
+from tracekit.analyze.model import phases
+from tracekit.analyze.trace.export import Export
 from tracekit.analyze.result import Options, analyze_path
 
 DS_NAMES = {

@@ -4,8 +4,9 @@ import polars as pl
 import pytest
 from synthetic import START_END, SyntheticTrace, gtid
 
-from tracekit.analyze import breakdown, phases
-from tracekit.analyze.export import Export
+from tracekit.analyze.sections import breakdown
+from tracekit.analyze.model import phases
+from tracekit.analyze.trace.export import Export
 from tracekit.analyze.result import analyze_path
 
 MAIN, AUTOGRAD = 1, 2

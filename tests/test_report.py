@@ -10,10 +10,10 @@ import pytest
 from conftest import ZERO3_CUT
 from conftest import run_cli as run, assert_one_line_error
 
-from tracekit.report import figures as F
-from tracekit.report import style as S
-from tracekit.report import summary
-from tracekit.report.data import ReportData
+from tracekit.render import figures as F
+from tracekit.render import style as S
+from tracekit.render import summary
+from tracekit.render.data import ReportData
 
 FIGURES = list(F.FIGURES)
 #: Figures of a one-rank trace: the per-rank figure needs two ranks to compare.
@@ -166,7 +166,7 @@ def test_summary_iteration_metrics_equal_phase_table():
 def test_progress_steps_are_reported(tmp_path):
     """write_report calls step() for loading stages and each figure (the CLI shows them in a
     rich status line on stderr while a large trace loads)."""
-    from tracekit.report.report import write_report
+    from tracekit.render.report import write_report
 
     seen = []
     write_report(ZERO3_CUT, tmp_path / "r", step=seen.append)
@@ -177,7 +177,7 @@ def test_progress_steps_are_reported(tmp_path):
 def test_report_on_full_shared_trace(full_trace, tmp_path):
     """The issue's acceptance: the five figures and the summary on the full shared trace, the
     timeline iteration the median one, and its copy bytes equal to SQL on the trace."""
-    from tracekit.report.report import write_report
+    from tracekit.render.report import write_report
 
     res = write_report(full_trace, tmp_path / "r")
     assert res.iteration == 3  # walls 3159, 628, 674, 642 ms: median of the complete ones
@@ -210,7 +210,7 @@ def test_report_on_full_shared_trace(full_trace, tmp_path):
 def test_report_on_every_fixture(trace, tmp_path):
     """Every real fixture (DeepSpeed ranges or tracekit's own capture ranges) gives all figures,
     and figure 1's stacks add up to the iteration spans."""
-    from tracekit.report.report import write_report
+    from tracekit.render.report import write_report
 
     res = write_report(trace, tmp_path / "r")
     assert set(res.figures) == set(ONE_RANK)

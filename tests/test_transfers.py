@@ -9,11 +9,10 @@ import pytest
 from conftest import ZERO3_CUT
 from conftest import union_length_loop as loop_union
 
-from tracekit.analyze import (
-    contention, copy_sizes, findings, memory, opportunities, overlap, pageable, pcie_metrics, phases, throughput,
-)
-from tracekit.analyze.export import Export
-from tracekit.analyze.phases import PhaseModel
+from tracekit.analyze.sections import contention, copy_sizes, findings, memory, opportunities, overlap, pageable, pcie_metrics, throughput
+from tracekit.analyze.model import phases
+from tracekit.analyze.trace.export import Export
+from tracekit.analyze.model.phases import PhaseModel
 from tracekit.errors import MissingDataError
 
 STEP = "DeepSpeedZeroOptimizer_Stage3.step"
@@ -251,7 +250,7 @@ def test_update_idle_matches_loop(sql, em):
 
 
 def test_findings_name_the_problems_with_numbers(em):
-    from tracekit.analyze.transfers import analyze_transfers
+    from tracekit.analyze.sections.transfers import analyze_transfers
 
     e, m = em
     f = analyze_transfers(e, m).findings

@@ -7,9 +7,10 @@ import sqlite3
 import polars as pl
 import pytest
 
-from tracekit.analyze import memory, opportunities, overlap, pcie_metrics, phases
-from tracekit.analyze.export import Export
-from tracekit.analyze.transfers import analyze_transfers
+from tracekit.analyze.sections import memory, opportunities, overlap, pcie_metrics
+from tracekit.analyze.model import phases
+from tracekit.analyze.trace.export import Export
+from tracekit.analyze.sections.transfers import analyze_transfers
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.analyze import contention, overlap, throughput
-from tracekit.analyze.phases import PhaseModel
+from tracekit.analyze.sections import contention, overlap, throughput
+from tracekit.analyze.model.phases import PhaseModel
 
 T = 60
 G = 1 << 24

@@ -17,8 +17,8 @@ import pytest
 from conftest import ZERO3_CUT, run_cli
 from synthetic import SyntheticTrace, gtid
 
-from tracekit.analyze import phases
-from tracekit.analyze.export import Export
+from tracekit.analyze.model import phases
+from tracekit.analyze.trace.export import Export
 from tracekit.analyze.result import analyze_path
 
 MS = 1_000_000
@@ -193,8 +193,8 @@ def test_fixture_unclosed_last_step(tmp_path, form):
 
 
 def test_fixture_unclosed_left_out_of_report_and_compare(tmp_path):
-    from tracekit.report.compare import compare_data
-    from tracekit.report.data import ReportData
+    from tracekit.render.compare import compare_data
+    from tracekit.render.data import ReportData
 
     path, steps = _unclose(tmp_path, "duration")
     b = ReportData.load(path)
@@ -243,7 +243,7 @@ def test_report_md_names_the_unclosed_iteration(tmp_path):
 def test_synthetic_unclosed_step_mid_trace(tmp_path):
     """A step never popped with later iterations after it: its window stops at the next forward,
     the later phases stay their own windows, and its sub-phases tile the cut window (by hand)."""
-    from tracekit.analyze import breakdown
+    from tracekit.analyze.sections import breakdown
 
     t = SyntheticTrace()
     tid = gtid(1, MAIN)

@@ -7,8 +7,10 @@ import json
 import pytest
 from synthetic import SyntheticTrace
 
-from tracekit.analyze import advice, dsconfig, phases, whatif
-from tracekit.analyze.export import Export
+from tracekit.analyze.sections import advice, whatif
+from tracekit.analyze.trace import dsconfig
+from tracekit.analyze.model import phases
+from tracekit.analyze.trace.export import Export
 
 MS = 1_000_000
 B = 16 << 20  # bytes of the pageable copy-back and of the pinned copy of the same size

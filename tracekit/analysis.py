@@ -17,7 +17,7 @@ Every frame is a polars DataFrame; units: ns, bytes, GB/s = 1e9 B/s. Ranks are n
 ``pid`` and CUDA ``device`` (and distributed ``rank`` where the trace tells it), text (kernel,
 range, thread and API names) as text, never as string ids.
 
-Caching lives in the reading layer (:mod:`tracekit.analyze.cache`, beside the trace): a result
+Caching lives in the reading layer (:mod:`tracekit.analyze.trace.cache`, beside the trace): a result
 computed before for the same trace, options and tracekit code is read back; frames that the
 result does not hold (copies, kernels, sub-phases, ``frames``) are computed from the phase model
 when first asked for, and the model is built once per :class:`Analysis`.
@@ -39,10 +39,10 @@ __all__ = ["Analysis", "ManyAnalysis", "analyze", "analyze_many", "Options"]
 
 
 def _trace_cache(path: Path, options: Options):
-    """The trace's :class:`tracekit.analyze.cache.TraceCache` when caching is on and usable, else None."""
+    """The trace's :class:`tracekit.analyze.trace.cache.TraceCache` when caching is on and usable, else None."""
     if not (options.cache and path.is_file()):
         return None
-    from tracekit.analyze.cache import TraceCache
+    from tracekit.analyze.trace.cache import TraceCache
 
     try:
         tc = TraceCache(path)
@@ -86,12 +86,12 @@ def analyze(path: str | Path, options: Options | dict | None = None, **kwargs) -
         hit = tc.get_result(key)
         if hit is not None:
             return Analysis(path, opts, hit)
-    from tracekit.analyze.export import Export
+    from tracekit.analyze.trace.export import Export
     from tracekit.analyze.result import compute
 
     with Export.open(path, cache=tc if tc is not None else False) as export:
         if "pcie" in opts.sections:
-            from tracekit.analyze.pcie_metrics import prefetch_series
+            from tracekit.analyze.sections.pcie_metrics import prefetch_series
 
             prefetch_series(export)  # the GPU_METRICS scan overlaps the phase model and other sections
         result, parts = compute(export, opts)
@@ -117,7 +117,7 @@ class Analysis:
 
     @classmethod
     def of_export(cls, export, options: Options | dict | None = None, step=None) -> "Analysis":
-        """The analysis of an already open :class:`tracekit.analyze.export.Export` (``tracekit
+        """The analysis of an already open :class:`tracekit.analyze.trace.export.Export` (``tracekit
         report`` and ``compare`` keep the export open for their figures); no result cache.
         ``step(message)`` is called before each stage."""
         from tracekit.analyze.result import compute
@@ -132,7 +132,7 @@ class Analysis:
         if name == "model":
             return self.model
         if name not in self._parts:
-            from tracekit.analyze import breakdown
+            from tracekit.analyze.sections import breakdown
 
             if name == "table":
                 self._parts["table"] = breakdown.phase_table(self.model)
@@ -146,7 +146,7 @@ class Analysis:
 
     def advice_result(self) -> dict:
         """``config``, ``advice``, ``one_time_costs`` and ``predictions`` of the result
-        (:func:`tracekit.analyze.advice.advise`, docs/advice.md), as ``--json`` has them."""
+        (:func:`tracekit.analyze.sections.advice.advise`, docs/advice.md), as ``--json`` has them."""
         r = self._result
         return {k: r.get(k) for k in ("config", "advice", "one_time_costs", "predictions")}
 
@@ -163,7 +163,7 @@ class Analysis:
 
     def json_text(self) -> str:
         """Exactly the text ``tracekit analyze --json`` prints (rows one per line)."""
-        from tracekit.analyze.cache import format_json
+        from tracekit.analyze.trace.cache import format_json
 
         return format_json(self._result)
 
@@ -175,17 +175,17 @@ class Analysis:
     # ------------------------------------------------------------------ the model, once
     def _export(self):
         """Open the trace again (read-only, through the Parquet cache when caching is on)."""
-        from tracekit.analyze.export import Export
+        from tracekit.analyze.trace.export import Export
 
         tc = _trace_cache(self.path, self.options)
         return Export.open(self.path, cache=tc if tc is not None else False)
 
     @property
     def model(self):
-        """The :class:`tracekit.analyze.phases.PhaseModel` (windows, GPU operations, NVTX ranges),
+        """The :class:`tracekit.analyze.model.phases.PhaseModel` (windows, GPU operations, NVTX ranges),
         built when first needed (a result read from the cache holds none)."""
         if "model" not in self._parts:
-            from tracekit.analyze import phases
+            from tracekit.analyze.model import phases
 
             with self._export() as export:
                 pm = list(self.options.phase_map) if self.options.phase_map else None
@@ -207,12 +207,12 @@ class Analysis:
         ``iteration``). Columns: ``pid, device, rank`` (distributed rank or null),
         ``iteration, complete`` (of the iteration), then ``phase, micro_step, boundary,
         inferred, unclosed, start_ns, end_ns``, the metrics of
-        :data:`tracekit.analyze.breakdown.METRICS` (ns, bytes, counts), ``gpu_idle_share``
+        :data:`tracekit.analyze.sections.breakdown.METRICS` (ns, bytes, counts), ``gpu_idle_share``
         (0..1), ``h2d_gbps, d2h_gbps`` (GB/s)."""
         if "phases" not in self._memo:
             import polars as pl
 
-            from tracekit.analyze import breakdown
+            from tracekit.analyze.sections import breakdown
             from tracekit.analyze.result import PHASE_ROW_KEYS
 
             rows = []
@@ -245,13 +245,13 @@ class Analysis:
 
     def sub_phase_table(self, phase: str) -> "pl.DataFrame":
         """``phase`` broken down by sub-phase (innermost NVTX range; ``(none)`` = no range open), per
-        rank and iteration: :func:`tracekit.analyze.breakdown.sub_phase_table` with ``pid`` in place
+        rank and iteration: :func:`tracekit.analyze.sections.breakdown.sub_phase_table` with ``pid`` in place
         of ``global_pid``. Raises :class:`TracekitError` for an unknown phase."""
         if phase not in PHASES:
             raise TracekitError(f"phase {phase!r}: choose one of {', '.join(PHASES)}")
         subs = self._parts.setdefault("sub_phases", {})
         if phase not in subs:
-            from tracekit.analyze import breakdown
+            from tracekit.analyze.sections import breakdown
 
             subs[phase] = breakdown.sub_phase_table(self.model, phase)
         return subs[phase]
@@ -365,13 +365,13 @@ class Analysis:
         return self._memo["kernels"]
 
     def _transfers(self, sections: tuple[str, ...]):
-        """The :class:`tracekit.analyze.transfers.TransferResult` holding at least ``sections``:
+        """The :class:`tracekit.analyze.sections.transfers.TransferResult` holding at least ``sections``:
         the one computed with the result when it does, else computed now (once)."""
         for key in ("transfers", "more_transfers"):
             tr = self._parts.get(key)
             if tr is not None and set(sections) <= set(tr.sections):
                 return tr
-        from tracekit.analyze.transfers import analyze_transfers
+        from tracekit.analyze.sections.transfers import analyze_transfers
 
         with self._export() as export:
             tr = analyze_transfers(export, self.model, tuple(sections), self.options.pcie_threshold,
@@ -397,7 +397,7 @@ class Analysis:
 
     @property
     def frames(self) -> "dict[str, pl.DataFrame]":
-        """Every transfer section's frames by name (:data:`tracekit.analyze.transfers.SECTION_FRAMES`:
+        """Every transfer section's frames by name (:data:`tracekit.analyze.sections.transfers.SECTION_FRAMES`:
         ``overlap``, ``overlap_phase``, ..., ``memory_timeline``, ``pcie_series``) and the multi-GPU
         frames (``rank_ids``, host contention, communication, waiting ranks), ``global_pid``
         replaced by the OS ``pid``. Sections whose data the trace lacks are absent (see

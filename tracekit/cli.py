@@ -5,7 +5,7 @@ that the two layers stay apart:
 
 - ``analyze``, ``trim``        -> :mod:`tracekit.analyze.command`
 - ``capture``                  -> :mod:`tracekit.capture.command`
-- ``report``, ``compare``      -> :mod:`tracekit.report.command`
+- ``report``, ``compare``      -> :mod:`tracekit.render.report_command`
 
 Any :class:`tracekit.errors.TracekitError` becomes one line on stderr and its exit code;
 no traceback reaches the user.
@@ -51,7 +51,7 @@ def _root(
 def _register_all() -> None:
     from tracekit.analyze import command as analyze_command
     from tracekit.capture import command as capture_command
-    from tracekit.report import command as report_command
+    from tracekit.render import report_command
 
     analyze_command.register(app)
     capture_command.register(app)

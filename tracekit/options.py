@@ -26,13 +26,13 @@ class Options:
         phase: narrow the tables and JSON to one phase (of :data:`tracekit.vocab.PHASES`) and add
             its sub-phase breakdown; None = all phases.
         iteration: narrow to one iteration index (the findings too); None = all.
-        phase_map: ``PHASE=REGEX`` items on NVTX range names (:func:`tracekit.analyze.phases.build`).
+        phase_map: ``PHASE=REGEX`` items on NVTX range names (:func:`tracekit.analyze.model.phases.build`).
         gas: gradient accumulation steps, used only when updates must be inferred.
         sections: transfer sections shown in detail (:data:`SECTIONS`); the findings are
             computed whatever is selected.
         pcie_threshold: PCIe saturation threshold, % of the link (``pcie`` section), in (0, 100].
         bin_ms: bin width of the copy throughput timeline (``timeline`` section), ms, > 0.
-        ds_config: the run's DeepSpeed config as :func:`tracekit.analyze.dsconfig.load` returns
+        ds_config: the run's DeepSpeed config as :func:`tracekit.analyze.trace.dsconfig.load` returns
             it; None = the capture manifest beside the trace, if any.
         cache: keep and use the Parquet/result cache beside the trace (not part of the result).
 
@@ -103,9 +103,9 @@ class Options:
 
 
 def load_ds_config(trace: str | Path, ds_config: str | Path | None) -> dict | None:
-    """The ``ds_config`` option for ``trace``: :func:`tracekit.analyze.dsconfig.load` of the
+    """The ``ds_config`` option for ``trace``: :func:`tracekit.analyze.trace.dsconfig.load` of the
     given file, else of the manifest beside a trace file (None for a directory or glob)."""
-    from tracekit.analyze import dsconfig  # no polars
+    from tracekit.analyze.trace import dsconfig  # no polars
 
     if ds_config is not None or Path(trace).is_file():
         return dsconfig.load(Path(trace), Path(ds_config) if ds_config is not None else None)

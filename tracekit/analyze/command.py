@@ -42,9 +42,9 @@ def _cached_text(path: Path, options, fmt: str, wide: bool) -> tuple[str | None,
 
     if fmt == "json":
         return cached_result_text(path, options), None
-    from tracekit.analyze import multi
+    from tracekit.render import many as render_many
 
-    view, text = multi.cached_view(path, options, options.phase, wide=wide, fmt=fmt)
+    view, text = render_many.cached_view(path, options, options.phase, wide=wide, fmt=fmt)
     return text, None
 
 
@@ -54,20 +54,20 @@ def _print(a, fmt: str, wide: bool, store: bool) -> None:
     if fmt == "json":
         sys.stdout.write(a.json_text())  # rows one per line; fast on large results
         return
-    from tracekit.analyze import multi
+    from tracekit.render import many as render_many
 
-    text = multi.render_to_text(a, fmt, wide)
+    text = render_many.render_to_text(a, fmt, wide)
     sys.stdout.write(text)
     if store:
-        multi.store_view(a.path, a.options, multi.view_of(a.options.phase, wide, fmt), text)
+        render_many.store_view(a.path, a.options, render_many.view_of(a.options.phase, wide, fmt), text)
 
 
 def _write_out(a, out: Path, fmt: str) -> None:
     """``--out``: the files of one analysis; notes (sections skipped) and the summary line on stderr,
     so that stdout stays the table or the JSON."""
-    from tracekit.analyze import transfers
+    from tracekit.render.files import write_analysis
 
-    written = transfers.write_analysis(a, out, fmt)
+    written = write_analysis(a, out, fmt)
     for note in a.notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"wrote {len(written)} files to {out} ({a.path})", file=sys.stderr)
@@ -77,19 +77,20 @@ def _many(traces, options, out, out_format: str, fmt: str, wide: bool, jobs, das
     """Several traces (or a directory, a glob, Dask): :func:`tracekit.analysis.analyze_many`."""
     from tracekit.analysis import Analysis, analyze_many
     from tracekit.analyze import multi
+    from tracekit.render import many as render_many
 
     many = analyze_many(traces, options, jobs=jobs, dask=dask, expected_ranks=ranks)
     if out is not None:
-        from tracekit.analyze import transfers
+        from tracekit.render.files import frame_dirs
 
-        for a, dest in zip(many.traces, transfers.frame_dirs([a.path for a in many.traces], out)):
+        for a, dest in zip(many.traces, frame_dirs([a.path for a in many.traces], out)):
             _write_out(Analysis(a.path, a.options, a.to_json()), dest, out_format)
     if fmt == "json":
         multi.write_json(many.to_json(), sys.stdout)
     elif fmt in ("csv", "md"):
-        sys.stdout.write(multi.many_text(many, fmt))
+        sys.stdout.write(render_many.many_text(many, fmt))
     else:
-        multi.render_many(many.to_json(), wide=wide)
+        render_many.render_many(many.to_json(), wide=wide)
     failures = multi.failure_lines(many.to_json())
     if failures:  # every good trace is reported above; then the bad ones, one line each
         sys.stdout.flush()
@@ -103,7 +104,7 @@ def check_phase_map_regexes(items: list[str]) -> None:
     (polars, Rust's ``regex`` crate) rejects though Python's ``re`` accepts it: look-around
     (``(?<=x)``), backreferences (``\\1``), possessive quantifiers. The syntax is that of
     https://docs.rs/regex/latest/regex/#syntax. Items without ``=`` are left to
-    :func:`tracekit.analyze.phases.parse_phase_map`, which names them."""
+    :func:`tracekit.analyze.model.phases.parse_phase_map`, which names them."""
     import polars as pl
 
     for item in items:
@@ -118,6 +119,12 @@ def check_phase_map_regexes(items: list[str]) -> None:
                 f"--phase-map {item!r}: regular expression not supported by the matcher (Rust regex "
                 f"syntax: no look-around, no backreferences): {detail[:160]}"
             ) from None
+
+
+def _section_choices() -> str:
+    from tracekit.analyze.sections import choices_help  # the registry; no polars
+
+    return choices_help()
 
 
 def register(app: typer.Typer) -> None:
@@ -163,8 +170,8 @@ def register(app: typer.Typer) -> None:
         ] = None,
         section: Annotated[
             Optional[list[str]],
-            typer.Option("--section", help="transfer sections in detail, comma-separated: overlap, contention, "
-                         "sizes, pageable, memory, timeline, pcie, opportunities (docs/transfers.md)"),
+            typer.Option("--section", help="transfer sections in detail, comma-separated: "
+                         f"{_section_choices()} (docs/transfers.md)"),
         ] = None,
         all_sections: Annotated[bool, typer.Option("--all", help="every transfer section")] = False,
         pcie_threshold: Annotated[
@@ -191,13 +198,12 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Break a DeepSpeed run into iterations and phases: time, GPU busy/idle, H2D/D2H copies."""
-        from tracekit.analyze import multi
         from tracekit.analyze import sections as transfer_sections  # no polars: a cached result needs none
         from tracekit.options import Options, load_ds_config
 
         fmt = _output_format(out_format, out, as_json)
         if out is not None:  # before any analysis (issue 9, item 22)
-            from tracekit.analyze.transfers import check_out
+            from tracekit.render.files import check_out
 
             check_out(out, out_format or "csv")
         if jobs is not None and jobs < 1:
@@ -247,7 +253,7 @@ def register(app: typer.Typer) -> None:
         force: Annotated[bool, typer.Option(help="overwrite DST")] = False,
     ) -> None:
         """Write a smaller valid export holding only the given iterations (for fixtures)."""
-        from tracekit.analyze.trim import trim
+        from tracekit.analyze.trace.trim import trim
 
         out = trim(src, dst, iterations, drop=drop, keep_metrics=keep_metrics, force=force, time_range=time_range)
         t0, t1 = out["window_ns"]

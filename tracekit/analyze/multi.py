@@ -11,7 +11,7 @@ export holds one, a per-node export one per GPU process.
 
 Dask workers must see the traces at the same absolute paths as the client (a shared file
 system); each worker opens its traces read-only and keeps their Parquet caches beside them
-like a local run (:mod:`tracekit.analyze.cache`).
+like a local run (:mod:`tracekit.analyze.trace.cache`).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def rank_numbers(paths: list[Path]) -> list[int | None]:
 
 
 # ---------------------------------------------------------------------- one trace
-def _options_dict(options) -> dict:
+def options_dict(options) -> dict:
     """The fields of :class:`tracekit.options.Options` that key a result, from an Options or a dict."""
     from tracekit.options import Options
 
@@ -406,68 +406,6 @@ def summarize_ranks(
     }
 
 
-# ---------------------------------------------------------------------- terminal
-def render_many(out: dict, console=None, wide: bool = False) -> None:
-    """Print the per-rank table and the summary across ranks of :func:`analyze_many`'s dict
-    (rich tables of :func:`tracekit.analyze.terminal.terminal_width`; ms = 1e6 ns)."""
-    from tracekit.analyze.terminal import add_num_column, make_console, new_table
-    from tracekit.vocab import fmt_ms
-
-    console = console or make_console(wide)
-    s = out["summary"]
-
-    def ms(v):
-        return fmt_ms(v, 1)
-
-    t = new_table(f"{s['ranks']} ranks in {s['traces']} traces (phase times summed over iterations, ms)", wide)
-    t.add_column("trace", overflow="fold")
-    for col in ("rank", "pid", "dev", "iters", "mean iter", *PHASES):
-        add_num_column(t, col)
-    for r in s["rank_rows"]:
-        label = r["rank"] if r["rank"] is not None else r["node"]
-        t.add_row(
-            Path(r["trace"]).name,
-            "" if label is None else str(label),
-            str(r["pid"]),
-            str(r["device"]),
-            str(r["iterations"]),
-            ms(r["mean_iteration_ns"]),
-            *(ms(r["phase_ns"].get(p)) for p in PHASES),
-        )
-    console.print(t)
-    if s["per_phase"]:
-        t = new_table("Across ranks (ms)", wide)
-        t.add_column("phase")
-        for col in ("min", "mean", "max", "spread", "spread %"):
-            add_num_column(t, col)
-        t.add_column("slowest", overflow="fold")
-        for phase, v in s["per_phase"].items():
-            who = v["slowest"]
-            t.add_row(
-                phase, ms(v["min_ns"]), ms(v["mean_ns"]), ms(v["max_ns"]), ms(v["spread_ns"]),
-                "" if v["spread_share"] is None else f"{100 * v['spread_share']:.1f}%",
-                f"{Path(who['trace']).name} pid {who['pid']}",
-            )
-        console.print(t)
-    if s["slowest_rank"]:
-        w = s["slowest_rank"]
-        console.print(
-            f"slowest rank: {Path(w['trace']).name} pid {w['pid']} device {w['device']} "
-            f"({ms(w['mean_iteration_ns'])} ms per iteration)"
-        )
-    if s["missing_ranks"]:
-        console.print(f"[bold red]missing ranks:[/] {', '.join(map(str, s['missing_ranks']))}")
-    for w in s["ranks_without_iterations"]:
-        console.print(f"[yellow]no iterations:[/] {Path(w['trace']).name} pid {w['pid']}")
-    for r in s["rank_rows"]:
-        if r.get("unclosed_iterations"):
-            from tracekit.textsafe import text
-
-            its = ", ".join(map(str, r["unclosed_iterations"]))
-            console.print(text(f"{Path(r['trace']).name} pid {r['pid']}: iteration {its} left out of the table "
-                               "above (a phase range never closed; see tracekit analyze on that trace)"))
-
-
 def failure_lines(out: dict) -> list[str]:
     """One line per trace of :func:`analyze_many`'s dict that could not be analyzed, then one
     line saying how many failed of how many (empty when none failed). Plain text, for stderr."""
@@ -484,9 +422,9 @@ def failure_lines(out: dict) -> list[str]:
 
 # ---------------------------------------------------------------------- JSON output
 def write_json(obj, fh, indent: int = 1) -> None:
-    """Write ``obj`` as JSON to ``fh`` in the layout of :func:`tracekit.analyze.cache.format_json`
+    """Write ``obj`` as JSON to ``fh`` in the layout of :func:`tracekit.analyze.trace.cache.format_json`
     (containers indented, rows one per line; many times faster than ``json.dump(indent=...)``)."""
-    from tracekit.analyze.cache import format_json
+    from tracekit.analyze.trace.cache import format_json
 
     fh.write(format_json(obj, indent))
 
@@ -498,85 +436,3 @@ def cached_json(path: str | Path, options=None) -> str | None:
     from tracekit.options import Options
 
     return cached_result_text(path, Options.of(options))
-
-
-# ---------------------------------------------------------------------- cached terminal output
-def view_of(phase: str | None, wide: bool = False, fmt: str = "table") -> dict | None:
-    """How :func:`tracekit.analyze.render.render` would draw on this stdout
-    (:func:`tracekit.analyze.terminal.view`: width, colours, NO_COLOR, terminal or not, wide,
-    format) and the phase: the key of a cached rendering; None when stdout is not UTF-8 (rich
-    then picks other characters, which a cached text could not honour)."""
-    enc = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "")
-    if enc != "utf8":
-        return None
-    from tracekit.analyze.terminal import view
-
-    return {**view(wide, fmt), "phase": phase}
-
-
-def cached_view(path: str | Path, options, phase: str | None, wide: bool = False,
-                fmt: str = "table") -> tuple[dict | None, str | None]:
-    """(view, text): the output stored for ``path``, ``options`` and this stdout's view
-    (:func:`view_of`), or None as text. The entry shares the result's key, so it goes stale
-    with it (trace changed, tracekit edited)."""
-    view = view_of(phase, wide, fmt)
-    path = Path(path)
-    if view is None or not path.is_file():
-        return view, None
-    from tracekit.analyze.cache import TraceCache
-
-    try:
-        tc = TraceCache(path)
-    except OSError:
-        return view, None
-    return view, tc.get_text(tc.result_key(_options_dict(options), str(path)) + "-" + _view_key(view))
-
-
-def _view_key(view: dict) -> str:
-    import hashlib
-    import json
-
-    return hashlib.sha1(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def render_to_text(analysis, fmt: str = "table", wide: bool = False) -> str:
-    """What ``tracekit analyze`` prints for :class:`tracekit.analysis.Analysis` ``analysis`` in
-    ``fmt`` (table: ANSI styles included when stdout is a colour terminal; csv; md)."""
-    from tracekit.analyze import render
-
-    return render.render_text(analysis, fmt, wide)
-
-
-def store_view(path: str | Path, options, view: dict | None, text: str) -> None:
-    """Keep ``text`` (the output for ``view``) in the trace's cache; errors ignored."""
-    if view is None:
-        return
-    from tracekit.analyze.cache import TraceCache
-
-    try:
-        tc = TraceCache(path)
-    except OSError:
-        return
-    tc.put_text(tc.result_key(_options_dict(options), str(path)) + "-" + _view_key(view), text)
-
-
-def many_text(many, fmt: str) -> str:
-    """``--format csv|md`` for several traces: the per-rank rows of the summary
-    (:func:`rank_rows`; ms = 1e6 ns in md, ns in csv)."""
-    import polars as pl
-
-    rows = many.summary["rank_rows"]
-    flat = [{"trace": r["trace"], "rank": r["rank"] if r["rank"] is not None else r["node"], "pid": r["pid"],
-             "device": r["device"], "iterations": r["iterations"], "mean_iteration_ns": r["mean_iteration_ns"],
-             **{f"{p}_ns": r["phase_ns"].get(p, 0) for p in PHASES}} for r in rows]
-    f = pl.DataFrame(flat, infer_schema_length=None)
-    if fmt == "csv":
-        return f.write_csv()
-    from tracekit.analyze.render import markdown_table
-    from tracekit.vocab import fmt_ms
-
-    head = ["trace", "rank", "pid", "dev", "iters", "mean iter ms", *[f"{p} ms" for p in PHASES]]
-    body = [[Path(r["trace"]).name, "" if r["rank"] is None else str(r["rank"]), str(r["pid"]), str(r["device"]),
-             str(r["iterations"]), fmt_ms(r["mean_iteration_ns"], 1), *[fmt_ms(r[f"{p}_ns"], 1) for p in PHASES]]
-            for r in flat]
-    return markdown_table(head, body, right=range(1, len(head)))

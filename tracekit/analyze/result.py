@@ -6,7 +6,7 @@ Shape (times in ns, sizes in bytes, rates in GB/s = 1e9 B/s)::
      "phase_source": {pid: "tracekit"|"DeepSpeed"|"phase-map"|"none"[+"+inferred-update"]},
      "nvtx_anomalies": {"unclosed_ranges": int, "start_end_ranges": int, "marks": int,
                         "cross_thread_ranges": int},
-     "gpu_op_anomalies": {KIND_REASON: int},  # rows set aside (tracekit.analyze.gpu_ops.SET_ASIDE_REASONS)
+     "gpu_op_anomalies": {KIND_REASON: int},  # rows set aside (tracekit.analyze.model.gpu_ops.SET_ASIDE_REASONS)
      "ranks": [{"pid": int, "device": int,
                 "iterations": [{"index": int, "complete": bool, "unclosed": bool,
                                 "phases": [{"phase": str, "micro_step": int|null,
@@ -24,7 +24,7 @@ Shape (times in ns, sizes in bytes, rates in GB/s = 1e9 B/s)::
 
 An iteration is ``complete`` when it has an update and none of its phase windows comes from
 an NVTX range that never closed. Such a window (``unclosed``: true) ends at the process's last
-recorded activity instead of the range's end (``tracekit.analyze.phases.set_aside_unclosed``);
+recorded activity instead of the range's end (``tracekit.analyze.model.phases.set_aside_unclosed``);
 ``incomplete_iterations`` lists each with the reason. ``totals`` still sum every window (they
 are totals); steady-state figures (findings, ``tracekit report`` key numbers, ``compare``)
 leave these iterations out.
@@ -34,18 +34,18 @@ iterations. ``sub_phases`` is present for the phase asked with ``--phase``.
 
 Transfer analyses (docs/transfers.md): each rank gets ``"transfers": {SECTION: {FRAME: [rows]}}``
 for the sections selected in :class:`Options` (frames of
-:func:`tracekit.analyze.transfers.analyze_transfers`, without ``global_pid``/``device``), and
+:func:`tracekit.analyze.sections.transfers.analyze_transfers`, without ``global_pid``/``device``), and
 the top level ``"findings": [{"topic", "pid", "device", "phase", "text", "values"}]`` and
 ``"transfer_notes": [str]`` (sections skipped for missing data, with the nsys option).
 
-Many GPUs (issue 12, :mod:`tracekit.analyze.multi_gpu`): ranks are listed by distributed rank
+Many GPUs (issue 12, :mod:`tracekit.analyze.sections.multi_gpu`): ranks are listed by distributed rank
 and carry ``"rank", "local_rank", "world", "host"``; phase rows and totals carry ``comm_busy_ns``
 and ``comm_count`` (communication kernels, apart from ``kernel_busy_ns``); top level
 ``"rank_order"``, ``"hosts": [{"host", "host_contention": {"devices", "concurrent_ns", "h2d_ns",
 "d2h_ns", "mixed_ns", "windows", ...}}]`` and ``"waiting_ranks"``.
 With ``--iteration N`` the findings cover that iteration only.
 
-Advice (docs/advice.md, :mod:`tracekit.analyze.advice`): top level ``"config": {"source",
+Advice (docs/advice.md, :mod:`tracekit.analyze.sections.advice`): top level ``"config": {"source",
 "path", "versions", "gpus", "note", "settings": [{"key", "value", "source": "config"|"default"|
 "trace", "how"}]}``, ``"advice": [{"problem", "knob", "change", "baseline_iteration_ms",
 "predicted_iteration_ms", "saving_ms_per_iteration", "saving_pct", "basis", "confidence",
@@ -54,7 +54,7 @@ first), ``"one_time_costs": [{"problem", "total_ms", "knob", "change", "pid", "d
 ``"predictions": [{"pid", "device", "scenario", "applicable", "baseline_ns", "predicted_ns",
 "saving_ns", "basis", "confidence", ...}]`` (every what-if scenario, applicable or not).
 
-The CPU optimizer step wherever it ran (:mod:`tracekit.analyze.cpu_update`, issue 15): each
+The CPU optimizer step wherever it ran (:mod:`tracekit.analyze.sections.cpu_update`, issue 15): each
 iteration has ``"cpu_update": {"busy_ns", "hidden_ns", "exposed_ns", "overlapped_ns",
 "wait_ns", "hidden_by_phase": {phase: ns}, "overlapped_by_phase": {phase: ns},
 "exposed_basis", "ranges", "worker_ranges", "workers": [OS pid]}`` (null for a rank without
@@ -69,8 +69,9 @@ from pathlib import Path
 
 import polars as pl
 
-from tracekit.analyze import breakdown, phases
-from tracekit.analyze.export import Export
+from tracekit.analyze.sections import breakdown
+from tracekit.analyze.model import phases
+from tracekit.analyze.trace.export import Export
 from tracekit.errors import TracekitError
 from tracekit.options import Options  # the one Options of every command, importable from here too
 from tracekit.vocab import PHASE_ORDER, json_number, os_pid, phase_rank
@@ -115,7 +116,7 @@ def compute(export: Export, options: Options, step=None) -> tuple[dict, dict]:
     sub = breakdown.sub_phase_table(model, options.phase) if options.phase else pl.DataFrame()
     full_sub = sub
     step("transfers, findings and advice")
-    from tracekit.analyze import transfers
+    from tracekit.analyze.sections import transfers
 
     tr = transfers.analyze_transfers(export, model, tuple(options.sections or ()), options.pcie_threshold,
                                      options.bin_ns)
@@ -130,8 +131,8 @@ def compute(export: Export, options: Options, step=None) -> tuple[dict, dict]:
         if sub.height:
             sub = sub.filter(pl.col("iteration") == options.iteration)
     ranks = []
-    from tracekit.analyze import cpu_update
-    from tracekit.analyze.multi_gpu import rank_index, to_json
+    from tracekit.analyze.sections import cpu_update
+    from tracekit.analyze.sections.multi_gpu import rank_index, to_json
 
     cu = cpu_update.for_model(model, export.path)  # the CPU optimizer step, also in worker processes
 
@@ -190,7 +191,7 @@ def compute(export: Export, options: Options, step=None) -> tuple[dict, dict]:
 
 def _incomplete(model: phases.PhaseModel) -> list[dict]:
     """``incomplete_iterations`` of the result: one dict per window cut because its NVTX range
-    never closed (:attr:`tracekit.analyze.phases.PhaseModel.unclosed`)."""
+    never closed (:attr:`tracekit.analyze.model.phases.PhaseModel.unclosed`)."""
     return [
         {"pid": os_pid(r["global_pid"]), "iteration": r["iteration"], "phase": r["phase"],
          "micro_step": r["micro_step"], "range": r["name"], "form": r["form"], "reason": r["reason"],
@@ -202,9 +203,10 @@ def _incomplete(model: phases.PhaseModel) -> list[dict]:
 def _advice_and_findings(export: Export, model, tr, options: Options) -> dict:
     """``findings`` (scoped to ``options.iteration``, the update's CPU steps named), and
     ``config``, ``advice``, ``one_time_costs``, ``predictions`` of
-    :func:`tracekit.analyze.advice.advise` (docs/advice.md); per rank, per steady iteration."""
-    from tracekit.analyze import advice, dsconfig
-    from tracekit.analyze.findings import name_cpu_steps
+    :func:`tracekit.analyze.sections.advice.advise` (docs/advice.md); per rank, per steady iteration."""
+    from tracekit.analyze.sections import advice
+    from tracekit.analyze.trace import dsconfig
+    from tracekit.analyze.sections.findings import name_cpu_steps
 
     loaded = options.ds_config if options.ds_config is not None else dsconfig.load(export.path)
     adv = advice.advise(export, model, loaded)
@@ -212,8 +214,8 @@ def _advice_and_findings(export: Export, model, tr, options: Options) -> dict:
     findings = _scoped_findings(export, model, tr, options)
     if options.iteration is None:  # the steps are means over steady iterations: same basis only
         findings = name_cpu_steps(findings, steps)
-    from tracekit.analyze import cpu_update
-    from tracekit.analyze.findings import cpu_update_findings
+    from tracekit.analyze.sections import cpu_update
+    from tracekit.analyze.sections.findings import cpu_update_findings
 
     findings = cpu_update_findings(findings, cpu_update.for_model(model, export.path), options.iteration)
     return {"findings": findings, **adv}
@@ -223,7 +225,7 @@ def _scoped_findings(export: Export, model, tr, options: Options) -> list[dict]:
     """The findings, narrowed to ``options.iteration`` when one is asked for."""
     if options.iteration is None:
         return tr.findings
-    from tracekit.analyze.findings import iteration_findings
+    from tracekit.analyze.sections.findings import iteration_findings
 
     return iteration_findings(export, model, options.iteration, options.pcie_threshold)
 

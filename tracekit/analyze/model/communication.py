@@ -1,0 +1,118 @@
+"""Kernels classified as communication (collectives, point-to-point) or compute (issue 12).
+
+A kernel is **communication** when its name (``demangledName``, else ``shortName``, from
+``StringIds``) matches :data:`COMM_PATTERN`: NCCL's device kernels (``ncclDevKernel_*``,
+``ncclKernel_*``, any name containing ``nccl``), PyTorch's ``c10d`` kernels, and the
+all-reduce / all-gather / reduce-scatter / all-to-all kernels of other libraries
+(``one_shot_all_reduce``, ``cross_device_reduce``, ``AllGather``, ...). Everything else is
+**compute**. The test is on names only; a plain ``gather`` or ``reduce_kernel`` (an index
+gather, a tensor reduction) is compute.
+
+Where a communication kernel is counted (see :mod:`tracekit.analyze.sections.breakdown` and
+:mod:`tracekit.analyze.sections.overlap`): ``kernel_busy_ns``, GPU idle and copy/compute overlap count
+compute kernels only (an NCCL kernel that spins waiting for a peer is not work the GPU does
+for the model); communication has its own ``comm_busy_ns`` / ``comm_count`` and, for copies,
+``*_comm_overlap_ns``.
+
+The collective's **kind** (:func:`collective_kind`) is read from the name too: ``AllReduce``,
+``AllGather``, ``ReduceScatter``, ``Broadcast``, ``Reduce``, ``AllToAll``, ``SendRecv``,
+``Send``, ``Recv``, else ``other``; :mod:`tracekit.analyze.sections.waiting_ranks` matches collectives
+across ranks by kind and order.
+"""
+
+from __future__ import annotations
+
+import re
+
+import polars as pl
+
+#: Names of communication kernels (case-insensitive ``re.search``).
+COMM_PATTERN = (
+    r"(?i)nccl|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|cross_device_reduce|"
+    r"custom_?all_?reduce|msccl|rccl"
+)
+
+_KINDS = [
+    ("AllReduce", r"all_?reduce|cross_device_reduce"),
+    ("AllGather", r"all_?gather"),
+    ("ReduceScatter", r"reduce_?scatter"),
+    ("AllToAll", r"all_?to_?all"),
+    ("SendRecv", r"send_?recv"),
+    ("Broadcast", r"broadcast|bcast"),
+    ("Send", r"send"),
+    ("Recv", r"recv"),
+    ("Reduce", r"reduce"),
+]
+
+
+def is_communication(name: str | None) -> bool:
+    """True when the kernel name ``name`` matches :data:`COMM_PATTERN`."""
+    return bool(name) and re.search(COMM_PATTERN, name) is not None
+
+
+def collective_kind(name: str | None) -> str | None:
+    """The collective a communication kernel performs (see module doc); None for compute."""
+    if not is_communication(name):
+        return None
+    low = name.lower()
+    # NCCL: ncclDevKernel_AllGather_RING_LL(...), ncclKernel_AllReduce_...: the word after the prefix
+    m = re.search(r"nccl(?:dev)?kernel_([a-z]+)", low)
+    head = m.group(1) if m else low
+    for kind, pat in _KINDS:
+        if re.search(pat, head):
+            return kind
+    for kind, pat in _KINDS:
+        if re.search(pat, low):
+            return kind
+    return "other"
+
+
+def classify_names(names: dict[int, str]) -> pl.DataFrame:
+    """Classify kernel names given as {StringIds id: name}.
+
+    Returns ``name_id`` (Int64), ``comm`` (bool), ``collective`` (String, null for compute).
+    """
+    ids = list(names)
+    return pl.DataFrame(
+        {
+            "name_id": pl.Series(ids, dtype=pl.Int64),
+            "comm": pl.Series([is_communication(names[i]) for i in ids], dtype=pl.Boolean),
+            "collective": pl.Series([collective_kind(names[i]) for i in ids], dtype=pl.String),
+        }
+    )
+
+
+def annotate(ops: pl.DataFrame, names: dict[int, str]) -> pl.DataFrame:
+    """``ops`` (frame of :func:`tracekit.analyze.model.gpu_ops.load_gpu_ops`) with ``comm`` (bool:
+    a communication kernel) and ``collective`` (its kind, null otherwise); copies and memsets
+    are never communication. ``names``: {name_id: kernel name}."""
+    ops = ops.drop([c for c in ("comm", "collective") if c in ops.columns])
+    cls = classify_names(names)
+    out = ops.join(cls, on="name_id", how="left")
+    is_k = pl.col("kind") == "kernel"
+    return out.with_columns(
+        comm=(is_k & pl.col("comm").fill_null(False)),
+        collective=pl.when(is_k).then(pl.col("collective")).otherwise(None),
+    )
+
+
+def comm_expr() -> pl.Expr:
+    """``True`` for communication kernels of a frame with the ``comm`` column; frames of an
+    older model without it count every kernel as compute."""
+    return pl.col("comm").fill_null(False)
+
+
+def kernel_frames(ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(compute kernels, communication kernels) of an ops frame; without a ``comm`` column all
+    kernels are compute."""
+    k = ops.filter(pl.col("kind") == "kernel")
+    if "comm" not in k.columns:
+        return k, k.head(0)
+    return k.filter(~comm_expr()), k.filter(comm_expr())
+
+
+def compute_ops(ops: pl.DataFrame) -> pl.DataFrame:
+    """``ops`` without communication kernels (what GPU idle counts as activity)."""
+    if "comm" not in ops.columns:
+        return ops
+    return ops.filter(~comm_expr())

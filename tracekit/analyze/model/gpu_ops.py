@@ -1,0 +1,196 @@
+"""GPU operations (kernels, memcpy, memset) joined with the CUDA API call that launched them.
+
+The launch is found by joining ``CUPTI_ACTIVITY_KIND_RUNTIME`` on ``correlationId`` within the
+process (runtime rows carry ``globalTid``; the process is the thread id with its low 24 bits
+cleared). Operations without a runtime record (tracing of the API off, or the call fell
+outside the capture) fall back to their GPU start as launch time and have no launching thread.
+
+Rows that cannot be placed or summed are set aside, counted and reported (issue 9, d04/d18),
+never used: a NULL ``start`` or ``end``, a NULL ``globalPid``, ``end < start``, negative
+``bytes``, and ``bytes`` above :data:`MAX_PLAUSIBLE_BYTES` (a forged 9.2e18 would wrap the
+int64 sums). The counts land in ``Export.set_aside`` under ``KIND_REASON`` keys
+(:data:`SET_ASIDE_REASONS`); a table whose every row is set aside is an error.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracekit.analyze.trace.export import Export, global_pid, quote_ident
+from tracekit.errors import TracekitError
+
+#: One copy or memset of more than this many bytes (1 PB, 1e15 B) is not real: no GPU or host
+#: holds that much; such rows are set aside, which also keeps the byte sums far from int64's end.
+MAX_PLAUSIBLE_BYTES = 10**15
+
+#: Why a GPU-operation row is set aside, in the order tested (a row counts under the first):
+#: reason -> the words of the report.
+SET_ASIDE_REASONS = {
+    "without_time": "NULL start or end",
+    "without_process": "NULL globalPid",
+    "end_before_start": "end before start",
+    "negative_bytes": "negative bytes",
+    "implausible_bytes": f"bytes above {MAX_PLAUSIBLE_BYTES:.0e}",
+}
+_TABLES = {"kernel": "CUPTI_ACTIVITY_KIND_KERNEL", "memcpy": "CUPTI_ACTIVITY_KIND_MEMCPY",
+           "memset": "CUPTI_ACTIVITY_KIND_MEMSET"}
+
+#: Columns of :func:`load_gpu_ops`.
+GPU_OP_COLUMNS = {
+    "kind": "kernel | memcpy | memset",
+    "start": "GPU start, ns",
+    "end": "GPU end, ns",
+    "global_pid": "process (nsys globalPid)",
+    "device": "deviceId",
+    "stream": "streamId",
+    "correlation_id": "CUPTI correlationId",
+    "bytes": "bytes moved or set (0 for kernels)",
+    "direction": "H2D, D2H, D2D, P2P, ... for memcpy; null otherwise",
+    "src_kind": "memcpy source memory kind (pageable, pinned, device, ...)",
+    "dst_kind": "memcpy destination memory kind",
+    "name_id": "kernel demangledName / shortName string id (null for copies)",
+    "launch": "start of the launching CUDA API call, ns (GPU start when unknown)",
+    "api_end": "end of the launching CUDA API call, ns (null when unknown)",
+    "api_name_id": "string id of the API function (e.g. cudaMemcpyAsync)",
+    "launch_tid": "globalTid of the launching thread (null when unknown)",
+    "comm": "communication kernel (NCCL and the like, by name; tracekit.analyze.model.communication)",
+    "collective": "collective kind of a communication kernel (AllReduce, SendRecv, ...), else null",
+}
+
+_SCHEMA = {
+    "kind": pl.String,
+    "start": pl.Int64,
+    "end": pl.Int64,
+    "global_pid": pl.Int64,
+    "device": pl.Int64,
+    "stream": pl.Int64,
+    "correlation_id": pl.Int64,
+    "bytes": pl.Int64,
+    "copy_kind": pl.Int64,
+    "src_kind_id": pl.Int64,
+    "dst_kind_id": pl.Int64,
+    "name_id": pl.Int64,
+}
+
+
+def _load_table(export: Export, table: str, kind: str) -> pl.DataFrame:
+    cols = set(export.columns(table))
+    if not cols:
+        return pl.DataFrame(schema=_SCHEMA)
+
+    def col(name: str, fallback: str = "NULL") -> str:
+        return f'"{name}"' if name in cols else fallback
+
+    name = col("demangledName", col("shortName"))
+    sql = f"""SELECT '{kind}' AS kind, start, "end", {col('globalPid')} AS global_pid,
+                     {col('deviceId')} AS device, {col('streamId')} AS stream,
+                     {col('correlationId')} AS correlation_id, {col('bytes', '0')} AS bytes,
+                     {col('copyKind')} AS copy_kind, {col('srcKind')} AS src_kind_id,
+                     {col('dstKind')} AS dst_kind_id,
+                     {name if kind == 'kernel' else 'NULL'} AS name_id
+              FROM {quote_ident(table)}"""
+    return export.query(sql, schema=_SCHEMA)
+
+
+def load_gpu_ops(export: Export) -> pl.DataFrame:
+    """Kernels, memcpys and memsets of the whole trace, one row each, sorted by GPU start.
+
+    Returns a frame with the columns of :data:`GPU_OP_COLUMNS` (all times in ns, ``bytes`` in
+    bytes). An export without CUDA tables gives an empty frame; callers that need GPU work
+    call ``export.require("CUPTI_ACTIVITY_KIND_KERNEL", ...)`` first.
+
+    Rows set aside (see the module doc) are counted in ``export.set_aside``
+    (``{KIND}_{REASON}``: int, every kind and reason present). Raises :class:`TracekitError`
+    when every row of a non-empty table is set aside, or when the bytes of all operations
+    sum beyond what int64 holds.
+    """
+    parts = [set_aside(export, _load_table(export, table, kind), kind) for kind, table in _TABLES.items()]
+    ops = pl.concat(parts)
+    if ops.height and float(ops["bytes"].cast(pl.Float64).sum()) >= 2.0**62:
+        raise TracekitError(
+            f"{export.path}: the copies and memsets add up to more than 4.6e18 bytes, beyond what "
+            "tracekit's int64 sums hold; the export is damaged or was edited"
+        )
+    copy_labels = export.enum_labels("copy")
+    mem_labels = export.enum_labels("mem")
+    ops = ops.with_columns(
+        direction=pl.col("copy_kind").replace_strict(copy_labels, default=None, return_dtype=pl.String),
+        src_kind=pl.col("src_kind_id").replace_strict(mem_labels, default=None, return_dtype=pl.String),
+        dst_kind=pl.col("dst_kind_id").replace_strict(mem_labels, default=None, return_dtype=pl.String),
+        bytes=pl.col("bytes").fill_null(0),
+    )
+    runtime = load_runtime(export)
+    if runtime.height:
+        ops = ops.join(runtime, on=["global_pid", "correlation_id"], how="left")
+    else:
+        ops = ops.with_columns(
+            api_start=pl.lit(None, pl.Int64),
+            api_end=pl.lit(None, pl.Int64),
+            api_name_id=pl.lit(None, pl.Int64),
+            launch_tid=pl.lit(None, pl.Int64),
+        )
+    ops = ops.with_columns(launch=pl.coalesce("api_start", "start"))
+    from tracekit.analyze.model.communication import annotate
+
+    kernel_ids = ops.filter(pl.col("kind") == "kernel")["name_id"].drop_nulls().unique().to_list()
+    ops = annotate(ops, export.strings(kernel_ids))
+    return ops.select(list(GPU_OP_COLUMNS)).sort("start")
+
+
+def set_aside(export: Export, ops: pl.DataFrame, kind: str) -> pl.DataFrame:
+    """``ops`` (rows of one table, :func:`_load_table`) without the rows that cannot be used,
+    counting them per reason in ``export.set_aside[f"{kind}_{reason}"]``.
+
+    Raises :class:`TracekitError` naming the table and the columns when every row is set aside.
+    """
+    b = pl.col("bytes").fill_null(0)
+    conds = {
+        "without_time": pl.col("start").is_null() | pl.col("end").is_null(),
+        "without_process": pl.col("global_pid").is_null(),
+        "end_before_start": pl.col("end") < pl.col("start"),
+        "negative_bytes": b < 0,
+        "implausible_bytes": b > MAX_PLAUSIBLE_BYTES,
+    }
+    reason = pl.lit(None, pl.String)
+    for name in reversed(list(conds)):  # the first matching condition wins
+        reason = pl.when(conds[name]).then(pl.lit(name)).otherwise(reason)
+    tagged = ops.with_columns(_reason=reason)
+    counts = dict.fromkeys(conds, 0)
+    for name, n in tagged.group_by("_reason").len().iter_rows():
+        if name is not None:
+            counts[name] = int(n)
+    for name, n in counts.items():
+        export.set_aside[f"{kind}_{name}"] = n
+    dropped = sum(counts.values())
+    if ops.height and dropped == ops.height:
+        why = ", ".join(f"{SET_ASIDE_REASONS[k]}: {n:,}" for k, n in counts.items() if n)
+        raise TracekitError(
+            f"{export.path}: every one of the {ops.height:,} rows of {_TABLES[kind]} is unusable "
+            f"({why}); no GPU operation of this kind can be placed in time; the export is damaged "
+            "or was edited: export it again with `nsys export --type sqlite REPORT.nsys-rep`"
+        )
+    return tagged.filter(pl.col("_reason").is_null()).drop("_reason") if dropped else ops
+
+
+def load_runtime(export: Export) -> pl.DataFrame:
+    """CUDA runtime calls that have a correlation id: ``global_pid, correlation_id, api_start,
+    api_end, api_name_id, launch_tid`` (ns). Calls with correlation id 0 launch nothing."""
+    cols = set(export.columns("CUPTI_ACTIVITY_KIND_RUNTIME"))
+    schema = {
+        "correlation_id": pl.Int64,
+        "api_start": pl.Int64,
+        "api_end": pl.Int64,
+        "api_name_id": pl.Int64,
+        "launch_tid": pl.Int64,
+    }
+    if not {"correlationId", "globalTid", "start"} <= cols:
+        return pl.DataFrame(schema=schema | {"global_pid": pl.Int64})
+    name = "nameId" if "nameId" in cols else "NULL"
+    rt = export.query(
+        f"""SELECT correlationId, start, "end", {name}, globalTid
+            FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId > 0""",
+        schema=schema,
+    )
+    rt = rt.with_columns(global_pid=global_pid(pl.col("launch_tid")))
+    # correlation ids are unique per process; keep the first should an export repeat one
+    return rt.unique(subset=["global_pid", "correlation_id"], keep="first", maintain_order=False)

@@ -1,0 +1,203 @@
+"""NVTX ranges of an export: names, domains, nesting, and what does not fit the push/pop model.
+
+A range's name is ``NVTX_EVENTS.text`` when set, else ``StringIds[textId]`` (both occur in
+one file, depending on the NVTX API and domain). Domain names come from the
+``NvtxDomainCreate`` rows (eventType 75, ``text`` = name, ``domainId``); domain 0 is the
+default domain and is called ``""``.
+
+Anomalies that are counted and set aside rather than trusted (:func:`anomalies`):
+ranges that never closed (``end`` NULL or equal to the end of the capture), ranges without a
+``start`` or ending before their start (left out entirely), start/end ranges
+(eventType 60, they may overlap arbitrarily and are not used for nesting), marks (eventType 34,
+instants), and push/pop ranges whose pop happened on another thread (``endGlobalTid`` differs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from tracekit.analyze.trace import enums
+from tracekit.analyze.trace.export import Export, global_pid
+
+#: Columns of :func:`load_ranges`.
+RANGE_COLUMNS = [
+    "range_id",  # row number in NVTX_EVENTS order (int)
+    "start",  # ns
+    "end",  # ns; unclosed ranges are extended to the capture end
+    "event_type",  # 59 push/pop, 60 start/end
+    "global_tid",
+    "global_pid",
+    "domain",  # domain name ("" = default)
+    "name",  # range name
+    "unclosed",  # bool
+    "cross_thread",  # bool: popped on another thread
+]
+
+
+def load_ranges(export: Export, capture_end: int | None = None) -> pl.DataFrame:
+    """All NVTX push/pop and start/end ranges with resolved names and domains.
+
+    Returns a frame with :data:`RANGE_COLUMNS`, sorted by (global_tid, start, -end) so that a
+    parent range precedes its children. ``capture_end`` (ns) closes unclosed ranges; by default
+    the capture's stop time (``ANALYSIS_DETAILS.stopTime``), else the latest NVTX timestamp.
+    """
+    cols = set(export.columns("NVTX_EVENTS"))
+    if not cols:
+        return pl.DataFrame(
+            schema={
+                "range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
+                "global_tid": pl.Int64, "global_pid": pl.Int64, "domain": pl.String,
+                "name": pl.String, "unclosed": pl.Boolean, "cross_thread": pl.Boolean,
+            }
+        )
+    text_id = "textId" if "textId" in cols else "NULL"
+    end_tid = "endGlobalTid" if "endGlobalTid" in cols else "NULL"
+    domain_id = "domainId" if "domainId" in cols else "0"
+    raw = export.query(
+        f"""SELECT rowid AS range_id, start, "end", eventType AS event_type, globalTid AS global_tid,
+                   {end_tid} AS end_tid, {domain_id} AS domain_id, text, {text_id} AS text_id
+            FROM NVTX_EVENTS WHERE eventType IN (?, ?, ?)""",
+        (enums.NVTX_PUSH_POP, enums.NVTX_START_END, enums.NVTX_DOMAIN_CREATE),
+        schema={
+            "range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
+            "global_tid": pl.Int64, "end_tid": pl.Int64, "domain_id": pl.Int64,
+            "text": pl.String, "text_id": pl.Int64,
+        },
+    )
+    domains = raw.filter(pl.col("event_type") == enums.NVTX_DOMAIN_CREATE)
+    domain_names = {int(d): t for d, t in zip(domains["domain_id"], domains["text"]) if d is not None}
+    ranges = raw.filter(pl.col("event_type") != enums.NVTX_DOMAIN_CREATE)
+    # a range without a start, or ending before it starts, cannot be placed: set aside, counted.
+    # An end at ANALYSIS_DETAILS.duration is nsys's mark of a range never popped, not an end (it
+    # lies before the start for a range opened within startTime of the stop): kept, for
+    # tracekit.analyze.model.phases.set_aside_unclosed to recognise
+    unusable = pl.col("start").is_null() | (pl.col("end").is_not_null() & (pl.col("end") < pl.col("start")))
+    if "duration" in export.tables.get("ANALYSIS_DETAILS", {}):
+        try:
+            never_popped = export.conn.execute("SELECT max(duration) FROM ANALYSIS_DETAILS").fetchone()[0]
+        except Exception:  # a damaged small table: no exception for this rule
+            never_popped = None
+        if isinstance(never_popped, int):
+            unusable = unusable & ~(pl.col("start").is_not_null() & (pl.col("end") == never_popped))
+    bad = ranges.filter(unusable).height
+    export.set_aside["nvtx_unusable_ranges"] = bad
+    if bad:
+        ranges = ranges.filter(~unusable)
+    ids = ranges.filter(pl.col("text").is_null())["text_id"].drop_nulls().unique().to_list()
+    names = export.strings(ids)
+    if capture_end is None:
+        capture_end = export.capture_end()
+    if capture_end is None:
+        capture_end = int(max(raw["start"].max() or 0, raw["end"].max() or 0))
+    ranges = ranges.with_columns(
+        name=pl.coalesce(
+            pl.col("text"),
+            pl.col("text_id").replace_strict(names, default=None, return_dtype=pl.String),
+            pl.lit(""),
+        ),
+        domain=pl.col("domain_id")
+        .fill_null(0)
+        .replace_strict(domain_names, default="", return_dtype=pl.String),
+        unclosed=pl.col("end").is_null() | (pl.col("end") >= capture_end),
+        cross_thread=pl.col("end_tid").is_not_null() & (pl.col("end_tid") != pl.col("global_tid")),
+        global_pid=global_pid(pl.col("global_tid")),
+    ).with_columns(end=pl.col("end").fill_null(capture_end))
+    return ranges.select(RANGE_COLUMNS).sort(
+        ["global_tid", "start", "end"], descending=[False, False, True]
+    )
+
+
+def anomalies(export: Export, ranges: pl.DataFrame) -> dict[str, int]:
+    """Counts of NVTX records set aside: unclosed ranges, start/end ranges, marks, cross-thread
+    pops, and ``unusable_ranges`` (NULL start, or end before start: left out by :func:`load_ranges`)."""
+    marks = 0
+    if export.has("NVTX_EVENTS"):
+        marks = export.conn.execute(
+            "SELECT count(*) FROM NVTX_EVENTS WHERE eventType = ?", (enums.NVTX_MARK,)
+        ).fetchone()[0]
+    return {
+        "unclosed_ranges": int(ranges["unclosed"].sum()),
+        "start_end_ranges": int((ranges["event_type"] == enums.NVTX_START_END).sum()),
+        "marks": int(marks),
+        "cross_thread_ranges": int(ranges["cross_thread"].sum()),
+        "unusable_ranges": int(export.set_aside.get("nvtx_unusable_ranges", 0)),
+    }
+
+
+def nest(ranges: pl.DataFrame) -> pl.DataFrame:
+    """Add ``parent`` (row index into the returned frame, -1 for a root) and ``depth``.
+
+    Only push/pop ranges popped on their own thread nest; pass them already filtered.
+    The frame must be sorted by (global_tid, start, -end) as :func:`load_ranges` returns it.
+    The parent of range i is the innermost earlier range on the same thread that contains it,
+    found by pointer jumping over candidates (a candidate that does not contain i hands over
+    its own candidate), which needs as many vectorized passes as the nesting is deep.
+    """
+    n = ranges.height
+    tid = ranges["global_tid"].to_numpy()
+    s = ranges["start"].to_numpy()
+    e = ranges["end"].to_numpy()
+    cand = np.arange(n, dtype=np.int64) - 1
+    if n:
+        cand[np.r_[True, tid[1:] != tid[:-1]]] = -1
+    while True:
+        valid = cand >= 0
+        c = np.where(valid, cand, 0)
+        contains = valid & (e[c] >= e) & (s[c] <= s)
+        bad = valid & ~contains
+        if not bad.any():
+            break
+        cand = np.where(bad, cand[c], cand)
+    depth = np.zeros(n, dtype=np.int64)
+    p = cand.copy()
+    while (p >= 0).any():
+        depth += p >= 0
+        p = np.where(p >= 0, cand[np.maximum(p, 0)], -1)
+    return ranges.with_columns(parent=pl.Series(cand), depth=pl.Series(depth))
+
+
+def innermost_at(
+    nested: pl.DataFrame, query_tid: np.ndarray, query_t: np.ndarray, exclude: np.ndarray | None = None
+) -> np.ndarray:
+    """Index (into ``nested``) of the innermost range open on thread ``query_tid`` at ``query_t``.
+
+    ``nested`` comes from :func:`nest`. A range [start, end) is open at t when
+    start <= t < end. Rows flagged in ``exclude`` (bool array over ``nested``) are skipped as if
+    absent, but their ancestors still count. Returns -1 where no range is open.
+    """
+    n = nested.height
+    out = np.full(len(query_t), -1, dtype=np.int64)
+    if n == 0 or len(query_t) == 0:
+        return out
+    tid = nested["global_tid"].to_numpy()
+    s = nested["start"].to_numpy()
+    e = nested["end"].to_numpy()
+    parent = nested["parent"].to_numpy()
+    # latest-starting range on the same thread with start <= t: search in (tid, start) order
+    key_r = np.lexsort((s, tid))  # nested is already in this order, but do not rely on it
+    tid_r, s_r = tid[key_r], s[key_r]
+    qt = np.asarray(query_t, dtype=np.int64)
+    qtid = np.asarray(query_tid, dtype=np.int64)
+    lo = np.searchsorted(tid_r, qtid, side="left")
+    hi = np.searchsorted(tid_r, qtid, side="right")
+    # within [lo, hi) search start <= t: use a combined key by offsetting per thread
+    pos = np.empty(len(qt), dtype=np.int64)
+    for_threads = np.unique(qtid)
+    for t in for_threads:  # one vectorized search per thread (few threads), not per event
+        m = qtid == t
+        a, b = lo[m][0], hi[m][0]
+        pos[m] = a + np.searchsorted(s_r[a:b], qt[m], side="right") - 1
+        pos[m] = np.where(pos[m] < a, -1, pos[m])
+    cur = np.where(pos >= 0, key_r[np.maximum(pos, 0)], -1)
+    skip = exclude if exclude is not None else np.zeros(n, dtype=bool)
+    while True:
+        valid = cur >= 0
+        c = np.maximum(cur, 0)
+        ok = valid & (e[c] > qt) & (s[c] <= qt) & ~skip[c]
+        out = np.where(ok & (out < 0), cur, out)
+        move = valid & ~ok
+        if not move.any():
+            break
+        cur = np.where(move, parent[c], -1)
+    return out

@@ -1,0 +1,589 @@
+"""Training phases and iterations, and the attribution of GPU work to them.
+
+The rule (see docs/attribution.md for the full text and its reasons):
+
+1. **Phase windows** come from NVTX ranges, per process, from the first source that has any:
+   a user mapping ``--phase-map PHASE=REGEX`` when given; else tracekit's own capture ranges
+   (domain ``tracekit``: ``forward``, ``backward``, ``backward boundary``, ``update``); else
+   DeepSpeed's own ranges (domain ``DeepSpeed``: ``DeepSpeedEngine.forward``,
+   ``DeepSpeedEngine.backward``, ``DeepSpeedZeroOptimizer_Stage3.step``). Only the outermost
+   matching ranges count. Windows are process-wide: a range pushed on the main thread covers
+   GPU work launched by any thread of the process inside it.
+2. An **iteration** is one optimizer step (``update``) with the micro-steps (forward +
+   backward) since the previous one; the gap between two iterations (data loading) belongs to
+   the next one, as phase ``other``. The last backward before an update is the gradient
+   accumulation **boundary**. Without update ranges (ZeRO-1/2 without tracekit capture) the
+   update is **inferred** as the span from the end of each boundary backward to the next
+   forward (or the process's last GPU activity). Boundaries are then recognised from
+   ``--gas N`` when given, else from the gaps after backwards: the gap that holds an optimizer
+   step is much longer than the data-loading gap between micro-steps (:func:`infer_boundaries`).
+3. A GPU operation belongs to the window that contains the **start of the CUDA API call that
+   launched it** (joined on ``correlationId`` within the process), not its GPU time; without a
+   runtime record its GPU start is used. Its **sub-phase** is the innermost NVTX push/pop range
+   open on the launching thread at that moment that opened inside the phase window.
+4. A range that was **never popped** is not trusted (:func:`set_aside_unclosed`). nsys writes
+   it in one of three forms: ``end = ANALYSIS_DETAILS.duration`` (seen on an H200 with nsys
+   2025.3: the session length, not a timestamp), ``end`` NULL, or ``end`` at/after the capture's
+   ``stopTime``. Its end is replaced by the process's **last recorded activity** (the latest
+   end of a GPU operation, of the CUDA call that launched one, or of a closed NVTX range of
+   the process), and a phase window from it also stops where the next phase window starts.
+   Such a window has ``unclosed = true``; its iteration is **incomplete**
+   (``complete = false``), left out of steady-state figures, and listed in
+   :attr:`PhaseModel.unclosed` with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from tracekit.analyze.trace import enums
+from tracekit.analyze.model import nvtx
+from tracekit.analyze.trace.export import Export
+from tracekit.analyze.model.gpu_ops import load_gpu_ops
+
+PHASES = ("forward", "backward", "update", "other")
+
+TRACEKIT_DOMAIN = "tracekit"
+TRACEKIT_PHASES = {
+    "forward": r"^forward$",
+    "backward": r"^backward( boundary)?$",
+    "update": r"^update$",
+}
+TRACEKIT_ITERATION = r"^iteration (\d+)$"
+DEEPSPEED_DOMAIN = "DeepSpeed"
+DEEPSPEED_PHASES = {
+    "forward": r"^DeepSpeedEngine\.forward$",
+    "backward": r"^DeepSpeedEngine\.backward$",
+    "update": r"^(DeepSpeedZeroOptimizer(_Stage3)?|DeepSpeedZeroOptimizer_Stage1|"
+    r"FP16_Optimizer|BF16_Optimizer)\.step$",
+}
+
+#: Columns of :attr:`PhaseModel.windows`.
+WINDOW_COLUMNS = [
+    "window_id",  # int, unique
+    "global_pid",
+    "iteration",  # Int64, null outside iterations (start-up, tail)
+    "phase",  # forward | backward | update | other
+    "micro_step",  # Int64: index of the forward/backward within its iteration, else null
+    "boundary",  # bool: the backward at the gradient accumulation boundary
+    "inferred",  # bool: update window inferred (no update range)
+    "complete",  # bool: the iteration has an update and no unclosed window (false for trailing micro-steps)
+    "unclosed",  # bool: the window's NVTX range never closed; its end is the process's last activity
+    "start",  # ns
+    "end",  # ns
+    "range_index",  # Int64: row of the NVTX range in PhaseModel.ranges, null if none
+]
+
+#: Columns of :attr:`PhaseModel.unclosed`.
+UNCLOSED_COLUMNS = [
+    "global_pid",
+    "iteration",  # Int64
+    "phase",  # forward | backward | update
+    "micro_step",  # Int64, null for update
+    "name",  # the NVTX range's name
+    "form",  # "duration" (end = ANALYSIS_DETAILS.duration) | "null" (no end) | "stop" (end >= stopTime)
+    "reason",  # one sentence: why the range counts as never closed
+    "start",  # ns, the range's start
+    "end",  # ns, where its window was cut (the process's last activity or the next phase window)
+]
+
+#: Why a range counts as never closed, per form (see :func:`set_aside_unclosed`).
+UNCLOSED_REASONS = {
+    "duration": "never closed (its end is ANALYSIS_DETAILS.duration, which nsys writes for a range that "
+                "was never popped)",
+    "null": "never closed (no end recorded)",
+    "stop": "never closed (it ends at the capture's stop time)",
+}
+
+
+@dataclass
+class PhaseModel:
+    """Phase windows of every process and the GPU operations attributed to them.
+
+    Attributes:
+        windows: frame with :data:`WINDOW_COLUMNS`; per process the windows tile the span from
+            its first to its last activity (phase ``other`` fills gaps).
+        ops: the frame of :func:`tracekit.analyze.model.gpu_ops.load_gpu_ops` plus ``window_id``,
+            ``iteration``, ``phase``, ``micro_step``, ``boundary``, ``inferred``,
+            ``sub_phase`` (name of the innermost NVTX range, null when none).
+        ranges: NVTX push/pop ranges with ``parent``/``depth`` (:func:`tracekit.analyze.model.nvtx.nest`).
+        source: per globalPid, where phases came from: ``phase-map``, ``tracekit``,
+            ``DeepSpeed``, ``inferred`` suffix when updates were inferred, or ``none``.
+        anomalies: counts of NVTX records set aside (:func:`tracekit.analyze.model.nvtx.anomalies`);
+            ``unclosed_ranges`` counts all three forms of :func:`set_aside_unclosed`.
+        unclosed: phase windows cut because their range never closed, one row each, with
+            :data:`UNCLOSED_COLUMNS`; their iterations are incomplete.
+    """
+
+    windows: pl.DataFrame
+    ops: pl.DataFrame
+    ranges: pl.DataFrame
+    source: dict[int, str]
+    anomalies: dict[str, int]
+    unclosed: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=_UNCLOSED_SCHEMA))
+    #: results derived from this model by other modules (e.g. per-window metrics), computed once
+    cache: dict = field(default_factory=dict, repr=False)
+
+
+_UNCLOSED_SCHEMA = {
+    "global_pid": pl.Int64, "iteration": pl.Int64, "phase": pl.String, "micro_step": pl.Int64,
+    "name": pl.String, "form": pl.String, "reason": pl.String, "start": pl.Int64, "end": pl.Int64,
+}
+
+
+def _match(names: pl.Expr, patterns: dict[str, str]) -> pl.Expr:
+    expr = pl.lit(None, pl.String)
+    for phase, pattern in reversed(list(patterns.items())):
+        expr = pl.when(names.str.contains(pattern)).then(pl.lit(phase)).otherwise(expr)
+    return expr
+
+
+def parse_phase_map(items: list[str] | None) -> dict[str, str] | None:
+    """Turn ``["update=^my_step$", ...]`` into {phase: regex}; several regexes per phase are OR-ed.
+
+    Raises :class:`~tracekit.errors.TracekitError` for an unknown phase or a bad regex.
+    """
+    from tracekit.errors import TracekitError
+
+    if not items:
+        return None
+    out: dict[str, list[str]] = {}
+    for item in items:
+        phase, sep, pattern = item.partition("=")
+        phase = phase.strip()
+        if not sep or phase not in ("forward", "backward", "update") or not pattern:
+            raise TracekitError(
+                f"--phase-map {item!r}: expected PHASE=REGEX with PHASE one of forward, backward, update"
+            )
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise TracekitError(f"--phase-map {item!r}: bad regular expression ({exc})") from None
+        out.setdefault(phase, []).append(f"(?:{pattern})")
+    return {p: "|".join(v) for p, v in out.items()}
+
+
+def _candidates(ranges: pl.DataFrame, phase_map: dict[str, str] | None) -> tuple[pl.DataFrame, dict]:
+    """Phase-matching ranges of each process from its preferred source."""
+    usable = ranges.with_row_index("range_index").with_columns(pl.col("range_index").cast(pl.Int64))
+    usable = usable.filter(~pl.col("cross_thread"))
+    sources = []
+    if phase_map:
+        sources.append(("phase-map", usable.with_columns(phase=_match(pl.col("name"), phase_map))))
+    else:
+        tk = usable.filter(pl.col("domain") == TRACEKIT_DOMAIN)
+        sources.append(("tracekit", tk.with_columns(phase=_match(pl.col("name"), TRACEKIT_PHASES))))
+        ds = usable.filter(pl.col("domain") == DEEPSPEED_DOMAIN)
+        sources.append(("DeepSpeed", ds.with_columns(phase=_match(pl.col("name"), DEEPSPEED_PHASES))))
+    chosen = []
+    source: dict[int, str] = {}
+    for label, frame in sources:
+        frame = frame.filter(pl.col("phase").is_not_null())
+        frame = frame.filter(~pl.col("global_pid").is_in(list(source)))
+        for pid in frame["global_pid"].unique().to_list():
+            source[int(pid)] = label
+        chosen.append(frame)
+    cand = pl.concat(chosen) if chosen else usable.head(0).with_columns(phase=pl.lit(None, pl.String))
+    cand = _cut_unclosed_at_next(cand)
+    # outermost only: drop ranges inside an earlier one of the same process; clip partial overlaps
+    cand = cand.sort(["global_pid", "start", "end"], descending=[False, False, True])
+    cand = cand.with_columns(prev_end=pl.col("end").cum_max().shift(1).over("global_pid"))
+    cand = cand.filter(pl.col("prev_end").is_null() | (pl.col("end") > pl.col("prev_end")))
+    cand = cand.with_columns(start=pl.max_horizontal("start", pl.col("prev_end").fill_null(pl.col("start"))))
+    return cand.drop("prev_end"), source
+
+
+def _cut_unclosed_at_next(cand: pl.DataFrame) -> pl.DataFrame:
+    """An unclosed phase range (already ending at the process's last activity) also ends where
+    the next phase range of its process starts: it cannot hold later phases."""
+    if "unclosed" not in cand.columns or not cand["unclosed"].any():
+        return cand
+    starts = cand.select("global_pid", next_start="start").unique().sort("next_start")
+    probe = cand.with_columns(_probe=pl.col("start") + 1).sort("_probe")
+    probe = probe.join_asof(starts, left_on="_probe", right_on="next_start", by="global_pid",
+                            strategy="forward", check_sortedness=False)
+    return probe.with_columns(
+        end=pl.when(pl.col("unclosed") & pl.col("next_start").is_not_null())
+        .then(pl.min_horizontal("end", "next_start"))
+        .otherwise(pl.col("end"))
+    ).drop("_probe", "next_start")
+
+
+def _unclosed_forms(export: Export, ranges: pl.DataFrame) -> pl.Series:
+    """Per range of ``ranges`` (from :func:`tracekit.analyze.model.nvtx.load_ranges`): ``"null"`` when
+    ``NVTX_EVENTS.end`` is NULL, ``"duration"`` when it equals ``ANALYSIS_DETAILS.duration``,
+    ``"stop"`` when it is at or after ``ANALYSIS_DETAILS.stopTime``, else null (closed)."""
+    details = export.tables.get("ANALYSIS_DETAILS", {})
+
+    def one(column: str) -> int | None:
+        if column not in details:
+            return None
+        try:
+            row = export.conn.execute(f'SELECT max("{column}") FROM ANALYSIS_DETAILS').fetchone()
+            return int(row[0]) if row and row[0] is not None else None
+        except (TypeError, ValueError, OverflowError):
+            return None
+
+    duration, stop = one("duration"), one("stopTime")
+    null_ids: list[int] = []
+    if ranges.height and "end" in export.tables.get("NVTX_EVENTS", {}):
+        null_ids = [r[0] for r in export.conn.execute(
+            'SELECT rowid FROM NVTX_EVENTS WHERE "end" IS NULL AND eventType IN (?, ?)',
+            (enums.NVTX_PUSH_POP, enums.NVTX_START_END),
+        ).fetchall()]
+    end = pl.col("end")
+    is_null = pl.col("range_id").is_in(null_ids) if null_ids else pl.lit(False)
+    expr = pl.when(is_null).then(pl.lit("null"))
+    if duration is not None:
+        expr = expr.when(end == duration).then(pl.lit("duration"))
+    if stop is not None:
+        expr = expr.when(end >= stop).then(pl.lit("stop"))
+    return ranges.with_columns(unclosed_form=expr.otherwise(pl.lit(None, pl.String)))["unclosed_form"]
+
+
+def set_aside_unclosed(export: Export, ranges: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """Find the NVTX ranges that were never popped and end them at their process's last activity.
+
+    ``ranges``: frame of :func:`tracekit.analyze.model.nvtx.load_ranges`; ``ops``: frame of
+    :func:`tracekit.analyze.model.gpu_ops.load_gpu_ops`. A range is unclosed in one of the three forms
+    nsys writes (:data:`UNCLOSED_REASONS`): ``end`` NULL, ``end = ANALYSIS_DETAILS.duration``
+    (the session length in ns; an H200 probe with nsys 2025.3 showed never-popped ranges ending
+    there), or ``end >= ANALYSIS_DETAILS.stopTime``. Without ``ANALYSIS_DETAILS`` only the NULL
+    form can be told apart.
+
+    Returns ``ranges`` with ``unclosed`` recomputed from these forms, a column
+    ``unclosed_form`` (``"null" | "duration" | "stop"``, null for closed ranges), and the
+    ``end`` of unclosed ranges replaced by the last activity of the process: the latest end of
+    its GPU operations, of the CUDA calls that launched them, or of its closed NVTX ranges (at
+    least the range's own start). Sorted by (global_tid, start, -end) like ``load_ranges``.
+    """
+    ranges = ranges.with_columns(unclosed_form=_unclosed_forms(export, ranges))
+    ranges = ranges.with_columns(unclosed=pl.col("unclosed_form").is_not_null())
+    if not ranges["unclosed"].any():
+        return ranges
+    acts = [
+        ops.group_by("global_pid").agg(last=pl.max_horizontal("end", "api_end").max()),
+        ranges.filter(~pl.col("unclosed")).group_by("global_pid").agg(last=pl.col("end").max()),
+        ranges.filter(pl.col("unclosed")).group_by("global_pid").agg(last=pl.col("start").max()),
+    ]
+    last = pl.concat([a.cast({"global_pid": pl.Int64, "last": pl.Int64}) for a in acts])
+    last = last.group_by("global_pid").agg(pl.col("last").max())
+    ranges = ranges.join(last, on="global_pid", how="left").with_columns(
+        end=pl.when(pl.col("unclosed")).then(pl.max_horizontal("last", "start")).otherwise(pl.col("end"))
+    ).drop("last")
+    return ranges.sort(["global_tid", "start", "end"], descending=[False, False, True])
+
+
+def infer_boundaries(gaps_ns: np.ndarray, gas: int | None = None) -> np.ndarray:
+    """Which backwards end a gradient accumulation cycle, when no update range says so.
+
+    ``gaps_ns[i]`` is the time from the end of backward i to the next forward (or to the last
+    GPU activity for the last backward). With ``gas`` given, every gas-th backward is a
+    boundary. Otherwise the gaps are sorted and split at their largest ratio jump: when the
+    largest gap is more than 3x the one below the jump, the gaps above the jump hold optimizer
+    steps; when no such jump exists all gaps look alike and every backward is a boundary
+    (gradient accumulation 1). Returns a bool array.
+    """
+    n = len(gaps_ns)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    if gas:
+        return (np.arange(n) % gas) == gas - 1
+    g = np.maximum(np.asarray(gaps_ns, dtype=np.float64), 1.0)
+    order = np.sort(g)
+    if n == 1:
+        return np.ones(1, dtype=bool)
+    ratios = order[1:] / order[:-1]
+    k = int(np.argmax(ratios))
+    if ratios[k] <= 3.0:
+        return np.ones(n, dtype=bool)
+    return g >= order[k + 1]
+
+
+def build(
+    export: Export,
+    phase_map: list[str] | None = None,
+    gas: int | None = None,
+) -> PhaseModel:
+    """Find phase windows and iterations in ``export`` and attribute its GPU operations.
+
+    ``phase_map``: ``["PHASE=REGEX", ...]`` (see :func:`parse_phase_map`); ``gas``: gradient
+    accumulation steps, used only when updates must be inferred.
+
+    Raises :class:`~tracekit.errors.MissingDataError` when the trace has no CUDA kernels/copies.
+    """
+    if not (export.has("CUPTI_ACTIVITY_KIND_KERNEL", 1) or export.has("CUPTI_ACTIVITY_KIND_MEMCPY", 1)):
+        export.require("CUPTI_ACTIVITY_KIND_KERNEL", "phase attribution")
+    export.require("NVTX_EVENTS", "finding training phases (forward, backward, update)")
+    pmap = parse_phase_map(phase_map)
+    ops = load_gpu_ops(export)
+    ranges = set_aside_unclosed(export, nvtx.load_ranges(export), ops)
+    anomalies = nvtx.anomalies(export, ranges)
+    cand, source = _candidates(ranges, pmap)
+    if pmap and not source:
+        from tracekit.errors import TracekitError
+
+        raise TracekitError(
+            f"--phase-map {' '.join(phase_map)}: matched no NVTX range in "
+            f"{export.path.name}; check the names with `nsys stats -r nvtx_sum` or drop --phase-map"
+        )
+
+    # span of each process with GPU work
+    span = ops.group_by("global_pid").agg(
+        span_start=pl.min_horizontal(pl.col("launch").min(), pl.col("start").min()),
+        span_end=pl.col("end").max(),
+    )
+    rng_span = ranges.group_by("global_pid").agg(r_start=pl.col("start").min(), r_end=pl.col("end").max())
+    span = span.join(rng_span, on="global_pid", how="left").select(
+        "global_pid",
+        span_start=pl.min_horizontal("span_start", "r_start"),
+        span_end=pl.max_horizontal("span_end", "r_end"),
+    )
+    pids = span["global_pid"].to_list()
+    cand = cand.filter(pl.col("global_pid").is_in(pids))
+
+    parts = []
+    for pid in pids:
+        c = cand.filter(pl.col("global_pid") == pid)
+        last_gpu = int(ops.filter(pl.col("global_pid") == pid)["end"].max())
+        w, inferred = _phase_windows(c, last_gpu, gas)
+        if inferred:
+            source[pid] = source.get(pid, "none") + "+inferred-update"
+        parts.append(_iterations(w, ranges, pid, export.first_iteration))
+    phase_windows = pl.concat(parts) if parts else pl.DataFrame()
+    windows = _tile(phase_windows, span)
+    nested = _nested(ranges, source)
+    ops = _attribute(ops, windows, nested)
+    for pid in pids:
+        source.setdefault(int(pid), "none")
+    return PhaseModel(
+        windows=windows,
+        ops=ops,
+        ranges=nested,
+        source=source,
+        anomalies=anomalies,
+        unclosed=_unclosed_table(windows, ranges),
+    )
+
+
+def _unclosed_table(windows: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
+    """Rows of :data:`UNCLOSED_COLUMNS` for the windows cut because their range never closed."""
+    w = windows.filter(pl.col("unclosed"))
+    if w.height == 0:
+        return pl.DataFrame(schema=_UNCLOSED_SCHEMA)
+    r = ranges.with_row_index("range_index").select(
+        pl.col("range_index").cast(pl.Int64), "name", form="unclosed_form"
+    )
+    w = w.join(r, on="range_index", how="left").with_columns(
+        reason=pl.col("form").replace_strict(UNCLOSED_REASONS, default=None, return_dtype=pl.String)
+    )
+    return w.select(UNCLOSED_COLUMNS).cast(_UNCLOSED_SCHEMA).sort("global_pid", "start")
+
+
+def steady_model(model: PhaseModel) -> PhaseModel:
+    """``model`` without the iterations that hold an unclosed window (:attr:`PhaseModel.unclosed`):
+    their windows and the GPU operations attributed to them are dropped. Returns ``model``
+    itself when there is none (the common case: no copy, no extra work)."""
+    u = model.unclosed
+    if u is None or u.height == 0 or "unclosed" not in model.windows.columns:
+        return model
+    drop = u.select("global_pid", "iteration").unique()
+    windows = model.windows.join(drop, on=["global_pid", "iteration"], how="anti")
+    ops = model.ops.join(drop, on=["global_pid", "iteration"], how="anti")
+    return PhaseModel(windows=windows, ops=ops, ranges=model.ranges, source=model.source,
+                      anomalies=model.anomalies, unclosed=u.head(0))
+
+
+def _phase_windows(c: pl.DataFrame, last_gpu: int, gas: int | None) -> tuple[pl.DataFrame, bool]:
+    w = c.select(
+        "global_pid",
+        "phase",
+        "start",
+        "end",
+        "range_index",
+        boundary=pl.col("name") == "backward boundary",
+        inferred=pl.lit(False),
+        unclosed=pl.col("unclosed") if "unclosed" in c.columns else pl.lit(False),
+    ).sort("start")
+    has_update = (w["phase"] == "update").any()
+    has_backward = (w["phase"] == "backward").any()
+    if has_update or not has_backward:
+        return w, False
+    # infer updates after boundary backwards
+    nxt_fwd = w.filter(pl.col("phase") == "forward")["start"].to_numpy()
+    bwd = w.filter(pl.col("phase") == "backward")
+    b_end = bwd["end"].to_numpy()
+    idx = np.searchsorted(nxt_fwd, b_end, side="left")
+    nxt = np.where(idx < len(nxt_fwd), nxt_fwd[np.minimum(idx, len(nxt_fwd) - 1)], max(last_gpu, int(b_end.max())))
+    marked = bwd["boundary"].to_numpy()
+    is_b = marked if marked.any() else infer_boundaries(nxt - b_end, gas)
+    upd = pl.DataFrame(
+        {
+            "global_pid": bwd["global_pid"].filter(pl.Series(is_b)),
+            "phase": "update",
+            "start": b_end[is_b],
+            "end": nxt[is_b],
+            "range_index": pl.Series([None] * int(is_b.sum()), dtype=pl.Int64),
+            "boundary": False,
+            "inferred": True,
+            "unclosed": False,
+        }
+    ).filter(pl.col("end") > pl.col("start"))
+    return pl.concat([w, upd.cast(w.schema)]).sort("start"), True
+
+
+def _iterations(w: pl.DataFrame, ranges: pl.DataFrame, pid: int, first: int = 0) -> pl.DataFrame:
+    """Iteration index, micro-step, boundary and completeness for one process's windows.
+
+    Iterations are counted from ``first`` (non-zero for a cut made by ``tracekit trim``), or
+    numbered after tracekit's ``iteration N`` ranges when the trace has them."""
+    w = w.sort("start").with_columns(is_update=pl.col("phase") == "update")
+    w = w.with_columns(
+        iteration=(pl.col("is_update").cum_sum() - pl.col("is_update") + first).cast(pl.Int64)
+    )
+    # number iterations after tracekit's `iteration N` ranges when present
+    it = ranges.filter(
+        (pl.col("global_pid") == pid)
+        & (pl.col("domain") == TRACEKIT_DOMAIN)
+        & pl.col("name").str.contains(TRACEKIT_ITERATION)
+    )
+    for first in it.sort("start").iter_rows(named=True) if w.height else []:
+        # the first iteration range holding a phase window (a cut may keep a sliver of the one before)
+        inside = w.filter((pl.col("start") >= first["start"]) & (pl.col("start") < first["end"]))
+        if inside.height:
+            n0 = int(re.match(TRACEKIT_ITERATION, first["name"]).group(1))
+            w = w.with_columns(iteration=pl.col("iteration") + (n0 - inside["iteration"][0]))
+            break
+    w = w.with_columns(
+        fwd=(pl.col("phase") == "forward").cast(pl.Int64).cum_sum().over("iteration"),
+        bwd=(pl.col("phase") == "backward").cast(pl.Int64).cum_sum().over("iteration"),
+        next_phase=pl.col("phase").shift(-1),
+        complete=(pl.col("is_update").any() & ~pl.col("unclosed").any()).over("iteration"),
+    )
+    w = w.with_columns(
+        micro_step=pl.when(pl.col("phase").is_in(["forward", "backward"]))
+        .then(pl.max_horizontal("fwd", "bwd") - 1)
+        .otherwise(None)
+        .cast(pl.Int64),
+        boundary=pl.col("boundary")
+        | ((pl.col("phase") == "backward") & (pl.col("next_phase") == "update")),
+    )
+    return w.select(
+        "global_pid", "iteration", "phase", "micro_step", "boundary", "inferred", "complete",
+        "unclosed", "start", "end", "range_index",
+    )
+
+
+def _tile(phase_windows: pl.DataFrame, span: pl.DataFrame) -> pl.DataFrame:
+    """Add ``other`` windows so that each process's windows tile its whole span."""
+    schema = {
+        "global_pid": pl.Int64, "iteration": pl.Int64, "phase": pl.String, "micro_step": pl.Int64,
+        "boundary": pl.Boolean, "inferred": pl.Boolean, "complete": pl.Boolean, "unclosed": pl.Boolean,
+        "start": pl.Int64, "end": pl.Int64, "range_index": pl.Int64,
+    }
+    pw = phase_windows.cast(schema) if phase_windows.height else pl.DataFrame(schema=schema)
+    pw = pw.sort(["global_pid", "start"])
+    gaps = pw.with_columns(
+        g_start=pl.col("end").shift(1).over("global_pid"),
+        prev_it=pl.col("iteration").shift(1).over("global_pid"),
+    ).filter(pl.col("g_start").is_not_null() & (pl.col("g_start") < pl.col("start")))
+    # the gap before a window belongs to that window's iteration (data loading precedes forward)
+    gaps = gaps.select(
+        "global_pid",
+        "iteration",
+        phase=pl.lit("other"),
+        micro_step=pl.lit(None, pl.Int64),
+        boundary=pl.lit(False),
+        inferred=pl.lit(False),
+        complete="complete",
+        unclosed=pl.lit(False),
+        start="g_start",
+        end="start",
+        range_index=pl.lit(None, pl.Int64),
+    )
+    firsts = pw.group_by("global_pid").agg(first=pl.col("start").min(), last=pl.col("end").max())
+    edges = span.join(firsts, on="global_pid", how="left")
+    outside = pl.concat(
+        [
+            edges.select("global_pid", start="span_start", end=pl.coalesce("first", "span_end")),
+            edges.filter(pl.col("last").is_not_null()).select("global_pid", start="last", end="span_end"),
+        ]
+    ).filter(pl.col("end") > pl.col("start"))
+    outside = outside.select(
+        "global_pid",
+        iteration=pl.lit(None, pl.Int64),
+        phase=pl.lit("other"),
+        micro_step=pl.lit(None, pl.Int64),
+        boundary=pl.lit(False),
+        inferred=pl.lit(False),
+        complete=pl.lit(False),
+        unclosed=pl.lit(False),
+        start="start",
+        end="end",
+        range_index=pl.lit(None, pl.Int64),
+    )
+    windows = pl.concat([pw, gaps.cast(schema), outside.cast(schema)]).sort(["global_pid", "start"])
+    return windows.with_row_index("window_id").with_columns(pl.col("window_id").cast(pl.Int64)).select(
+        WINDOW_COLUMNS
+    )
+
+
+def _nested(ranges: pl.DataFrame, source: dict[int, str]) -> pl.DataFrame:
+    """Push/pop ranges that can be sub-phases, nested. In processes whose phases come from
+    tracekit's capture ranges, only the ``tracekit`` domain counts: its sub-step ranges
+    (``cpu_optimizer_step``, ``param_copy_back``, ...) would otherwise be hidden by
+    DeepSpeed's finer ranges nested inside them."""
+    pp = ranges.with_row_index("range_index").with_columns(pl.col("range_index").cast(pl.Int64))
+    pp = pp.filter((pl.col("event_type") == enums.NVTX_PUSH_POP) & ~pl.col("cross_thread"))
+    tk_pids = [pid for pid, src in source.items() if src.startswith("tracekit")]
+    pp = pp.filter(~pl.col("global_pid").is_in(tk_pids) | (pl.col("domain") == TRACEKIT_DOMAIN))
+    return nvtx.nest(pp)
+
+
+def _attribute(ops: pl.DataFrame, windows: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
+    """Join each op to the window containing its launch, and find its sub-phase among the
+    ``nested`` push/pop ranges (from :func:`_nested`)."""
+    w = windows.select(
+        "window_id", "global_pid", "iteration", "phase", "micro_step", "boundary", "inferred",
+        w_start="start", w_end="end",
+    ).sort("w_start")
+    o = ops.with_row_index("op_index").sort("launch")
+    o = o.join_asof(
+        w, left_on="launch", right_on="w_start", by="global_pid", strategy="backward",
+        check_sortedness=False,
+    )
+    # a launch before the first window (cannot happen: windows start at the span start) stays null
+    phase_ranges = windows["range_index"].drop_nulls().to_numpy()
+    iter_mask = nested["domain"].eq(TRACEKIT_DOMAIN) & nested["name"].str.contains(TRACEKIT_ITERATION)
+    exclude = np.isin(nested["range_index"].to_numpy(), phase_ranges) | iter_mask.to_numpy()
+    has_tid = o["launch_tid"].is_not_null().to_numpy()
+    sub = np.full(o.height, -1, dtype=np.int64)
+    if has_tid.any() and nested.height:
+        sub[has_tid] = nvtx.innermost_at(
+            nested,
+            o["launch_tid"].to_numpy()[has_tid],
+            o["launch"].to_numpy()[has_tid],
+            exclude=exclude,
+        )
+    starts = nested["start"].to_numpy()
+    ok = sub >= 0
+    if nested.height == 0:
+        starts = np.zeros(1, dtype=np.int64)
+    # only ranges opened inside the phase window count as its sub-phase
+    w_start = o["w_start"].fill_null(np.iinfo(np.int64).max).to_numpy()
+    ok &= np.where(ok, starts[np.maximum(sub, 0)] >= w_start, False)
+    sub_idx = pl.Series(np.where(ok, sub, 0)).set(pl.Series(~ok), None) if nested.height else None
+    sub_name = (
+        nested["name"].gather(sub_idx) if sub_idx is not None else pl.Series([None] * o.height, dtype=pl.String)
+    )
+    o = o.with_columns(
+        sub_phase=sub_name,
+        phase=pl.col("phase").fill_null("other"),
+        boundary=pl.col("boundary").fill_null(False),
+        inferred=pl.col("inferred").fill_null(False),
+    )
+    return o.sort("op_index").drop("op_index", "w_start", "w_end")

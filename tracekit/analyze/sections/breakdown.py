@@ -1,0 +1,274 @@
+"""Per rank, iteration and phase: wall time, GPU busy time, copy bytes and busy time.
+
+Definitions (units: ns, bytes; GB/s = 1e9 B/s, which is bytes per ns):
+
+- ``wall_ns``: length of the phase's NVTX window(s); ``other`` inside an iteration sums the
+  gaps between its phase windows.
+- ``kernel_busy_ns``: length of the union of the GPU intervals of the compute kernels
+  *attributed* to the phase (launched inside it, see :mod:`tracekit.analyze.model.phases`), on the
+  rank's device; ``comm_busy_ns`` / ``comm_count``: the same for communication kernels (NCCL
+  and the like, :mod:`tracekit.analyze.model.communication`), which ``kernel_busy_ns`` leaves out.
+- ``h2d_bytes`` / ``h2d_busy_ns`` / ``h2d_count`` (and ``d2h_*``): bytes, union length and
+  count of the attributed host-to-device (device-to-host) memcpys; ``h2d_gbps`` =
+  bytes / busy ns.
+- ``memset_bytes``: bytes of attributed memsets.
+- ``gpu_idle_ns``: time inside the window(s) in which no kernel, memcpy or memset of the rank
+  was executing on the device (whatever launched it); ``gpu_idle_share`` = idle / wall. Inside
+  ``update`` this is the CPU-bound time (e.g. the CPU Adam step). Communication kernels do not
+  count as activity (a rank waiting in a collective is idle for the model).
+
+A rank is one (process, device) pair with GPU work; ``pid`` is the OS process id.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracekit.analyze.model.communication import comm_expr, compute_ops, kernel_frames
+from tracekit.analyze.trace.export import os_pid
+from tracekit.analyze.model.intervals import busy_in_windows, grouped_union_length
+from tracekit.analyze.model.phases import PhaseModel
+
+#: Numeric keys of a phase row, in output order.
+METRICS = [
+    "wall_ns",
+    "kernel_busy_ns",
+    "kernel_count",
+    "comm_busy_ns",
+    "comm_count",
+    "h2d_bytes",
+    "h2d_busy_ns",
+    "h2d_count",
+    "d2h_bytes",
+    "d2h_busy_ns",
+    "d2h_count",
+    "memset_bytes",
+    "gpu_idle_ns",
+]
+
+KEYS = ["global_pid", "device", "iteration", "phase", "micro_step"]
+
+
+def ranks(model: PhaseModel) -> pl.DataFrame:
+    """Ranks of the trace: ``global_pid, pid, device`` for each process/device with GPU work,
+    sorted by pid then device."""
+    r = model.ops.select("global_pid", "device").unique().drop_nulls()
+    return r.with_columns(pid=os_pid(pl.col("global_pid"))).sort("pid", "device").select(
+        "global_pid", "pid", "device"
+    )
+
+
+def rank_windows(model: PhaseModel) -> pl.DataFrame:
+    """The windows of :attr:`PhaseModel.windows` once per rank: their columns plus ``device``."""
+    return model.windows.join(ranks(model).select("global_pid", "device"), on="global_pid")
+
+
+def window_metrics(model: PhaseModel) -> pl.DataFrame:
+    """Metrics of every window of every rank: the window columns plus ``device`` and
+    :data:`METRICS` (ns and bytes). Computed once per model and kept on it."""
+    cached = model.cache.get("window_metrics")
+    if cached is not None:
+        return cached
+    model.cache["window_metrics"] = _window_metrics(model)
+    return model.cache["window_metrics"]
+
+
+def _window_metrics(model: PhaseModel) -> pl.DataFrame:
+    win = rank_windows(model)
+    ops = model.ops.filter(pl.col("window_id").is_not_null())
+    k, comm = kernel_frames(ops)
+    per = [
+        grouped_union_length(k, ["window_id", "device"]).rename({"busy_ns": "kernel_busy_ns"}),
+        k.group_by("window_id", "device").agg(kernel_count=pl.len()),
+        grouped_union_length(comm, ["window_id", "device"]).rename({"busy_ns": "comm_busy_ns"}),
+        comm.group_by("window_id", "device").agg(comm_count=pl.len()),
+    ]
+    for d in ("H2D", "D2H"):
+        c = ops.filter((pl.col("kind") == "memcpy") & (pl.col("direction") == d))
+        lo = d.lower()
+        per.append(grouped_union_length(c, ["window_id", "device"]).rename({"busy_ns": f"{lo}_busy_ns"}))
+        per.append(
+            c.group_by("window_id", "device").agg(
+                pl.col("bytes").sum().alias(f"{lo}_bytes"), pl.len().alias(f"{lo}_count")
+            )
+        )
+    per.append(
+        ops.filter(pl.col("kind") == "memset").group_by("window_id", "device").agg(memset_bytes=pl.col("bytes").sum())
+    )
+    out = win
+    for p in per:
+        out = out.join(p, on=["window_id", "device"], how="left")
+    out = out.with_columns(wall_ns=pl.col("end") - pl.col("start"))
+    # GPU idle: executing ops of the rank, whatever window launched them
+    idle = []
+    active = compute_ops(model.ops)  # communication kernels are not activity
+    for (gpid, dev), w in out.group_by(["global_pid", "device"]):
+        o = active.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
+        busy = busy_in_windows(o["start"].to_numpy(), o["end"].to_numpy(), w["start"].to_numpy(), w["end"].to_numpy())
+        idle.append(w.select("window_id", "device").with_columns(gpu_busy_ns=pl.Series(busy)))
+    out = out.join(pl.concat(idle), on=["window_id", "device"], how="left") if idle else out
+    out = out.with_columns(gpu_idle_ns=pl.col("wall_ns") - pl.col("gpu_busy_ns").fill_null(0))
+    fill = {m: pl.col(m).fill_null(0).cast(pl.Int64) for m in METRICS}
+    return out.with_columns(**fill).drop("gpu_busy_ns").sort("global_pid", "device", "start")
+
+
+def _aggregate(model: PhaseModel, wm: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Sum window metrics over ``by``, recomputing unions over the merged windows."""
+    sums = wm.group_by(by).agg(
+        start_ns=pl.col("start").min(),
+        end_ns=pl.col("end").max(),
+        wall_ns=pl.col("wall_ns").sum(),
+        boundary=pl.col("boundary").any(),
+        inferred=pl.col("inferred").any(),
+        complete=pl.col("complete").all(),
+        unclosed=pl.col("unclosed").any() if "unclosed" in wm.columns else pl.lit(False),
+        windows=pl.len(),
+        **{m: pl.col(m).sum() for m in METRICS if m not in ("wall_ns", "kernel_busy_ns", "comm_busy_ns", "h2d_busy_ns",
+                                                            "d2h_busy_ns")},
+    )
+    # busy times of several windows: union over all ops of the group (kernels of two windows may overlap)
+    keys = wm.select("window_id", *[b for b in by if b != "window_id"]).unique()
+    ops = model.ops.select("window_id", "device", "kind", "direction", "start", "end",
+                           comm=comm_expr() if "comm" in model.ops.columns else pl.lit(False))
+    ops = ops.join(keys, on=["window_id", "device"])
+    for label, filt in (
+        ("kernel_busy_ns", (pl.col("kind") == "kernel") & ~pl.col("comm")),
+        ("comm_busy_ns", (pl.col("kind") == "kernel") & pl.col("comm")),
+        ("h2d_busy_ns", (pl.col("kind") == "memcpy") & (pl.col("direction") == "H2D")),
+        ("d2h_busy_ns", (pl.col("kind") == "memcpy") & (pl.col("direction") == "D2H")),
+    ):
+        u = grouped_union_length(ops.filter(filt), by).rename({"busy_ns": label})
+        sums = sums.join(u, on=by, how="left", nulls_equal=True).with_columns(pl.col(label).fill_null(0))
+    return sums
+
+
+def phase_table(model: PhaseModel) -> pl.DataFrame:
+    """One row per rank, iteration, phase and micro-step (``other`` merged per iteration).
+
+    Columns: ``global_pid, pid, device, iteration, phase, micro_step, boundary, inferred,
+    complete, unclosed, start_ns, end_ns, windows`` and :data:`METRICS`, plus ``gpu_idle_share``,
+    ``h2d_gbps``, ``d2h_gbps``. Rows outside any iteration (start-up, tail) have a null
+    iteration. ``complete`` is false for an iteration without an update or with a window whose
+    NVTX range never closed; ``unclosed`` marks such a window (its wall time ends at the
+    process's last activity, :func:`tracekit.analyze.model.phases.set_aside_unclosed`). Sorted by
+    rank, then time.
+    """
+    wm = window_metrics(model)
+    t = _aggregate(model, wm, KEYS)
+    return _finish(t).sort("global_pid", "device", "start_ns")
+
+
+def totals(model: PhaseModel) -> pl.DataFrame:
+    """Whole-trace totals per rank and phase: ``global_pid, pid, device, phase`` and the
+    columns of :func:`phase_table` summed over all windows (``other`` includes start-up)."""
+    wm = window_metrics(model)
+    t = _aggregate(model, wm, ["global_pid", "device", "phase"])
+    return _finish(t).sort("global_pid", "device", "phase")
+
+
+def _finish(t: pl.DataFrame) -> pl.DataFrame:
+    return t.with_columns(
+        pid=os_pid(pl.col("global_pid")),
+        gpu_idle_share=pl.when(pl.col("wall_ns") > 0).then(pl.col("gpu_idle_ns") / pl.col("wall_ns")).otherwise(None),
+        h2d_gbps=pl.when(pl.col("h2d_busy_ns") > 0).then(pl.col("h2d_bytes") / pl.col("h2d_busy_ns")).otherwise(None),
+        d2h_gbps=pl.when(pl.col("d2h_busy_ns") > 0).then(pl.col("d2h_bytes") / pl.col("d2h_busy_ns")).otherwise(None),
+    )
+
+
+def sub_phase_table(model: PhaseModel, phase: str) -> pl.DataFrame:
+    """Break ``phase`` down by sub-phase (innermost NVTX range), per rank and iteration.
+
+    For each window of ``phase`` that comes from an NVTX range, the time on the thread that
+    pushed it is split into the *self time* of each range nested inside it (a range's own
+    time minus its children's), so the sub-phases tile the window; time directly in the phase
+    range is the sub-phase ``(none)``. Inferred windows are all ``(none)``.
+
+    Columns: ``global_pid, pid, device, iteration, sub_phase, wall_ns`` (self time),
+    ``gpu_busy_ns`` (some op of the rank executing during that self time), ``gpu_idle_ns``
+    (wall minus busy: CPU-only time), ``kernel_busy_ns`` (compute kernels), ``comm_busy_ns``
+    (communication kernels), ``h2d_bytes``, ``h2d_busy_ns``,
+    ``h2d_count``, ``d2h_bytes``, ``d2h_busy_ns``, ``d2h_count``, ``h2d_gbps``, ``d2h_gbps`` of
+    the ops attributed to that sub-phase (launched during it, on any thread).
+    """
+    wm = rank_windows(model).filter(pl.col("phase") == phase)
+    segs = self_segments(model, wm)
+    rows = []
+    active = compute_ops(model.ops)  # communication kernels are not activity
+    for (gpid, dev), s in segs.group_by(["global_pid", "device"]):
+        o = active.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
+        s = s.sort("s")
+        busy = busy_in_windows(o["start"].to_numpy(), o["end"].to_numpy(), s["s"].to_numpy(), s["e"].to_numpy())
+        rows.append(s.with_columns(gpu_busy_ns=pl.Series(busy)))
+    if not rows:
+        return pl.DataFrame()
+    segs = pl.concat(rows)
+    by = ["global_pid", "device", "iteration", "sub_phase"]
+    t = segs.group_by(by).agg(
+        wall_ns=(pl.col("e") - pl.col("s")).sum(), gpu_busy_ns=pl.col("gpu_busy_ns").sum()
+    )
+    ops = model.ops.filter(pl.col("phase") == phase).with_columns(pl.col("sub_phase").fill_null("(none)"))
+    k, comm = kernel_frames(ops)
+    stats = [
+        grouped_union_length(k, by).rename({"busy_ns": "kernel_busy_ns"}),
+        grouped_union_length(comm, by).rename({"busy_ns": "comm_busy_ns"}),
+    ]
+    for d in ("H2D", "D2H"):
+        lo = d.lower()
+        c = ops.filter((pl.col("kind") == "memcpy") & (pl.col("direction") == d))
+        stats.append(grouped_union_length(c, by).rename({"busy_ns": f"{lo}_busy_ns"}))
+        stats.append(c.group_by(by).agg(pl.col("bytes").sum().alias(f"{lo}_bytes"), pl.len().alias(f"{lo}_count")))
+    for s in stats:
+        t = t.join(s, on=by, how="full", coalesce=True, nulls_equal=True)
+    cols = ["wall_ns", "gpu_busy_ns", "kernel_busy_ns", "comm_busy_ns", "h2d_bytes", "h2d_busy_ns", "h2d_count", "d2h_bytes", "d2h_busy_ns", "d2h_count"]
+    t = t.with_columns(**{c: pl.col(c).fill_null(0).cast(pl.Int64) for c in cols})
+    t = t.with_columns(gpu_idle_ns=pl.col("wall_ns") - pl.col("gpu_busy_ns"))
+    return _finish(t).sort("global_pid", "device", "iteration", "wall_ns", descending=[False, False, False, True])
+
+
+def self_segments(model: PhaseModel, wm: pl.DataFrame) -> pl.DataFrame:
+    """``wm`` are rows of :func:`rank_windows`. Self-time segments ``global_pid, device, iteration, sub_phase, s, e`` of the ranges
+    nested in each window of ``wm`` (and of the phase range itself as ``(none)``)."""
+    nested = model.ranges
+    out = []
+    plain = wm.filter(pl.col("range_index").is_null())
+    out.append(plain.select("global_pid", "device", "iteration", sub_phase=pl.lit("(none)"), s="start", e="end"))
+    ranged = wm.filter(pl.col("range_index").is_not_null())
+    if ranged.height and nested.height:
+        nested = nested.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
+        phase_rows = nested.join(
+            ranged.select("range_index", "device", "iteration", w_end="end"), on="range_index"
+        )
+        # descendants: same thread, inside the window, deeper. A window cut short of its range
+        # (a range never popped, phases.set_aside_unclosed) bounds them: later ranges are left
+        # out, ranges across the cut end there
+        members = []
+        for r in phase_rows.iter_rows(named=True):  # one per phase window, not per event
+            bound = min(r["end"], r["w_end"])
+            m = nested.filter(
+                (pl.col("global_tid") == r["global_tid"]) & (pl.col("start") >= r["start"])
+                & ((pl.col("end") <= r["end"]) & (pl.col("start") < bound) | (pl.col("row") == r["row"]))
+            ).with_columns(end=pl.min_horizontal("end", pl.lit(bound, pl.Int64)))
+            m = m.with_columns(
+                device=pl.lit(r["device"]), iteration=pl.lit(r["iteration"], pl.Int64),
+                global_pid=pl.lit(r["global_pid"]),
+                sub_phase=pl.when(pl.col("row") == r["row"]).then(pl.lit("(none)")).otherwise(pl.col("name")),
+                key=pl.lit(r["row"], pl.Int64),
+            )
+            members.append(m)
+        mem = pl.concat(members)
+        rowset = mem.select("key", "row")
+        own = mem.select("key", "row", "global_pid", "device", "iteration", "sub_phase", t="start", is_start=pl.lit(True))
+        own_end = mem.select("key", "row", "global_pid", "device", "iteration", "sub_phase", t="end", is_start=pl.lit(False))
+        kids = mem.join(rowset.rename({"row": "parent"}), on=["key", "parent"], how="semi")
+        par = mem.select("key", "row", "global_pid", "device", "iteration", "sub_phase")
+        k_start = kids.select("key", row="parent", t="start").join(par, on=["key", "row"]).with_columns(is_start=pl.lit(False))
+        k_end = kids.select("key", row="parent", t="end").join(par, on=["key", "row"]).with_columns(is_start=pl.lit(True))
+        marks = pl.concat([own, own_end, k_start.select(own.columns), k_end.select(own.columns)])
+        # per owner: S E S E ...; at equal times a start marker precedes an end marker
+        marks = marks.sort(["key", "row", "t", "is_start"], descending=[False, False, False, True])
+        marks = marks.with_columns(n=pl.int_range(pl.len()).over(["key", "row"]))
+        s = marks.filter(pl.col("n") % 2 == 0).with_columns(pair=pl.col("n") // 2)
+        e = marks.filter(pl.col("n") % 2 == 1).with_columns(pair=pl.col("n") // 2).select("key", "row", "pair", e="t")
+        seg = s.join(e, on=["key", "row", "pair"]).select("global_pid", "device", "iteration", "sub_phase", s="t", e="e")
+        out.append(seg.filter(pl.col("e") > pl.col("s")))
+    return pl.concat([o.cast({"iteration": pl.Int64, "device": pl.Int64, "global_pid": pl.Int64}) for o in out])

@@ -1,0 +1,103 @@
+"""Copy/compute overlap per copy direction (issue 4).
+
+Definitions, per rank (process, device) and group of attributed copies (``by``, see
+:mod:`tracekit.analyze.sections.transfer_common`):
+
+- busy time of a set of GPU operations: length of the union of their [start, end) intervals;
+- ``{d}_overlap_ratio`` for d in H2D, D2H: |U(copies_d) n U(kernels)| / |U(copies_d)|, the
+  share of copy time hidden behind compute. ``copies_d`` are the group's copies of direction
+  d; ``kernels`` are *all* kernels of the rank's device, whatever launched them (a copy is
+  hidden by any kernel running at the same time);
+- ``{d}_exposed_ns``: |U(copies_d) - U(kernels)|, copy time with no kernel running;
+- ``bidir_ns``: |U(H2D) n U(D2H)| of the group's copies, time both directions are in flight.
+- kernels above are *compute* kernels; communication kernels (NCCL and the like,
+  :mod:`tracekit.analyze.model.communication`) neither hide nor expose a copy, and get their own
+  ``{d}_comm_overlap_ns`` = |U(copies_d) n U(communication kernels)| (``copy_`` for both
+  directions together).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from tracekit.analyze.model.communication import kernel_frames
+from tracekit.analyze.model.intervals import covered_length, grouped_at_least, grouped_union, union
+from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, check_by, host_copies, ratio, sort_groups
+
+COLUMNS = [
+    "h2d_count", "h2d_bytes", "h2d_busy_ns", "h2d_overlap_ns", "h2d_exposed_ns", "h2d_overlap_ratio",
+    "d2h_count", "d2h_bytes", "d2h_busy_ns", "d2h_overlap_ns", "d2h_exposed_ns", "d2h_overlap_ratio",
+    "bidir_ns", "copy_busy_ns", "copy_overlap_ns", "copy_exposed_ns", "overlap_ratio",
+    "h2d_comm_overlap_ns", "d2h_comm_overlap_ns", "copy_comm_overlap_ns",
+]
+
+
+def _kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """Per rank, the union of its device's compute kernels (``comm``: communication kernels)."""
+    compute, communication = kernel_frames(model.ops)
+    k = (communication if comm else compute).filter(pl.col("device").is_not_null())
+    out = {}
+    for (gpid, dev), g in k.group_by(RANK):
+        out[(gpid, dev)] = union(g["start"].to_numpy(), g["end"].to_numpy())
+    return out
+
+
+def _covered(pieces: pl.DataFrame, kernels: dict) -> pl.DataFrame:
+    """``pieces`` (RANK, ..., start, end) with ``covered`` = length under the rank's kernels."""
+    parts = []
+    for (gpid, dev), g in pieces.group_by(RANK):
+        ks, ke = kernels.get((gpid, dev), (np.empty(0, np.int64), np.empty(0, np.int64)))
+        cov = covered_length(ks, ke, g["start"].to_numpy(), g["end"].to_numpy())
+        parts.append(g.with_columns(covered=pl.Series(cov, dtype=pl.Int64)))
+    if not parts:
+        return pieces.with_columns(covered=pl.lit(0, pl.Int64))
+    return pl.concat(parts)
+
+
+def overlap(model: PhaseModel, by=PHASE_KEYS) -> pl.DataFrame:
+    """Overlap of host<->device copies with kernels, per rank and group ``by``.
+
+    Columns: ``global_pid, device``, the ``by`` columns, then for ``h2d`` and ``d2h``:
+    ``_count``, ``_bytes``, ``_busy_ns`` (union length), ``_overlap_ns`` (part under kernels),
+    ``_exposed_ns`` (busy - overlap), ``_overlap_ratio`` (overlap / busy, null without
+    copies); ``bidir_ns`` (both directions in flight); ``copy_busy_ns``,
+    ``copy_overlap_ns``, ``copy_exposed_ns``, ``overlap_ratio`` for the union of both
+    directions. Groups without H2D/D2H copies are absent. Times ns, sizes bytes.
+
+    Raises :class:`~tracekit.errors.TracekitError` for an unknown ``by`` column.
+    """
+    by = check_by(by)
+    keys = [*RANK, *by]
+    c = host_copies(model)
+    kernels = _kernel_unions(model)
+    comm_kernels = _kernel_unions(model, comm=True)
+    out = c.group_by(keys).agg(
+        **{f"{d.lower()}_count": (pl.col("direction") == d).sum().cast(pl.Int64) for d in ("H2D", "D2H")},
+        **{f"{d.lower()}_bytes": pl.col("bytes").filter(pl.col("direction") == d).sum() for d in ("H2D", "D2H")},
+    )
+    pieces = {}
+    for d, sel in (("h2d", pl.col("direction") == "H2D"), ("d2h", pl.col("direction") == "D2H"), ("copy", pl.lit(True))):
+        p = _covered(grouped_union(c.filter(sel), keys), kernels)
+        pieces[d] = p
+        agg = p.group_by(keys).agg(
+            **{f"{d}_busy_ns": (pl.col("end") - pl.col("start")).sum(), f"{d}_overlap_ns": pl.col("covered").sum()}
+        )
+        out = out.join(agg, on=keys, how="left", nulls_equal=True)
+        cp = _covered(p.drop("covered"), comm_kernels).group_by(keys).agg(
+            **{f"{d}_comm_overlap_ns": pl.col("covered").sum()})
+        out = out.join(cp, on=keys, how="left", nulls_equal=True)
+    both = grouped_at_least(pl.concat([pieces["h2d"].select(*keys, "start", "end"),
+                                       pieces["d2h"].select(*keys, "start", "end")]), keys, 2)
+    out = out.join(both.group_by(keys).agg(bidir_ns=(pl.col("end") - pl.col("start")).sum()),
+                   on=keys, how="left", nulls_equal=True)
+    fill = [f"{d}_{m}" for d in ("h2d", "d2h", "copy") for m in ("busy_ns", "overlap_ns", "comm_overlap_ns")] + ["bidir_ns"]
+    out = out.with_columns(**{f: pl.col(f).fill_null(0).cast(pl.Int64) for f in fill})
+    out = out.with_columns(
+        **{f"{d}_exposed_ns": pl.col(f"{d}_busy_ns") - pl.col(f"{d}_overlap_ns") for d in ("h2d", "d2h", "copy")},
+        h2d_overlap_ratio=ratio("h2d_overlap_ns", "h2d_busy_ns"),
+        d2h_overlap_ratio=ratio("d2h_overlap_ns", "d2h_busy_ns"),
+        overlap_ratio=ratio("copy_overlap_ns", "copy_busy_ns"),
+    )
+    return sort_groups(out, by).select(*keys, *COLUMNS)

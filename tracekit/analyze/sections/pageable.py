@@ -1,0 +1,109 @@
+"""Pageable host<->device copies and what pinning would save (issue 4).
+
+A copy is *pageable* when its host side is pageable memory (``srcKind`` of an H2D or
+``dstKind`` of a D2H is 0, CUDA_MEMOPR_MEMORY_KIND_PAGEABLE): the driver stages it through a
+pinned bounce buffer, which is slower and, for cudaMemcpyAsync from pageable memory, keeps
+the host thread in the call for about the copy's duration.
+
+- ``pinned_gbps`` of a copy: bytes / summed duration of the trace's *pinned* copies (all
+  ranks) of the same direction and power-of-two size bucket (:func:`~tracekit.analyze.sections.copy_sizes.size_bucket`),
+  or of the nearest bucket that has pinned copies — the bandwidth the link reached with
+  pinned memory for copies of that size (small copies are latency-bound, so a trace-wide
+  figure would overstate what pinning saves them);
+- ``pinned_ns`` = bytes / pinned_gbps: the time the same bytes would take pinned;
+  ``saving_ns`` = max(duration - pinned_ns, 0), the possible saving of pinning;
+- ``blocking``: the copy blocks the host by contract: a synchronous API (a memcpy call whose
+  name lacks ``Async``) or a pageable D2H; ``host_ns`` is the time the launching thread spent
+  in the API call (null without a runtime record), reported for every copy.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracekit.analyze.sections.copy_sizes import size_bucket
+from tracekit.analyze.trace.export import Export
+from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, check_by, gbps, host_copies, sort_groups
+
+COPY_COLUMNS = [
+    "global_pid", "device", "iteration", "phase", "micro_step", "boundary", "sub_phase", "direction",
+    "start", "end", "duration_ns", "bytes", "gbps", "api_name", "host_ns", "blocking",
+    "pinned_gbps", "pinned_ns", "saving_ns", "stream", "correlation_id",
+]
+
+
+def pinned_bandwidth(model: PhaseModel, by_size: bool = False) -> pl.DataFrame:
+    """Bandwidth of the trace's pinned H2D/D2H copies.
+
+    Columns: ``direction`` (and ``bucket`` when ``by_size``), ``pinned_count``,
+    ``pinned_bytes``, ``pinned_ns`` (summed copy durations), ``pinned_gbps`` = bytes / ns.
+    """
+    c = host_copies(model).filter(pl.col("host_kind") == "pinned")
+    keys = ["direction"]
+    if by_size:
+        c = c.with_columns(bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64))
+        keys.append("bucket")
+    out = c.group_by(keys).agg(
+        pinned_count=pl.len().cast(pl.Int64), pinned_bytes=pl.col("bytes").sum(), pinned_ns=pl.col("duration_ns").sum()
+    )
+    return out.with_columns(pinned_gbps=gbps("pinned_bytes", "pinned_ns")).sort(keys)
+
+
+def pageable_copies(model: PhaseModel, export: Export | None = None) -> pl.DataFrame:
+    """Every pageable H2D/D2H copy, one row each (see module doc for the definitions).
+
+    Columns: :data:`COPY_COLUMNS` — attribution (``iteration, phase, micro_step, boundary,
+    sub_phase``), ``direction, start, end, duration_ns`` (ns), ``bytes``, ``gbps``,
+    ``api_name`` (resolved through ``export``'s StringIds when given, else null),
+    ``host_ns``, ``blocking``, ``pinned_gbps`` (null when the trace has no pinned copy of that
+    direction), ``pinned_ns``, ``saving_ns``. Sorted by rank and start.
+    """
+    c = host_copies(model).filter(pl.col("host_kind") == "pageable")
+    names = {}
+    if export is not None and c.height:
+        names = export.strings(c["api_name_id"].drop_nulls().unique().to_list())
+    c = c.with_columns(
+        api_name=pl.col("api_name_id").replace_strict(names, default=None, return_dtype=pl.String)
+        if names else pl.lit(None, pl.String),
+        host_ns=pl.col("api_end") - pl.col("launch"),
+    )
+    sync_api = pl.col("api_name").is_not_null() & pl.col("api_name").str.contains("(?i)memcpy") & ~pl.col(
+        "api_name").str.contains("Async")
+    c = c.with_columns(blocking=(sync_api | (pl.col("direction") == "D2H")).fill_null(False))
+    c = c.with_columns(bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64)).sort("bucket")
+    ref = pinned_bandwidth(model, by_size=True).filter(pl.col("pinned_gbps").is_not_null())
+    c = c.join_asof(ref.select("direction", "bucket", "pinned_gbps").sort("bucket"), on="bucket",
+                    by="direction", strategy="nearest", check_sortedness=False)
+    c = c.with_columns(pinned_ns=pl.col("bytes") / pl.col("pinned_gbps"))
+    c = c.with_columns(saving_ns=pl.max_horizontal(pl.col("duration_ns") - pl.col("pinned_ns"), pl.lit(0.0)))
+    c = c.with_columns(saving_ns=pl.when(pl.col("pinned_gbps").is_null()).then(None).otherwise(pl.col("saving_ns")))
+    return c.sort([*RANK, "start", "correlation_id"]).select(COPY_COLUMNS)
+
+
+def pageable_summary(model: PhaseModel, by=PHASE_KEYS, copies: pl.DataFrame | None = None,
+                     export: Export | None = None) -> pl.DataFrame:
+    """Pageable copies per rank, group ``by`` and direction.
+
+    Columns: ``global_pid, device``, the ``by`` columns, ``direction``, ``count``, ``bytes``,
+    ``copy_ns`` (summed durations), ``gbps`` (bytes / copy_ns), ``pinned_ns`` and
+    ``saving_ns`` (summed over copies), ``pinned_gbps`` (bytes / pinned_ns), ``blocking_count``,
+    ``blocking_host_ns`` (host time in the API calls of blocking copies), ``host_ns`` (host
+    time in the API calls of all of them).
+    """
+    by = check_by(by)
+    c = copies if copies is not None else pageable_copies(model, export)
+    keys = [*RANK, *by, "direction"]
+    out = c.group_by(keys).agg(
+        count=pl.len().cast(pl.Int64),
+        bytes=pl.col("bytes").sum(),
+        copy_ns=pl.col("duration_ns").sum(),
+        pinned_ns=pl.col("pinned_ns").sum(),
+        saving_ns=pl.col("saving_ns").sum(),
+        blocking_count=pl.col("blocking").sum().cast(pl.Int64),
+        blocking_host_ns=pl.col("host_ns").filter(pl.col("blocking")).sum(),
+        host_ns=pl.col("host_ns").sum(),
+    ).with_columns(gbps=gbps("bytes", "copy_ns"), pinned_gbps=gbps("bytes", "pinned_ns"))
+    return sort_groups(out, by, ["direction"]).select(*keys, "count", "bytes", "copy_ns", "gbps", "pinned_gbps",
+                                                   "pinned_ns", "saving_ns", "blocking_count", "blocking_host_ns",
+                                                   "host_ns")

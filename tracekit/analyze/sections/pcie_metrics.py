@@ -1,0 +1,662 @@
+"""PCIe hardware series from ``GPU_METRICS`` (nsys ``--gpu-metrics-devices=all``), issue 4.
+
+nsys samples ``PCIe RX Throughput [Throughput %]`` and ``PCIe TX Throughput [Throughput %]``
+per GPU: the share of the link's peak bandwidth used in each sampling interval. RX is what
+the GPU receives (host-to-device traffic), TX what it sends (device-to-host). A sample at
+``timestamp`` t_i covers (t_{i-1}, t_i] of its metric. Only these metric ids are loaded,
+filtered in SQL (a trace holds millions of other samples).
+
+GPU mapping: ``GPU_METRICS.typeId`` identifies the sampled GPU. The distinct typeIds of the
+PCIe metrics, sorted, are matched to the sorted ``TARGET_INFO_GPU.id`` values (the CUPTI
+device ids) when both have the same count; a single sampled GPU is the device when the
+trace's work runs on one device. Otherwise the series keeps a null device, and per-rank
+frames (``model`` given) leave it out; :func:`tracekit.analyze.sections.transfers.analyze_transfers`
+then adds a note.
+
+- per group of phase windows (``by``): mean and peak % per direction over the samples whose
+  timestamp lies in the group's windows, and the cross-check ``copy_gbps``: bytes the
+  copies of that direction delivered during those windows (each copy's bytes spread evenly
+  over its duration, all copies of the device) divided by the windows' wall time;
+  ``implied_peak_gbps`` = copy_gbps / ((mean_pct - baseline_pct) / 100) is the link peak the
+  two imply (the baseline is what the metric reads with no copy in flight) — it should be
+  about the same in every phase when the copies explain the link traffic;
+- saturation windows: maximal runs of consecutive samples at or above ``threshold`` %.
+
+Streaming (issue 13): a long capture holds millions of samples, and none of the frames above
+needs them at once. :func:`reduce_pcie` reads them in chunks of rowids (in time order, as
+nsys writes them), reduces each chunk to per-window counts, sums and maxima, value counts
+for the baseline median and saturation runs (a run open at a chunk's end continues in the
+next) before reading on, and every frame is rolled up from that one reduction: memory grows
+with the number of phase windows, not with the samples. The samples themselves
+(:func:`pcie_series`) are built only for ``--out`` and figures.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from tracekit.analyze.trace.export import Export
+from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, attach_window, check_by, ranks_of, ratio
+from tracekit.errors import MissingDataError
+
+PCIE_RE = r"^PCIe (RX|TX) Throughput"
+DIRECTION = {"RX": "H2D", "TX": "D2H"}
+
+
+def pcie_metric_ids(export: Export) -> pl.DataFrame:
+    """``metric_id, metric_name, direction`` (H2D for RX, D2H for TX) of the PCIe throughput
+    metrics in ``TARGET_INFO_GPU_METRICS``.
+
+    Raises :class:`~tracekit.errors.MissingDataError` (naming ``--gpu-metrics-devices=all``)
+    when the trace has no GPU metrics or none of them is a PCIe throughput.
+    """
+    export.require("GPU_METRICS", "the PCIe throughput series")
+    export.require("TARGET_INFO_GPU_METRICS", "the PCIe throughput series")
+    m = export.load("TARGET_INFO_GPU_METRICS", {"metric_id": "metricId", "metric_name": "metricName"})
+    m = m.unique("metric_id").filter(pl.col("metric_name").str.contains(PCIE_RE))
+    if m.height == 0:
+        raise MissingDataError(
+            f"{export.path.name}: GPU_METRICS has no PCIe RX/TX Throughput metric, and the PCIe "
+            "series needs it; record it with `nsys profile --gpu-metrics-devices=all` "
+            "(a metric set that includes PCIe throughput)"
+        )
+    return m.with_columns(
+        direction=pl.col("metric_name").str.extract(PCIE_RE, 1).replace_strict(DIRECTION, return_dtype=pl.String)
+    ).sort("metric_id")
+
+
+def _series_query(ids: pl.DataFrame) -> tuple[str, tuple, dict]:
+    marks = ",".join(str(int(i)) for i in ids["metric_id"])
+    return (
+        f"SELECT typeId, metricId, timestamp, value FROM GPU_METRICS WHERE metricId IN ({marks})",
+        (),
+        {"type_id": pl.Int64, "metric_id": pl.Int64, "time": pl.Int64, "value_pct": pl.Float64},
+    )
+
+
+#: Rowids of GPU_METRICS per chunk of the streamed read (the PCIe rows are about a tenth of them
+#: in a trace with the default metric set: ~200k samples, ~6 MB per chunk).
+CHUNK_ROWIDS = 2_000_000
+_EMPTY_SERIES = {"device": pl.Int64, "type_id": pl.Int64, "direction": pl.String, "start": pl.Int64,
+                 "time": pl.Int64, "value_pct": pl.Float64}
+
+
+def read_threads() -> int:
+    """Threads that read GPU_METRICS chunks while the main thread reduces them: the cores this
+    process may use, at most 2; 1 in a worker process (``--jobs``, Dask: the workers already
+    share the cores, so that workers x read threads stays within them).
+    ``TRACEKIT_READ_THREADS=N`` overrides."""
+    env = os.environ.get("TRACEKIT_READ_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(2, cores))
+
+
+def _chunk_args(ids: pl.DataFrame) -> tuple[tuple, dict]:
+    return _series_query(ids), {"table": "GPU_METRICS", "chunk_rows": CHUNK_ROWIDS, "workers": read_threads()}
+
+
+def prefetch_series(export: Export) -> bool:
+    """Start reading the first chunks of the PCIe samples in the background
+    (:meth:`Export.prefetch_chunks`), so that the GPU_METRICS scan overlaps the phase model
+    until :func:`reduce_pcie` needs them. False (and nothing started) when the trace has no
+    PCIe metrics or the read is pending already."""
+    try:
+        ids = pcie_metric_ids(export)
+    except MissingDataError:
+        return False
+    args, kw = _chunk_args(ids)
+    return export.prefetch_chunks(*args, **kw)
+
+
+def _mapping(types: list, gpus: list, model: PhaseModel | None) -> dict:
+    """typeId -> device (see module doc)."""
+    mapping = dict(zip(types, gpus)) if len(types) == len(gpus) else {}
+    if not mapping and model is not None and len(types) == 1:
+        devs = ranks_of(model)["device"].unique().to_list()
+        if len(devs) == 1:  # one sampled GPU, one device with work: the same one
+            mapping = {types[0]: devs[0]}
+    return mapping
+
+
+def _clean_samples(s: pl.DataFrame, ids: pl.DataFrame) -> pl.DataFrame:
+    """Raw rows -> ``type_id, time, value_pct, direction``, damaged rows (a null) dropped."""
+    s = s.drop_nulls(["type_id", "metric_id", "time", "value_pct"])  # a damaged sample cannot be placed
+    dirs = dict(zip(ids["metric_id"].to_list(), ids["direction"].to_list()))
+    return s.with_columns(direction=pl.col("metric_id").replace_strict(dirs, default=None, return_dtype=pl.String)) \
+        .drop_nulls("direction").drop("metric_id")
+
+
+def _by_metric_with_start(s: pl.DataFrame) -> pl.DataFrame:
+    """``s`` sorted by (type_id, direction, time) with ``start`` = the time of the previous
+    sample of the same (type_id, direction), null for the first.
+
+    nsys writes GPU_METRICS in time order; then one stable sort on a small integer key keeps
+    time order within each metric, several times faster than a three-key sort of millions of
+    rows. Any other order falls back to the full sort.
+    """
+    if s["time"].is_sorted():
+        dirs = {d: i for i, d in enumerate(sorted(s["direction"].unique().to_list()))}
+        key = s["type_id"].rank("dense").cast(pl.Int64).to_numpy() * (len(dirs) + 1) + s["direction"].replace_strict(
+            dirs, return_dtype=pl.Int64
+        ).to_numpy()
+        s = s[np.argsort(key, kind="stable")]
+    else:
+        s = s.sort("type_id", "direction", "time")
+    same = (pl.col("type_id") == pl.col("type_id").shift(1)) & (pl.col("direction") == pl.col("direction").shift(1))
+    return s.with_columns(start=pl.when(same).then(pl.col("time").shift(1)).otherwise(None))
+
+
+def pcie_series(export: Export, model: PhaseModel | None = None) -> pl.DataFrame:
+    """PCIe RX/TX samples, one row per sample (materialised: for ``--out`` and figures; the
+    per-window statistics stream instead, :func:`reduce_pcie`).
+
+    Columns: ``device`` (see module doc), ``type_id``, ``direction`` (H2D = RX, D2H = TX),
+    ``time`` (ns, end of the sample's interval), ``start`` (ns, the previous sample of the same
+    metric; for the first, ``time`` minus the median interval), ``value_pct``. With ``model``,
+    one copy of the device's series per rank, with ``global_pid`` and the ``window_id,
+    iteration, phase, micro_step, boundary`` of the window containing ``time``, and
+    ``copy_gbps``: bytes the rank's copies of that direction delivered in the sample's
+    interval (spread evenly over each copy) / interval length; sorted by rank, direction, time.
+
+    Raises :class:`~tracekit.errors.MissingDataError` without PCIe metrics.
+    """
+    if model is not None:
+        return reduce_pcie(export, model, keep_samples=True).series
+    ids = pcie_metric_ids(export)
+    s = _clean_samples(export.query(*_series_query(ids)), ids)
+    types = sorted(s["type_id"].unique().to_list())
+    gpus = sorted(export.load("TARGET_INFO_GPU", {"id": "id"})["id"].drop_nulls().unique().to_list())
+    mapping = _mapping(types, gpus, None)
+    s = s.with_columns(device=pl.col("type_id").replace_strict(mapping, default=None, return_dtype=pl.Int64))
+    s = _by_metric_with_start(s)
+    step = s.select((pl.col("time") - pl.col("start")).median()).item() or 0
+    s = s.with_columns(start=pl.col("start").fill_null(pl.col("time") - int(step)))
+    return s.select("device", "type_id", "direction", "start", "time", "value_pct")
+
+
+# --------------------------------------------------------------------------- streaming reduction
+def _median_of_counts(values: np.ndarray, counts: np.ndarray):
+    """Median of the multiset {values[i] x counts[i]} exactly as polars' ``median`` computes it
+    (the two middle values interpolated by polars itself), or None when empty."""
+    if values.size == 0:
+        return None
+    order = np.argsort(values, kind="stable")
+    values, counts = values[order], counts[order]
+    n = int(counts.sum())
+    cum = np.cumsum(counts)
+    lo = values[np.searchsorted(cum, (n - 1) // 2, side="right")]
+    hi = values[np.searchsorted(cum, n // 2, side="right")]
+    return pl.Series([lo, hi]).median()
+
+
+class _Counts:
+    """A multiset of numbers, merged chunk by chunk (bincount for small integer ranges)."""
+
+    def __init__(self) -> None:
+        self.d: dict = {}
+
+    def add(self, a: np.ndarray) -> None:
+        if a.size == 0:
+            return
+        lo, hi = a.min(), a.max()
+        small = hi - lo < 65536 and (a.dtype.kind in "iu" or bool(np.array_equal(a, np.floor(a))))
+        if small:  # integers (intervals in ns, integral percentages): one bincount
+            c = np.bincount((a - lo).astype(np.int64))
+            nz = np.flatnonzero(c)
+            keys, counts = (nz + lo).astype(a.dtype).tolist(), c[nz].tolist()
+        else:
+            u, c = np.unique(a, return_counts=True)
+            keys, counts = u.tolist(), c.tolist()
+        for k, n in zip(keys, counts):
+            self.d[k] = self.d.get(k, 0) + n
+
+    def median(self, dtype):
+        if not self.d:
+            return None
+        return _median_of_counts(np.array(list(self.d), dtype=dtype), np.array(list(self.d.values()), dtype=np.int64))
+
+
+class _Cumulative:
+    """:func:`tracekit.analyze.model.intervals.spread_cumulative` of fixed intervals, prepared once and
+    evaluated at any times (the same arithmetic, so equal floats)."""
+
+    def __init__(self, starts, ends, amounts) -> None:
+        s = np.asarray(starts, dtype=np.int64).ravel()
+        e = np.asarray(ends, dtype=np.int64).ravel()
+        a = np.asarray(amounts, dtype=np.float64).ravel()
+        self.empty = s.size == 0
+        if self.empty:
+            return
+        e = np.maximum(e, s + 1)
+        rate = a / (e - s)
+        pts = np.concatenate([s, e])
+        dr = np.concatenate([rate, -rate])
+        dn = np.concatenate([np.ones(s.size, np.int64), -np.ones(e.size, np.int64)])
+        order = np.argsort(pts, kind="stable")
+        pts, dr, dn = pts[order], dr[order], dn[order]
+        r_after = np.cumsum(dr)
+        r_after[np.cumsum(dn) == 0] = 0.0
+        self.area = np.concatenate([[0.0], np.cumsum(r_after[:-1] * np.diff(pts).astype(np.float64))])
+        self.pts, self.r_after = pts, r_after
+
+    def __call__(self, at) -> np.ndarray:
+        t = np.asarray(at, dtype=np.int64).ravel()
+        if self.empty:
+            return np.zeros(t.size)
+        j = np.searchsorted(self.pts, t, side="right") - 1
+        jj = np.maximum(j, 0)
+        out = self.area[jj] + self.r_after[jj] * (t - self.pts[jj]).astype(np.float64)
+        return np.where(j >= 0, out, 0.0)
+
+
+class _Unsorted(Exception):
+    """A metric's samples are not in time order by rowid (or a typeId appeared that the device
+    mapping did not expect): the streamed reduction cannot be exact, read everything instead."""
+
+
+@dataclass
+class _Group:
+    """Accumulators of one (rank, direction)."""
+
+    ws: np.ndarray
+    we: np.ndarray
+    wid: np.ndarray
+    cum: _Cumulative
+    cnt: np.ndarray
+    sum: np.ndarray
+    max: np.ndarray
+    base: _Counts
+    runs: list
+    tid: int
+    carry: list | None = None  # the open saturation run: [start, end, samples, sum, peak, start_pending]
+
+
+@dataclass
+class PcieReduction:
+    """What one pass over the PCIe samples leaves of them, for one phase model.
+
+    Attributes:
+        threshold: saturation threshold (%) of :attr:`runs`.
+        windows: per rank, direction and phase window holding samples: ``global_pid, device,
+            direction, window_id`` (null: samples outside every window), ``iteration, phase,
+            micro_step, boundary`` (of that window; ``other`` outside), ``samples``,
+            ``sum_pct``, ``peak_pct``.
+        baseline: ``global_pid, device, direction, baseline_pct`` (median % of the samples with
+            no copy of that direction in flight; ranks without such samples are absent).
+        runs: saturation runs: ``global_pid, device, direction, start, end, samples, sum_pct,
+            peak_pct``.
+        series: the samples (:func:`pcie_series` with a model) when asked for, else None.
+        samples: samples attributed to a rank (0: the sampled GPUs could not be matched).
+        streamed: False when the samples had to be read whole (not in time order by rowid).
+    """
+
+    threshold: float
+    windows: pl.DataFrame
+    baseline: pl.DataFrame
+    runs: pl.DataFrame
+    series: pl.DataFrame | None
+    samples: int
+    streamed: bool = True
+
+
+class _Reducer:
+    def __init__(self, model: PhaseModel, mapping: dict, threshold: float, keep: bool) -> None:
+        self.model, self.mapping, self.threshold, self.keep = model, mapping, threshold, keep
+        r = ranks_of(model)
+        self.ranks: dict = {}
+        for gpid, dev in r.iter_rows():
+            self.ranks.setdefault(dev, []).append(gpid)
+        self.w = model.windows.select("global_pid", "window_id", "start", "end").sort("global_pid", "start")
+        self.copies = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"]))
+        self.groups: dict = {}
+        self.last: dict = {}
+        self.diffs = _Counts()
+        self.pending: list = []  # first sample of each metric: (type_id, direction, time, value)
+        self.seen: set = set()
+        self.parts: list = []
+
+    def group(self, gpid: int, dev: int, d: str) -> _Group:
+        g = self.groups.get((gpid, dev, d))
+        if g is None:
+            w = self.w.filter(pl.col("global_pid") == gpid)
+            c = self.copies.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev) & (pl.col("direction") == d))
+            n = w.height + 1  # the last slot: samples outside every window
+            g = self.groups[(gpid, dev, d)] = _Group(
+                ws=w["start"].to_numpy(), we=w["end"].to_numpy(), wid=w["window_id"].to_numpy(),
+                cum=_Cumulative(c["start"].to_numpy(), c["end"].to_numpy(), c["bytes"].to_numpy()),
+                cnt=np.zeros(n, np.int64), sum=np.zeros(n), max=np.full(n, -np.inf), base=_Counts(), runs=[],
+                tid=next(t for t, dv in self.mapping.items() if dv == dev))
+        return g
+
+    def add(self, c: pl.DataFrame) -> None:
+        """Reduce a frame of :func:`_clean_samples` rows that follows the previous ones."""
+        for (tid, d), g in c.partition_by("type_id", "direction", maintain_order=True, as_dict=True).items():
+            self._metric(tid, d, g["time"].to_numpy(), g["value_pct"].to_numpy())
+
+    def add_raw(self, chunk: pl.DataFrame, by_dir: dict) -> None:
+        """Reduce a chunk of raw ``type_id, metric_id, time, value_pct`` rows (``by_dir``:
+        direction -> its metric ids) that follows the previous ones: the rows of each metric
+        picked by a mask, in rowid order."""
+        if any(chunk.null_count().row(0)):
+            chunk = chunk.drop_nulls()  # a damaged sample cannot be placed
+        if chunk.height == 0:
+            return
+        ty, me = chunk["type_id"].to_numpy(), chunk["metric_id"].to_numpy()
+        t_all, v_all = chunk["time"].to_numpy(), chunk["value_pct"].to_numpy()
+        tids = [int(ty[0])] if (ty == ty[0]).all() else np.unique(ty).tolist()
+        for tid in tids:
+            mt = None if len(tids) == 1 else ty == tid
+            for d, mids in by_dir.items():
+                m = me == mids[0] if len(mids) == 1 else np.isin(me, mids)
+                if mt is not None:
+                    m &= mt
+                if m.any():
+                    self._metric(tid, d, t_all[m], v_all[m])
+
+    def _metric(self, tid: int, d: str, t: np.ndarray, v: np.ndarray) -> None:
+        last = self.last.get((tid, d))
+        if (t.size > 1 and (t[1:] < t[:-1]).any()) or (last is not None and t[0] < last):
+            raise _Unsorted
+        self.seen.add(tid)
+        start = np.empty_like(t)
+        start[1:] = t[:-1]
+        first = last is None
+        start[0] = t[0] if first else last
+        if first:
+            self.pending.append((tid, d, int(t[0]), float(v[0])))
+        self.diffs.add((t - start)[1:] if first else t - start)
+        self.last[(tid, d)] = int(t[-1])
+        if tid not in self.mapping:
+            if self.mapping:
+                raise _Unsorted  # a type the mapping did not know: the mapping may change
+            return
+        dev = self.mapping[tid]
+        for gpid in self.ranks.get(dev, ()):
+            self._rank(gpid, dev, d, tid, t, start, v, first)
+
+    def _rank(self, gpid, dev, d, tid, t, start, v, first) -> None:
+        g = self.group(gpid, dev, d)
+        nw = g.ws.size
+        j = np.searchsorted(g.ws, t, side="right") - 1
+        jj = np.maximum(j, 0)
+        idx = np.where((j >= 0) & (t < g.we[jj]) if nw else np.zeros(t.size, bool), jj, nw)
+        g.cnt += np.bincount(idx, minlength=nw + 1)
+        g.sum += np.bincount(idx, weights=v, minlength=nw + 1)
+        np.maximum.at(g.max, idx, v)
+        ft = g.cum(t)
+        fs = np.empty_like(ft)  # the cumulative at each start is the one at the previous time
+        fs[1:] = ft[:-1]
+        fs[0] = g.cum(start[:1])[0]
+        moved = ft - fs
+        zero = moved <= 0
+        if first:
+            zero[0] = False  # decided in finish(), once the median interval is known
+        g.base.add(v[zero])
+        # saturation runs, the open one carried across chunk edges
+        hi = v >= self.threshold
+        edges = np.diff(np.concatenate([[0], hi.astype(np.int8), [0]]))
+        rs, re_ = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        if rs.size:
+            vv = np.append(v, 0.0)
+            cut = np.empty(2 * rs.size, np.int64)
+            cut[0::2], cut[1::2] = rs, re_
+            sums = np.add.reduceat(vv, cut)[0::2]
+            peaks = np.maximum.reduceat(vv, cut)[0::2]
+            runs = [[int(start[a]), int(t[b - 1]), int(b - a), float(sm), float(pk), first and a == 0]
+                    for a, b, sm, pk in zip(rs.tolist(), re_.tolist(), sums.tolist(), peaks.tolist())]
+            if g.carry is not None:
+                if rs[0] == 0:
+                    c, r0 = g.carry, runs[0]
+                    runs[0] = [c[0], r0[1], c[2] + r0[2], c[3] + r0[3], max(c[4], r0[4]), c[5]]
+                else:
+                    g.runs.append(g.carry)
+                g.carry = None
+            if re_[-1] == t.size:
+                g.carry = runs.pop()
+            g.runs.extend(runs)
+        elif g.carry is not None:
+            g.runs.append(g.carry)
+            g.carry = None
+        if self.keep:
+            f = pl.DataFrame({"start": start, "time": t, "value_pct": v,
+                              "copy_gbps": np.maximum(moved, 0.0) / np.maximum(t - start, 1)})
+            if first:  # dated in finish()
+                head = pl.int_range(pl.len()) == 0
+                f = f.with_columns(start=pl.when(head).then(None).otherwise(pl.col("start")),
+                                   copy_gbps=pl.when(head).then(None).otherwise(pl.col("copy_gbps")))
+            self.parts.append(f.select(global_pid=pl.lit(gpid, pl.Int64), device=pl.lit(dev, pl.Int64),
+                                       type_id=pl.lit(tid, pl.Int64), direction=pl.lit(d, pl.String),
+                                       start="start", time="time", value_pct="value_pct", copy_gbps="copy_gbps"))
+
+    def finish(self) -> PcieReduction:
+        step = int(self.diffs.median(np.int64) or 0)
+        first_start, fills = {}, []
+        for tid, d, t0, v0 in self.pending:  # the first sample of each metric: start = time - median interval
+            s0 = t0 - step
+            first_start[(tid, d)] = s0
+            dev = self.mapping.get(tid)
+            if dev is None:
+                continue
+            for gpid in self.ranks.get(dev, ()):
+                g = self.group(gpid, dev, d)
+                moved = float(g.cum([t0])[0] - g.cum([s0])[0])
+                if moved <= 0:
+                    g.base.add(np.array([v0]))
+                fills.append((gpid, dev, tid, d, s0, max(moved, 0.0) / max(t0 - s0, 1)))
+        wrows, brows, rrows = [], [], []
+        samples = 0
+        for (gpid, dev, d), g in self.groups.items():
+            if g.carry is not None:
+                g.runs.append(g.carry)
+                g.carry = None
+            nz = np.flatnonzero(g.cnt)
+            samples += int(g.cnt.sum())
+            for k in nz.tolist():
+                wrows.append((gpid, dev, d, int(g.wid[k]) if k < g.ws.size else None, int(g.cnt[k]), float(g.sum[k]),
+                              float(g.max[k])))
+            b = g.base.median(np.float64)
+            if b is not None:
+                brows.append((gpid, dev, d, float(b)))
+            for r in g.runs:  # a run from the metric's first sample starts where that sample does
+                rrows.append((gpid, dev, d, first_start[(g.tid, d)] if r[5] else r[0], r[1], r[2], r[3], r[4]))
+        keys = {"global_pid": pl.Int64, "device": pl.Int64, "direction": pl.String}
+        windows = pl.DataFrame(wrows, schema={**keys, "window_id": self.w.schema["window_id"], "samples": pl.Int64,
+                                              "sum_pct": pl.Float64, "peak_pct": pl.Float64}, orient="row")
+        cols = ("iteration", "phase", "micro_step", "boundary")
+        windows = windows.join(self.model.windows.select("window_id", *cols), on="window_id", how="left").with_columns(
+            phase=pl.col("phase").fill_null("other"), boundary=pl.col("boundary").fill_null(False))
+        baseline = pl.DataFrame(brows, schema={**keys, "baseline_pct": pl.Float64}, orient="row")
+        runs = pl.DataFrame(rrows, schema={**keys, "start": pl.Int64, "end": pl.Int64, "samples": pl.Int64,
+                                           "sum_pct": pl.Float64, "peak_pct": pl.Float64}, orient="row")
+        series = None
+        if self.keep:
+            series = self._series(fills)
+        return PcieReduction(self.threshold, windows, baseline, runs, series, samples)
+
+    def _series(self, fills: list) -> pl.DataFrame:
+        schema = {"global_pid": pl.Int64, "device": pl.Int64, "type_id": pl.Int64, "direction": pl.String,
+                  "start": pl.Int64, "time": pl.Int64, "value_pct": pl.Float64, "copy_gbps": pl.Float64}
+        if not self.parts:
+            return attach_window(self.model, pl.DataFrame(schema=schema), "time")
+        s = pl.concat(self.parts, rechunk=True)
+        self.parts = []
+        if fills:
+            f = pl.DataFrame(fills, schema={"global_pid": pl.Int64, "device": pl.Int64, "type_id": pl.Int64,
+                                          "direction": pl.String, "_s": pl.Int64, "_g": pl.Float64}, orient="row")
+            s = s.join(f, on=["global_pid", "device", "type_id", "direction"], how="left", maintain_order="left")
+            s = s.with_columns(start=pl.col("start").fill_null(pl.col("_s")),
+                               copy_gbps=pl.col("copy_gbps").fill_null(pl.col("_g"))).drop("_s", "_g")
+        s = s.sort([*RANK, "direction", "time"], maintain_order=True)
+        return attach_window(self.model, s, "time")
+
+
+def reduce_pcie(export: Export, model: PhaseModel, threshold: float = 80.0, keep_samples: bool = False) -> PcieReduction:
+    """Stream the PCIe samples of ``GPU_METRICS`` once and reduce them to per-window
+    aggregates, the baseline and the saturation runs at ``threshold`` % (:class:`PcieReduction`).
+
+    The samples are read in chunks of :data:`CHUNK_ROWIDS` rowids, in rowid order, by
+    :func:`read_threads` threads (:meth:`Export.query_chunks`); each chunk is reduced before
+    the next is asked for: sample counts, sums and maxima per phase window, value counts of
+    the samples with no copy in flight (the baseline is their median), saturation runs (a run
+    still open at a chunk's end continues into the next), counts of the sampling intervals
+    (their median dates the first sample of each metric). Peak memory depends on windows and
+    chunk size, not on the number of samples; only ``keep_samples`` (``--out``) keeps
+    :attr:`PcieReduction.series`. When a metric's samples are not in time order by rowid, or
+    the typeIds sampled differ from those ``TARGET_INFO_GPU_METRICS`` lists (the device
+    mapping may change), the samples are read whole and reduced as one chunk: the same
+    results either way.
+
+    Raises :class:`~tracekit.errors.MissingDataError` without PCIe metrics.
+    """
+    ids = pcie_metric_ids(export)
+    gpus = sorted(export.load("TARGET_INFO_GPU", {"id": "id"})["id"].drop_nulls().unique().to_list())
+    info = export.load("TARGET_INFO_GPU_METRICS", {"type_id": "typeId", "metric_id": "metricId"})
+    types = sorted(info.filter(pl.col("metric_id").is_in(ids["metric_id"].to_list()))["type_id"]
+                   .drop_nulls().unique().to_list())
+    args, kw = _chunk_args(ids)
+    red = None
+    try:
+        by_dir: dict = {}
+        for mid, d in ids.select("metric_id", "direction").iter_rows():
+            by_dir.setdefault(d, []).append(mid)
+        for chunk in export.query_chunks(*args, **kw):
+            if red is None:
+                if not types:  # no typeIds listed: those of the first samples (checked at the end)
+                    types = sorted(chunk["type_id"].drop_nulls().unique().to_list())
+                    if not types:
+                        continue
+                red = _Reducer(model, _mapping(types, gpus, model), threshold, keep_samples)
+            red.add_raw(chunk, by_dir)
+        if red is None:
+            red = _Reducer(model, {}, threshold, keep_samples)
+        elif sorted(red.seen) != types:
+            red = None
+    except _Unsorted:
+        red = None
+    if red is not None:
+        return red.finish()
+    # the exact fallback: every sample at once, in metric and time order (rowid order for equal times)
+    s = _clean_samples(pl.concat(list(export.query_chunks(*args, **kw)), rechunk=True), ids)
+    s = s.sort("type_id", "direction", "time", maintain_order=True)
+    red = _Reducer(model, _mapping(sorted(s["type_id"].unique().to_list()), gpus, model), threshold, keep_samples)
+    red.add(s)
+    out = red.finish()
+    out.streamed = False
+    return out
+
+
+def _reduction_from_series(series: pl.DataFrame, threshold: float) -> PcieReduction:
+    """:class:`PcieReduction` of a series of :func:`pcie_series` (with a model), for callers that
+    hold one."""
+    keys = [*RANK, "direction"]
+    s = series.sort([*keys, "time"], maintain_order=True)
+    windows = s.group_by([*keys, "window_id", "iteration", "phase", "micro_step", "boundary"]).agg(
+        samples=pl.len().cast(pl.Int64), sum_pct=pl.col("value_pct").sum(), peak_pct=pl.col("value_pct").max())
+    base = s.filter(pl.col("copy_gbps") == 0).group_by(keys).agg(baseline_pct=pl.col("value_pct").median())
+    s = s.with_columns(hi=pl.col("value_pct") >= threshold)
+    runs = s.with_columns(run=pl.struct(*keys, "hi").rle_id()).filter(pl.col("hi")).group_by([*keys, "run"]).agg(
+        start=pl.col("start").min(), end=pl.col("time").max(), samples=pl.len().cast(pl.Int64),
+        sum_pct=pl.col("value_pct").sum(), peak_pct=pl.col("value_pct").max()).drop("run")
+    return PcieReduction(threshold, windows, base, runs, series, series.height, streamed=False)
+
+
+def _window_copies(model: PhaseModel) -> pl.DataFrame:
+    """Per rank, phase window and direction: ``wall`` (ns), ``copy_bytes`` the rank's copies of
+    that direction delivered in the window (spread evenly over each copy); computed once per model."""
+    hit = model.cache.get("pcie_window_copies")
+    if hit is not None:
+        return hit
+    win = model.windows.join(ranks_of(model), on="global_pid")
+    copies = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"]))
+    parts = []
+    for (gpid, dev), w in win.group_by(RANK):
+        c = copies.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
+        ws, we = w["start"].to_numpy(), w["end"].to_numpy()
+        for d in ("H2D", "D2H"):
+            cd = c.filter(pl.col("direction") == d)
+            f = _Cumulative(cd["start"].to_numpy(), cd["end"].to_numpy(), cd["bytes"].to_numpy())
+            parts.append(w.with_columns(direction=pl.lit(d), copy_bytes=pl.Series(np.maximum(f(we) - f(ws), 0.0)),
+                                        wall=pl.col("end") - pl.col("start")))
+    out = pl.concat(parts) if parts else None
+    model.cache["pcie_window_copies"] = out
+    return out
+
+
+def pcie_phase_stats(export: Export, model: PhaseModel, by=PHASE_KEYS, series: pl.DataFrame | None = None,
+                     reduction: PcieReduction | None = None) -> pl.DataFrame:
+    """PCIe metric per rank, group of phase windows and direction, with the copy cross-check.
+
+    Columns: ``global_pid, device``, the ``by`` columns (``sub_phase`` is not available: the
+    series is attributed by time), ``direction``, ``samples``, ``mean_pct``, ``peak_pct``,
+    ``baseline_pct`` (median % of the rank's samples with no copy of that direction in flight:
+    the metric's reading of an idle link, e.g. 1 % for TX), ``wall_ns`` (of the group's
+    windows), ``copy_bytes`` (delivered during them), ``copy_gbps`` = copy_bytes / wall_ns,
+    ``implied_peak_gbps`` = copy_gbps / ((mean_pct - baseline_pct) / 100) (null when the mean
+    is not above the baseline). Samples outside every window count in phase ``other``.
+
+    The samples come from ``reduction`` (:func:`reduce_pcie`, possibly of another model: the
+    groups then take that model's attribution of each sample, the walls and bytes this
+    model's windows), else from ``series`` (:func:`pcie_series`), else one streamed pass.
+    Raises :class:`~tracekit.errors.MissingDataError` without PCIe metrics.
+    """
+    by = [b for b in check_by(by) if b != "sub_phase"]
+    keys = [*RANK, *by]
+    if reduction is None:
+        reduction = _reduction_from_series(series, 80.0) if series is not None else reduce_pcie(export, model)
+    stats = reduction.windows.group_by([*keys, "direction"]).agg(
+        samples=pl.col("samples").sum(), sum_pct=pl.col("sum_pct").sum(), peak_pct=pl.col("peak_pct").max()
+    ).with_columns(mean_pct=pl.col("sum_pct") / pl.col("samples")).drop("sum_pct")
+    wc = _window_copies(model)
+    if wc is None:
+        return stats.select(*keys, "direction", "samples", "mean_pct", "peak_pct")
+    cb = wc.group_by([*keys, "direction"]).agg(
+        wall_ns=pl.col("wall").sum(), copy_bytes=pl.col("copy_bytes").sum(), start_ns=pl.col("start").min()
+    )
+    out = cb.join(stats, on=[*keys, "direction"], how="left", nulls_equal=True)
+    out = out.join(reduction.baseline, on=[*RANK, "direction"], how="left").with_columns(
+        pl.col("baseline_pct").fill_null(0.0))
+    out = out.with_columns(samples=pl.col("samples").fill_null(0), copy_gbps=ratio("copy_bytes", "wall_ns"))
+    above = pl.col("mean_pct") - pl.col("baseline_pct")
+    out = out.with_columns(
+        implied_peak_gbps=pl.when(above > 0).then(pl.col("copy_gbps") / (above / 100)).otherwise(None)
+    )
+    return out.sort([*RANK, "start_ns", "direction"]).select(
+        *keys, "direction", "samples", "mean_pct", "peak_pct", "baseline_pct", "wall_ns", "copy_bytes", "copy_gbps",
+        "implied_peak_gbps",
+    )
+
+
+def pcie_saturation(export: Export, model: PhaseModel, threshold: float = 80.0,
+                    series: pl.DataFrame | None = None, reduction: PcieReduction | None = None) -> pl.DataFrame:
+    """Windows where a PCIe direction stays at or above ``threshold`` % of the link.
+
+    A window is a maximal run of consecutive samples of one metric with ``value_pct >=
+    threshold``; it spans from the start of its first sample's interval to its last sample.
+    Columns: ``global_pid, device, direction, start, end, duration_ns, samples, mean_pct,
+    peak_pct`` and ``window_id, iteration, phase, micro_step, boundary`` of the phase window
+    of ``model`` containing its start; sorted by rank and start. The runs come from
+    ``reduction`` when it was made at this threshold, else from ``series``, else from one
+    streamed pass. Raises :class:`~tracekit.errors.MissingDataError` without PCIe metrics.
+    """
+    if reduction is None or reduction.threshold != threshold:
+        if series is not None:
+            reduction = _reduction_from_series(series, threshold)
+        else:
+            reduction = reduce_pcie(export, model, threshold)
+    w = reduction.runs.with_columns(mean_pct=pl.col("sum_pct") / pl.col("samples"),
+                                    duration_ns=pl.col("end") - pl.col("start")).drop("sum_pct")
+    w = attach_window(model, w, "start")
+    return w.sort([*RANK, "start", "direction"]).select(
+        *RANK, "direction", "start", "end", "duration_ns", "samples", "mean_pct", "peak_pct", "window_id",
+        "iteration", "phase", "micro_step", "boundary")

@@ -1,0 +1,123 @@
+"""Helpers shared by the transfer analyses (overlap, contention, sizes, pageable, ...).
+
+Conventions of every transfer analysis (see docs/transfers.md):
+
+- a **rank** is one (``global_pid``, ``device``) pair; every output frame carries both;
+- ``by`` selects the grouping below the rank, any of :data:`BY_COLUMNS`, from the phase model's
+  attribution of each copy (by the launching API call, see :mod:`tracekit.analyze.model.phases`):
+  ``("iteration", "phase", "micro_step")`` per phase window (the default), ``("phase",)`` for
+  whole-trace totals per phase, ``()`` for one whole-trace row per rank, or with
+  ``"sub_phase"`` added for the innermost NVTX range;
+- times are ns, sizes bytes, rates GB/s = 1e9 B/s (bytes per ns).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracekit.analyze.model.phases import PhaseModel
+from tracekit.errors import TracekitError
+
+RANK = ["global_pid", "device"]
+PHASE_KEYS: tuple[str, ...] = ("iteration", "phase", "micro_step")
+BY_COLUMNS = ("iteration", "phase", "micro_step", "boundary", "sub_phase")
+HOST_DIRECTIONS = ("H2D", "D2H")
+
+
+def check_by(by) -> list[str]:
+    """``by`` as a list; raises :class:`TracekitError` for a column outside :data:`BY_COLUMNS`."""
+    by = list(by or [])
+    bad = [b for b in by if b not in BY_COLUMNS]
+    if bad:
+        raise TracekitError(f"cannot group transfers by {bad}; choose from {', '.join(BY_COLUMNS)}")
+    return by
+
+
+def host_copies(model: PhaseModel) -> pl.DataFrame:
+    """Host<->device memcpys (H2D, D2H) of the model with ``host_kind`` (pageable, pinned, ...:
+    the source kind of an H2D, the destination kind of a D2H), ``duration_ns`` and ``gbps``
+    (bytes / duration; null for a 0 ns copy), plus the attribution columns of ``model.ops``.
+    Copies with a null device are dropped."""
+    c = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(HOST_DIRECTIONS))
+    c = c.filter(pl.col("device").is_not_null())
+    return c.with_columns(
+        host_kind=pl.when(pl.col("direction") == "H2D").then(pl.col("src_kind")).otherwise(pl.col("dst_kind")),
+        duration_ns=pl.col("end") - pl.col("start"),
+    ).with_columns(
+        gbps=pl.when(pl.col("duration_ns") > 0).then(pl.col("bytes") / pl.col("duration_ns")).otherwise(None),
+        sub_phase=pl.col("sub_phase").fill_null("(none)"),
+    )
+
+
+def ranks_of(model: PhaseModel) -> pl.DataFrame:
+    """(global_pid, device) pairs with GPU work, sorted."""
+    return model.ops.select(RANK).unique().drop_nulls().sort(RANK)
+
+
+def attach_window(model: PhaseModel, frame: pl.DataFrame, time_col: str = "start") -> pl.DataFrame:
+    """Add ``window_id, iteration, phase, micro_step, boundary`` of the phase window (of the
+    frame row's ``global_pid``) that contains ``frame[time_col]``: attribution by time, for
+    things that have no launching call (memory events, bins, metric samples).
+
+    Rows keep their order. The windows of a process tile its span, so the window of time t is
+    the last one starting at or before t, if t is before its end: one binary search per row
+    (no sort of the frame, which matters for millions of metric samples).
+    """
+    import numpy as np
+
+    cols = ("window_id", "iteration", "phase", "micro_step", "boundary")
+    w = model.windows.select("global_pid", *cols, w_start="start", w_end="end").sort("global_pid", "w_start")
+    f = frame.drop([c for c in cols if c in frame.columns])
+    t = f[time_col].to_numpy()
+    gp = f["global_pid"].to_numpy()
+    wg, ws, we = w["global_pid"].to_numpy(), w["w_start"].to_numpy(), w["w_end"].to_numpy()
+    idx = np.full(len(t), -1, dtype=np.int64)
+    for pid in np.unique(wg):
+        lo, hi = np.searchsorted(wg, pid, "left"), np.searchsorted(wg, pid, "right")
+        rows = gp == pid
+        if not rows.any():
+            continue
+        tt = t[rows]
+        j = np.searchsorted(ws[lo:hi], tt, side="right") - 1
+        jj = np.where(j >= 0, j, 0) + lo
+        idx[rows] = np.where((j >= 0) & (tt < we[jj]), jj, -1)  # NaN (null time) compares False
+    inside = pl.Series(idx >= 0)
+    g = w.select(cols).gather(np.maximum(idx, 0)) if w.height else pl.DataFrame(
+        {c: pl.Series(c, [None] * f.height, dtype=w.schema[c]) for c in cols}
+    )
+    g = g.with_columns(
+        **{c: pl.when(inside).then(pl.col(c)).otherwise(None) for c in ("window_id", "iteration", "micro_step")},
+        phase=pl.when(inside).then(pl.col("phase")).otherwise(pl.lit("other")),
+        boundary=pl.when(inside).then(pl.col("boundary")).otherwise(False),
+    )
+    return pl.concat([f, g], how="horizontal")
+
+
+def gbps(num: str, den: str) -> pl.Expr:
+    """``num / den`` when ``den > 0`` else null (bytes / ns = GB/s)."""
+    return pl.when(pl.col(den) > 0).then(pl.col(num) / pl.col(den)).otherwise(None)
+
+
+def ratio(num: str, den: str) -> pl.Expr:
+    """``num / den`` when ``den > 0`` else null."""
+    return pl.when(pl.col(den) > 0).then(pl.col(num) / pl.col(den)).otherwise(None)
+
+
+PHASE_ORDER = {"forward": 0, "backward": 1, "update": 2, "other": 3}
+
+
+def sort_groups(frame: pl.DataFrame, by: list[str], extra: list[str] | None = None) -> pl.DataFrame:
+    """Sort a per-group frame by rank, then in time order within an iteration: iteration
+    (nulls first: start-up), micro-step (nulls last), phase (forward, backward, update, other),
+    then the other ``by`` columns and ``extra``."""
+    keys = [pl.col("global_pid"), pl.col("device")]
+    if "iteration" in by:
+        keys.append(pl.col("iteration").fill_null(-(2**62)))
+    if "micro_step" in by:
+        keys.append(pl.col("micro_step").fill_null(2**62))
+    if "phase" in by:
+        keys.append(pl.col("phase").replace_strict(PHASE_ORDER, default=9, return_dtype=pl.Int64))
+    for b in [*by, *(extra or [])]:
+        if b not in ("iteration", "micro_step", "phase"):
+            keys.append(pl.col(b))
+    return frame.sort(keys)

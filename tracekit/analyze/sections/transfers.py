@@ -1,0 +1,209 @@
+"""Run the transfer analyses for ``tracekit analyze``: sections, JSON rows, findings, files.
+
+Sections (``--section``; ``--all`` selects every one):
+
+==============  ======================================================================
+overlap         :func:`tracekit.analyze.sections.overlap.overlap`
+contention      :mod:`tracekit.analyze.sections.contention` (windows, summaries, uncontended GB/s)
+sizes           :func:`tracekit.analyze.sections.copy_sizes.copy_sizes`
+pageable        :mod:`tracekit.analyze.sections.pageable`
+memory          :mod:`tracekit.analyze.sections.memory` (peaks; the event timeline goes to --out)
+timeline        :func:`tracekit.analyze.sections.throughput.throughput_timeline`
+pcie            :mod:`tracekit.analyze.sections.pcie_metrics` (reads GPU_METRICS: slower)
+opportunities   :mod:`tracekit.analyze.sections.opportunities`
+==============  ======================================================================
+
+The findings summary always needs overlap, contention, pageable, memory peaks and the
+opportunities at phase level; those are computed for every run (they are cheap). A section
+whose data the trace lacks is skipped with a note naming the nsys option.
+
+Findings leave out the iterations that hold a window whose NVTX range never closed
+(:func:`tracekit.analyze.model.phases.steady_model`): their frames are computed again without them
+when there are any. The section frames cover every window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from tracekit.analyze.sections import contention, copy_sizes, memory, opportunities, overlap, pageable, pcie_metrics, throughput
+from tracekit.analyze.trace.export import Export
+from tracekit.analyze.sections.findings import build_findings
+from tracekit.analyze.model.phases import PhaseModel, steady_model
+from tracekit.errors import MissingDataError, TracekitError
+from tracekit.vocab import INTEGRAL_SUFFIXES, json_number
+
+# the registry lives in a module without polars, so that the CLI can parse --section and answer
+# from the result cache without importing the analysis stack
+from tracekit.analyze.sections import FILE_ONLY, REGISTRY, SECTION_FRAMES, SECTIONS, parse_sections  # noqa: E402,F401
+
+PER_WINDOW = ("iteration", "phase", "micro_step")
+
+
+@dataclass
+class TransferResult:
+    """Frames of the run (name -> polars frame), notes on skipped sections, findings."""
+
+    frames: dict[str, pl.DataFrame]
+    sections: tuple[str, ...]
+    notes: list[str] = field(default_factory=list)
+    findings: list[dict] = field(default_factory=list)
+    #: frames of :func:`tracekit.analyze.sections.multi_gpu.analyze_multi_gpu` (host contention,
+    #: communication, waiting ranks), computed for every run
+    multi_gpu: dict[str, pl.DataFrame] = field(default_factory=dict)
+
+    def rank_sections(self, global_pid: int, device: int, phase: str | None = None,
+                      iteration: int | None = None) -> dict:
+        """``{section: {frame name: [row dicts]}}`` of one rank for the selected sections, rows
+        narrowed to ``phase``/``iteration`` where the frame has those columns."""
+        out: dict[str, dict] = {}
+        for sec in self.sections:
+            d = {}
+            for name in SECTION_FRAMES[sec]:
+                f = self.frames.get(name)
+                if f is None or name in FILE_ONLY:
+                    continue
+                if "global_pid" in f.columns:
+                    f = f.filter((pl.col("global_pid") == global_pid) & (pl.col("device") == device))
+                    f = f.drop("global_pid", "device")
+                if phase and "phase" in f.columns:
+                    f = f.filter(pl.col("phase") == phase)
+                if iteration is not None and "iteration" in f.columns:
+                    f = f.filter(pl.col("iteration") == iteration)
+                d[name] = _rows(f)
+            if d:
+                out[sec] = d
+        return out
+
+
+_INF = (float("inf"), float("-inf"))
+
+
+def _rows(f: pl.DataFrame) -> list[dict]:
+    """The rows of ``f`` as dicts, numbers as :func:`tracekit.vocab.json_number` writes them,
+    built column by column (the 1 ms throughput timeline of a long trace has ~100k rows)."""
+    cols = []
+    for name, dtype in f.schema.items():
+        vals = f[name].to_list()
+        if dtype.is_float():
+            if name.endswith(INTEGRAL_SUFFIXES):
+                vals = [None if v is None else json_number(name, v) for v in vals]
+            else:
+                vals = [None if v is None or v != v or v in _INF else round(v, 6) for v in vals]
+        cols.append(vals)
+    names = f.columns
+    return [dict(zip(names, r)) for r in zip(*cols)]
+
+
+def analyze_transfers(
+    export: Export,
+    model: PhaseModel,
+    sections: tuple[str, ...] = (),
+    pcie_threshold: float = 80.0,
+    bin_ns: int = 1_000_000,
+    keep_samples: bool = False,
+) -> TransferResult:
+    """Compute the selected ``sections`` plus what the findings need; see module doc.
+
+    ``keep_samples``: also keep ``pcie_series`` (one row per PCIe sample, for ``--out``); without
+    it the samples are streamed and only their per-window reduction is held
+    (:func:`tracekit.analyze.sections.pcie_metrics.reduce_pcie`).
+
+    Frame names: overlap (per phase window), overlap_phase (whole trace per phase),
+    overlap_sub_phase (per iteration, phase and sub-phase), overlap_total (one row per rank), contention, contention_phase,
+    contention_sub_phase, contention_windows, uncontended_bandwidth, copy_sizes,
+    pageable, pageable_phase (per phase and sub-phase), pageable_copies, pinned_bandwidth,
+    memory_peaks, memory_phase, memory_timeline, throughput_timeline, pcie, pcie_phase,
+    pcie_saturation, pcie_series, round_trips, round_trip_summary, update_opportunity.
+    """
+    frames: dict[str, pl.DataFrame] = {}
+    notes: list[str] = []
+    sel = set(sections)
+    frames["overlap_phase"] = overlap.overlap(model, by=("phase",))
+    if "overlap" in sel:
+        frames["overlap"] = overlap.overlap(model, by=PER_WINDOW)
+        frames["overlap_sub_phase"] = overlap.overlap(model, by=("iteration", "phase", "sub_phase"))
+        frames["overlap_total"] = overlap.overlap(model, by=())
+    windows = contention.contention_windows(model)
+    frames["contention_phase"] = contention.contention_summary(model, by=("phase",), windows=windows)
+    if "contention" in sel:
+        frames["contention"] = contention.contention_summary(model, by=PER_WINDOW, windows=windows)
+        frames["contention_sub_phase"] = contention.contention_summary(model, by=("iteration", "phase", "sub_phase"),
+                                                                       windows=windows)
+        frames["contention_windows"] = windows
+        frames["uncontended_bandwidth"] = contention.uncontended_bandwidth(model)
+    copies = pageable.pageable_copies(model, export)
+    frames["pageable_phase"] = pageable.pageable_summary(model, by=("phase", "sub_phase"), copies=copies)
+    if "pageable" in sel:
+        frames["pageable"] = pageable.pageable_summary(model, by=PER_WINDOW, copies=copies)
+        frames["pageable_copies"] = copies
+        frames["pinned_bandwidth"] = pageable.pinned_bandwidth(model, by_size=True)
+    if "sizes" in sel:
+        frames["copy_sizes"] = copy_sizes.copy_sizes(model, by=("phase",))
+    if "memory" in sel:  # (the opportunities read the peaks they need themselves)
+        try:
+            frames["memory_peaks"] = memory.memory_peaks(export, model, by=PER_WINDOW)
+            frames["memory_phase"] = memory.memory_peaks(export, model, by=("phase",))
+            frames["memory_timeline"] = memory.memory_timeline(export, model)
+        except MissingDataError as exc:
+            notes.append(f"memory: skipped, {exc}")
+    trips = opportunities.gradient_round_trips(model)
+    frames["round_trips"] = trips
+    frames["round_trip_summary"] = opportunities.gradient_round_trip_summary(export, model, trips)
+    frames["update_opportunity"] = opportunities.update_opportunity(export, model)
+    if not export.has(memory.TABLE, 1) and "memory" not in sel:
+        mem = REGISTRY["memory"]
+        notes.append(f"GPU memory headroom unknown: {mem.tables[0]} is missing; record it with "
+                     f"`nsys profile {mem.nsys_option}`")
+    if "timeline" in sel:
+        frames["throughput_timeline"] = throughput.throughput_timeline(model, bin_ns=bin_ns)
+    if "pcie" in sel:
+        try:
+            red = pcie_metrics.reduce_pcie(export, model, pcie_threshold, keep_samples=keep_samples)
+            if red.samples == 0:
+                notes.append("pcie: the PCIe samples of GPU_METRICS could not be matched to the devices with work "
+                             "(TARGET_INFO_GPU lists a different number of GPUs than were sampled)")
+            if red.series is not None:
+                frames["pcie_series"] = red.series
+            frames["pcie"] = pcie_metrics.pcie_phase_stats(export, model, by=PER_WINDOW, reduction=red)
+            frames["pcie_phase"] = pcie_metrics.pcie_phase_stats(export, model, by=("phase",), reduction=red)
+            frames["pcie_saturation"] = pcie_metrics.pcie_saturation(export, model, pcie_threshold, reduction=red)
+            model.cache["pcie_reduction"] = red
+        except MissingDataError as exc:
+            notes.append(f"pcie: skipped, {exc}")
+    steady = steady_model(model)
+    ff = frames if steady is model else _findings_frames(export, model, steady, frames, pcie_threshold)
+    iters: dict[tuple[int, int], dict[str, int]] = {}
+    win = steady.windows.filter(pl.col("iteration").is_not_null())
+    ranks = model.ops.select("global_pid", "device").unique().drop_nulls()
+    for (gpid, dev) in ranks.iter_rows():
+        w = win.filter(pl.col("global_pid") == gpid)
+        iters[(gpid, dev)] = {p: int(g["iteration"].n_unique()) for (p,), g in w.group_by(["phase"])}
+    from tracekit.analyze.sections.multi_gpu import analyze_multi_gpu
+
+    mg = analyze_multi_gpu(export, model)
+    findings = build_findings({**ff, **mg}, iters, pcie_threshold)
+    kept = {k: v for k, v in frames.items() if any(k in SECTION_FRAMES[s] for s in sections)}
+    return TransferResult(frames=kept, sections=tuple(sections), notes=notes, findings=findings, multi_gpu=mg)
+
+
+def _findings_frames(export: Export, model: PhaseModel, steady: PhaseModel, frames: dict[str, pl.DataFrame],
+                     pcie_threshold: float) -> dict[str, pl.DataFrame]:
+    """The frames :func:`build_findings` reads, computed again on ``steady`` (the model without
+    its unclosed iterations, :func:`tracekit.analyze.model.phases.steady_model`)."""
+    ff: dict[str, pl.DataFrame] = {}
+    ff["overlap_phase"] = overlap.overlap(steady, by=("phase",))
+    ff["contention_phase"] = contention.contention_summary(steady, by=("phase",),
+                                                           windows=contention.contention_windows(steady))
+    ff["pageable_phase"] = pageable.pageable_summary(steady, by=("phase", "sub_phase"),
+                                                     copies=pageable.pageable_copies(steady, export))
+    trips = opportunities.gradient_round_trips(steady)
+    ff["round_trip_summary"] = opportunities.gradient_round_trip_summary(export, steady, trips)
+    ff["update_opportunity"] = opportunities.update_opportunity(export, steady)
+    red = model.cache.get("pcie_reduction")  # the samples as attributed to the whole model
+    if red is not None and "pcie_phase" in frames:
+        ff["pcie_phase"] = pcie_metrics.pcie_phase_stats(export, steady, by=("phase",), reduction=red)
+        ff["pcie_saturation"] = pcie_metrics.pcie_saturation(export, steady, pcie_threshold, reduction=red)
+    return ff

@@ -1,0 +1,610 @@
+"""What-if model: one steady-state iteration rebuilt from measured pieces, replayed with one
+config change at a time (equations and assumptions: docs/advice.md).
+
+Two steps, kept apart so that the prediction is a pure function of numbers:
+
+- :func:`measure` reads the pieces from one trace, per rank, as means per **steady
+  iteration** (complete iterations, iteration 0 — the warm-up step — left out when another
+  complete one exists): phase walls, kernel busy time, every host copy (direction, host memory
+  kind, bytes, duration, the part of it no kernel hides = *exposed*), the update split into
+  DeepSpeed's steps (:data:`ROLES`: overflow check, unscale, gradient norm, parameter
+  copy-back, and the CPU Adam step), pinned and pageable bandwidth per copy-size bucket,
+  device-to-device copy bandwidth, the device's memory bandwidth and free GPU memory.
+- :func:`predict` takes those pieces and the run's settings (:mod:`tracekit.analyze.trace.dsconfig`)
+  and returns one scenario per change (:data:`SCENARIOS`), each with the predicted iteration
+  time, the saving per iteration and how it was computed.
+
+Units: ns, bytes, GB/s = 1e9 B/s (= bytes per ns).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import polars as pl
+
+from tracekit.analyze.sections import breakdown
+from tracekit.analyze.model import nvtx
+from tracekit.analyze.sections.copy_sizes import size_bucket
+from tracekit.analyze.trace.export import Export
+from tracekit.analyze.model.intervals import covered_length, union
+from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.sections.transfer_common import host_copies
+from tracekit.errors import MissingDataError
+
+#: Steps of DeepSpeed's optimizer step, by NVTX range name (any domain: DeepSpeed's own ranges
+#: and tracekit's capture ranges). Time in none of them (inside the update window) is
+#: ``cpu_adam`` in DeepSpeed-only traces: DeepSpeed does not mark ``_optimizer_step``.
+ROLES = {
+    "overflow_check": r"(_overflow_check_and_loss_scale_update|\.has_overflow|^overflow_check)$",
+    "unscale": r"(unscale_and_clip_grads|^unscale_clip)$",
+    "copy_back": r"(_reassign_or_swap_out_partitioned_parameters|^param_copy_back|^param_copy_to_device)$",
+    "grad_norm": r"(_get_norm_groups|^grad_norm|scaled_global_norm)$",
+    "cpu_adam": r"^cpu_optimizer_step$",
+    # the training waiting for a CPU optimizer worker (SuperOffload, ZenFlow overlap_step: the
+    # Adam itself runs in the worker, tracekit.analyze.sections.cpu_update)
+    "cpu_wait": r"^cpu_update_wait$",
+    # ZeRO-Infinity NVMe offload: optimizer state read from / written to NVMe inside the step
+    "swap": r"^(swap_in|swap_out|param_swap_in|param_swap_out|param_swap_in_wait|param_swap_out_wait)$",
+}
+#: Bytes the GPU reads and writes per parameter for the Adam arithmetic of one step, by
+#: implementation (fp32 state, the 16-bit gradient already made fp32):
+#:
+#: - ``fused``: DeepSpeed's FusedAdam (``multi_tensor_adam``, what ZeRO without offload runs for
+#:   ``optimizer.type`` Adam/AdamW): one pass reading weight, gradient, momentum, variance and
+#:   writing weight, momentum, variance: 7 x 4 = 28 B.
+#: - ``torch``: ``torch.optim.AdamW`` / ``Adam`` (``optimizer.params.torch_adam: true``), the
+#:   default ``foreach`` path on CUDA, seven passes over the fp32 tensors (weight decay 0):
+#:   ``lerp_(m, g)`` 12, ``mul_(v)`` 8, ``addcmul_(v, g, g)`` 12, ``sqrt(v)`` 8, ``div_`` 8,
+#:   ``add_(eps)`` 8, ``addcdiv_(w, m, denom)`` 16 = 72 B (+8 for the ``mul_(w)`` of a
+#:   non-zero weight decay). A trace shows it as 7 x ceil(P / (320 x 65536)) launches of
+#:   ``multi_tensor_apply_kernel``.
+ADAM_BYTES_PER_PARAM = {"fused": 28, "torch": 72}
+#: Bytes per parameter of the other GPU steps of a ZeRO-3 optimizer step without offload
+#: (deepspeed/runtime/zero/stage3.py), each of which the offloaded run does on the CPU or
+#: during its copies instead: the fp32 gradient built from the 16-bit partitions
+#: (``_prepare_fp32_grad_for_sub_group``: flatten 2+2, ``.to(float32)`` 2+4 = 10), the
+#: gradient norm (``get_grad_norm_direct``: ``g.double()`` 2+8, ``.norm(2)`` reads 8 = 18), the
+#: unscale (``unscale_and_clip_grads``: ``mul_`` of the fp32 gradient 4+4 = 8) and the 16-bit
+#: weights written from the fp32 ones (4+2 = 6): 42 B.
+GPU_STEP_OTHER_BYTES_PER_PARAM = 42
+#: Bytes per parameter of a whole GPU optimizer step with DeepSpeed's default FusedAdam.
+GPU_UPDATE_BYTES_PER_PARAM = ADAM_BYTES_PER_PARAM["fused"] + GPU_STEP_OTHER_BYTES_PER_PARAM
+#: Optimizer state per parameter for mixed-precision Adam (fp32 weight, momentum, variance,
+#: gradient).
+STATE_BYTES_PER_PARAM = 16
+#: Pinned host<->device bandwidth assumed when the trace has no pinned copy of a direction:
+#: what pinned copies of >= 1 MiB reached on an H200 (PCIe Gen5 x16) in the shared trace.
+FALLBACK_PINNED_GBPS = {"H2D": 53.0, "D2H": 53.0}
+
+#: ``superoffload_no_clipping``: the SuperOffload async path needs ``gradient_clipping`` 0
+#: (``SuperOffloadOptimizer_Stage3.partition_grads`` submits a finished sub-group to the worker
+#: during the boundary backward only ``if ... not self.clip_grad``, DeepSpeed 0.19.8); DeepSpeed's
+#: default became 1.0 in 0.19.3 (deepspeedai/DeepSpeed#8068).
+SCENARIOS = ("pageable_to_pinned", "pin_memory", "bf16", "no_offload", "grads_on_gpu", "overlap_grad_copies",
+             "ratio", "sub_group_size", "superoffload_no_clipping")
+
+
+def _steady(its: list[int]) -> list[int]:
+    its = sorted(its)
+    if len(its) > 1 and 0 in its:
+        its = [i for i in its if i != 0]
+    return its
+
+
+def _role_of(name: str) -> str | None:
+    for role, pat in ROLES.items():
+        if re.search(pat, name):
+            return role
+    return None
+
+
+def measure(export: Export, model: PhaseModel) -> list[dict]:
+    """The measured pieces of every rank; one dict per rank (sorted by pid, device)::
+
+        {"global_pid", "pid", "device", "iterations": [steady], "warmup": [left out],
+         "iteration_ns", "phase_ns": {phase: ns}, "kernel_ns": {phase: ns},
+         "copies": frame, "bandwidth": frame, "roles": {role: {...}}, "update_ns",
+         "sub_groups": int|None, "copy_back_bytes", "d2d_gbps"|None, "device_gbps"|None,
+         "free_bytes"|None, "total_memory"|None, "range_names": set, "micro_steps": int|None}
+
+    ``copies``: host copies launched in the steady iterations: ``iteration, phase,
+    micro_step, boundary, role, direction, host_kind, bytes, duration_ns, exposed_ns,
+    host_ns`` (launching thread's time in the API call; null without a runtime record)``, bucket``.
+    ``bandwidth``: per ``direction, host_kind, bucket`` over the whole trace: ``bytes, ns,
+    gbps``. ``roles[role]``: ``wall_ns`` (union of its ranges, per iteration), ``cpu_ns``
+    (part with nothing running on the GPU), ``calls`` per iteration. All per-iteration values
+    are means over the steady iterations. Ranks without a complete iteration are left out.
+    """
+    table = breakdown.phase_table(model)
+    ranges = nvtx.load_ranges(export)
+    ranges = ranges.filter(~pl.col("cross_thread") & (pl.col("event_type") == 59))
+    names = set(ranges["name"].drop_nulls().unique().to_list())
+    hc = host_copies(model)
+    gpu = _device_info(export)
+    peaks = _free_memory(export, model)
+    out = []
+    for r in breakdown.ranks(model).iter_rows(named=True):
+        gp, dev = r["global_pid"], r["device"]
+        t = table.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev) & pl.col("iteration").is_not_null())
+        complete = sorted(t.filter(pl.col("complete"))["iteration"].unique().to_list())
+        if not complete:
+            continue
+        steady = _steady(complete)
+        n = len(steady)
+        ts = t.filter(pl.col("iteration").is_in(steady))
+        phase_ns = {p: float(g["wall_ns"].sum()) / n for (p,), g in ts.group_by(["phase"])}
+        kernel_ns = {p: float(g["kernel_busy_ns"].sum()) / n for (p,), g in ts.group_by(["phase"])}
+        micro = ts.filter(pl.col("phase") == "backward").group_by("iteration").len()["len"]
+        ops = model.ops.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
+        kern = ops.filter(pl.col("kind") == "kernel")
+        ks, ke = union(kern["start"].to_numpy(), kern["end"].to_numpy())
+        busy_s, busy_e = union(ops["start"].to_numpy(), ops["end"].to_numpy())
+        # update windows of the steady iterations, and the role of each moment inside them
+        upd = model.windows.filter((pl.col("global_pid") == gp) & (pl.col("phase") == "update")
+                                   & pl.col("iteration").is_in(steady))
+        rr = ranges.filter(pl.col("global_pid") == gp).with_columns(
+            role=pl.col("name").map_elements(_role_of, return_dtype=pl.String))
+        rr = rr.filter(pl.col("role").is_not_null())
+        roles = {}
+        uw_s, uw_e = upd["start"].to_numpy(), upd["end"].to_numpy()
+        update_total = float((uw_e - uw_s).sum()) / n if n else 0.0
+        role_iv = {}
+        for role in ROLES:
+            g = rr.filter(pl.col("role") == role)
+            s, e = g["start"].to_numpy(), g["end"].to_numpy()
+            inside = np.zeros(len(s), dtype=bool)
+            for a, b in zip(uw_s, uw_e):
+                inside |= (s >= a) & (e <= b)
+            us, ue = union(s[inside], e[inside])
+            role_iv[role] = (us, ue)
+            wall = float((ue - us).sum())
+            gpu_busy = float(covered_length(busy_s, busy_e, us, ue).sum()) if len(us) else 0.0
+            roles[role] = {"wall_ns": wall / n, "cpu_ns": (wall - gpu_busy) / n, "calls": len(us) / n}
+        if roles["cpu_adam"]["calls"] == 0:  # DeepSpeed-only trace: the unmarked rest of the update
+            marked_s = np.concatenate([role_iv[k][0] for k in ROLES] + [np.zeros(0, np.int64)])
+            marked_e = np.concatenate([role_iv[k][1] for k in ROLES] + [np.zeros(0, np.int64)])
+            other = _unmarked_time(ranges.filter(pl.col("global_pid") == gp), uw_s, uw_e, marked_s, marked_e,
+                                   busy_s, busy_e)
+            roles["cpu_adam"] = {"wall_ns": other[0] / n, "cpu_ns": other[1] / n, "calls": 1.0 if other[0] else 0.0,
+                                 "unmarked": True}
+        # host copies of the steady iterations, with the role of the range their launch fell in
+        c = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev) & pl.col("iteration").is_in(steady))
+        c = c.sort("launch")
+        role_col = np.full(c.height, None, dtype=object)
+        launch = c["launch"].to_numpy()
+        for role, (us, ue) in role_iv.items():
+            if len(us):
+                j = np.searchsorted(us, launch, side="right") - 1
+                hit = (j >= 0) & (launch < ue[np.maximum(j, 0)])
+                role_col[hit] = role
+        c = c.with_columns(role=pl.Series(role_col.tolist(), dtype=pl.String))
+        exposed = (c["duration_ns"].to_numpy() - covered_length(ks, ke, c["start"].to_numpy(), c["end"].to_numpy())
+                   if c.height else np.zeros(0))
+        c = c.with_columns(exposed_ns=pl.Series(exposed, dtype=pl.Float64),
+                           bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64))
+        c = c.with_columns(host_ns=(pl.col("api_end") - pl.col("launch")).cast(pl.Float64))
+        copies = c.select("iteration", "phase", "micro_step", "boundary", "role", "direction", "host_kind", "bytes",
+                          "duration_ns", "exposed_ns", "host_ns", "bucket")
+        bw = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
+        bw = bw.with_columns(bucket=pl.Series(size_bucket(bw["bytes"].to_numpy()), dtype=pl.Int64))
+        bw = bw.group_by("direction", "host_kind", "bucket").agg(bytes=pl.col("bytes").sum(), ns=pl.col("duration_ns").sum())
+        bw = bw.with_columns(gbps=pl.when(pl.col("ns") > 0).then(pl.col("bytes") / pl.col("ns"))).sort(
+            "direction", "host_kind", "bucket")
+        d2d = ops.filter((pl.col("kind") == "memcpy") & (pl.col("direction") == "D2D") & (pl.col("bytes") >= 1 << 20))
+        d2d_gbps = (2.0 * d2d["bytes"].sum() / (d2d["end"] - d2d["start"]).sum()) if d2d.height and (
+            d2d["end"] - d2d["start"]).sum() > 0 else None
+        cb = copies.filter((pl.col("role") == "copy_back") & (pl.col("direction") == "H2D"))
+        sub_groups = roles["copy_back"]["calls"] or None
+        pk = peaks.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)) if peaks is not None else None
+        # one-time costs: pageable copies outside iterations (start-up), the warm-up iteration's excess
+        su = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev) & pl.col("iteration").is_null()
+                       & (pl.col("host_kind") == "pageable"))
+        warm = [i for i in complete if i not in steady]
+        warm_ns = {i: float(t.filter(pl.col("iteration") == i)["wall_ns"].sum()) for i in warm}
+        one_time = {"startup_pageable_bytes": int(su["bytes"].sum()), "startup_pageable_ns": float(su["duration_ns"].sum()),
+                    "startup_pageable_count": su.height,
+                    "startup_pageable_d2h_bytes": int(su.filter(pl.col("direction") == "D2H")["bytes"].sum()),
+                    "warmup_ns": warm_ns}
+        out.append({
+            "global_pid": gp, "pid": r["pid"], "device": dev, "iterations": steady,
+            "warmup": [i for i in complete if i not in steady],
+            "iteration_ns": float(ts["wall_ns"].sum()) / n, "phase_ns": phase_ns, "kernel_ns": kernel_ns,
+            "update_ns": update_total, "copies": copies, "bandwidth": bw, "roles": roles,
+            "sub_groups": int(round(sub_groups)) if sub_groups else None,
+            "copy_back_bytes": float(cb["bytes"].sum()) / n, "d2d_gbps": d2d_gbps,
+            "device_gbps": gpu.get(dev, {}).get("gbps"), "gpu_name": gpu.get(dev, {}).get("name"),
+            "free_bytes": (int(pk["headroom_bytes"].min()) if pk is not None and pk.height
+                           and pk["headroom_bytes"].null_count() < pk.height else None),
+            "total_memory": gpu.get(dev, {}).get("total"),
+            "range_names": names, "micro_steps": int(micro.median()) if micro.len() else None,
+            "one_time": one_time,
+        })
+    return out
+
+
+def _unmarked_time(rng: pl.DataFrame, uw_s, uw_e, ms, me, busy_s, busy_e) -> tuple[float, float]:
+    """Time inside the update windows on the thread that opened them, not inside any range
+    nested in the window other than the step range itself, and not in a marked role:
+    (wall ns, GPU-idle ns). Only ranges strictly inside a window count as nested."""
+    wall = idle = 0.0
+    for a, b in zip(uw_s, uw_e):
+        inner = rng.filter((pl.col("start") >= a) & (pl.col("end") <= b) & ~((pl.col("start") == a) & (pl.col("end") == b)))
+        # the step range itself (same span as the window) is the parent; its direct children cover the marked time
+        s, e = inner["start"].to_numpy(), inner["end"].to_numpy()
+        # drop ranges that span the whole window (e.g. a wrapper pushed by the hook) from the children
+        us, ue = union(np.concatenate([s, ms]), np.concatenate([e, me]))
+        keep = (ue > a) & (us < b)
+        us, ue = np.maximum(us[keep], a), np.minimum(ue[keep], b)
+        covered = float((ue - us).sum())
+        w = float(b - a) - covered
+        # GPU busy time in the uncovered part
+        gaps_s = np.concatenate([[a], ue]) if len(us) else np.array([a])
+        gaps_e = np.concatenate([us, [b]]) if len(us) else np.array([b])
+        ok = gaps_e > gaps_s
+        gb = float(covered_length(busy_s, busy_e, gaps_s[ok], gaps_e[ok]).sum()) if ok.any() else 0.0
+        wall += w
+        idle += w - gb
+    return wall, idle
+
+
+def _device_info(export: Export) -> dict:
+    f = export.load("TARGET_INFO_GPU", {"device": "id", "name": "name", "total": "totalMemory",
+                                        "bw": "memoryBandwidth"})
+    out = {}
+    for r in f.iter_rows(named=True):
+        if r.get("device") is None:
+            continue
+        bw = r.get("bw")
+        out[int(r["device"])] = {"name": r.get("name"), "total": r.get("total"),
+                                 "gbps": float(bw) / 1e9 if bw else None}
+    return out
+
+
+def _free_memory(export: Export, model: PhaseModel) -> pl.DataFrame | None:
+    from tracekit.analyze.sections.memory import memory_peaks
+
+    try:
+        return memory_peaks(export, model, by=("phase",)).filter(pl.col("phase").is_in(["forward", "backward", "update"]))
+    except MissingDataError:
+        return None
+
+
+def trace_facts(pieces: dict) -> dict:
+    """What :func:`tracekit.analyze.trace.dsconfig.infer_settings` reads from one rank's pieces."""
+    c = pieces["copies"]
+    grads = c.filter(pl.col("phase") == "backward")
+    kinds = {k: float(g["bytes"].sum()) for (k,), g in grads.group_by(["host_kind"])} if grads.height else {}
+    upd = pieces["update_ns"]
+    cpu = sum(v["cpu_ns"] for v in pieces["roles"].values())
+    names = pieces["range_names"]
+    return {
+        "range_names": names, "micro_steps": pieces["micro_steps"], "grad_copy_kinds": kinds,
+        "copy_back_bytes": pieces["copy_back_bytes"], "update_cpu_share": cpu / upd if upd else None,
+        "overflow_check": any(n.endswith(".has_overflow") or n == "overflow_check" for n in names),
+        "loss_scale_update": any(n.endswith("_overflow_check_and_loss_scale_update") for n in names),
+        "sub_groups": pieces["sub_groups"], "parameters": parameters(pieces),
+    }
+
+
+def parameters(pieces: dict, bytes_per_param: int = 2) -> float | None:
+    """Parameters of the rank's partition: the 16-bit parameters its update copies back per
+    iteration (``copy_back_bytes / 2``); None without a copy-back."""
+    b = pieces.get("copy_back_bytes") or 0
+    return b / bytes_per_param if b else None
+
+
+# ---------------------------------------------------------------------- bandwidth
+def bandwidth(pieces: dict, direction: str, kind: str, nbytes: float) -> tuple[float | None, str]:
+    """GB/s of ``kind`` (pinned/pageable) copies of ``direction`` in the trace, for a copy of
+    ``nbytes``: bytes / summed duration in its power-of-two size bucket, or the nearest bucket
+    holding such copies; ``(None, why)`` when the trace has none."""
+    bw = pieces["bandwidth"].filter((pl.col("direction") == direction) & (pl.col("host_kind") == kind)
+                                    & pl.col("gbps").is_not_null() & (pl.col("bytes") > 0))
+    if bw.height == 0:
+        return None, f"no {kind} {direction} copy in the trace"
+    b = int(size_bucket(np.array([max(int(nbytes), 1)]))[0])
+    row = bw.with_columns(d=(pl.col("bucket") - b).abs()).sort("d", "bucket").row(0, named=True)
+    k = int(row["bucket"])
+    return float(row["gbps"]), f"{kind} {direction} copies of {_size(2 ** k)}-{_size(2 ** (k + 1))} in this trace"
+
+
+def _size(b: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= div:
+            return f"{b / div:g} {unit}"
+    return f"{b} B"
+
+
+def pinned_bandwidth(pieces: dict, direction: str, nbytes: float) -> tuple[float, str, bool]:
+    """``(GB/s, basis, measured)``: pinned bandwidth of the trace for that size, else
+    :data:`FALLBACK_PINNED_GBPS` (measured False)."""
+    g, why = bandwidth(pieces, direction, "pinned", nbytes)
+    if g is not None and nbytes >= 1 << 20 and g < 5:  # only tiny pinned copies: not a bandwidth
+        g = None
+    if g is None:
+        return FALLBACK_PINNED_GBPS[direction], (f"{FALLBACK_PINNED_GBPS[direction]:.0f} GB/s assumed (no pinned "
+                                                 f"{direction} copy of that size in the trace; an H200 reached it on "
+                                                 "PCIe Gen5 x16)"), False
+    return g, why, True
+
+
+# ---------------------------------------------------------------------- scenarios
+def _pin_saving(pieces: dict, copies: pl.DataFrame) -> tuple[float, bool, list[str]]:
+    """Saving per iteration (ns) if the pageable ``copies`` ran from pinned memory: per copy
+    ``max(cost_now - cost_pinned, 0)`` with ``cost_now = max(host_ns, exposed_ns)`` (a copy from
+    or to pageable memory is staged by the driver and keeps the launching thread in the API
+    call, so the iteration pays the longer of the host's stall and the GPU copy time no kernel
+    hides) and ``cost_pinned = bytes / pinned_gbps * exposed share`` (the pinned copy as exposed
+    as the pageable one was; its API call returns at once)."""
+    n = len(pieces["iterations"])
+    total = 0.0
+    measured = True
+    bases = set()
+    for r in copies.filter(pl.col("host_kind") == "pageable").iter_rows(named=True):
+        g, why, m = pinned_bandwidth(pieces, r["direction"], r["bytes"])
+        measured &= m
+        bases.add(why)
+        if r["duration_ns"] <= 0:
+            continue
+        share = r["exposed_ns"] / r["duration_ns"]
+        now = max(r["host_ns"] or 0.0, r["exposed_ns"])
+        total += max(now - r["bytes"] / g * share, 0.0)
+    return total / n, measured, sorted(bases)
+
+
+#: the phase a scenario's saving is taken from, when it does not give ``phase_delta_ns`` itself
+SCENARIO_PHASE = {"bf16": "update", "grads_on_gpu": "backward", "overlap_grad_copies": "backward",
+                  "sub_group_size": "update"}
+
+
+def _phase_delta(pieces: dict, copies: pl.DataFrame) -> dict:
+    """``{phase: -saving ns}`` of :func:`_pin_saving` per phase of ``copies``."""
+    return {ph: -_pin_saving(pieces, copies.filter(pl.col("phase") == ph))[0]
+            for ph in sorted(set(copies["phase"].drop_nulls().to_list()))}
+
+
+def _result(pieces, name, saving_ns, basis, confidence, applicable=True, why="", **extra) -> dict:
+    base = pieces["iteration_ns"]
+    if "phase_delta_ns" not in extra and name in SCENARIO_PHASE:
+        extra["phase_delta_ns"] = {SCENARIO_PHASE[name]: -saving_ns}
+    return {"scenario": name, "applicable": applicable, "why_not": why, "baseline_ns": base,
+            "predicted_ns": base - saving_ns, "saving_ns": saving_ns, "basis": basis, "confidence": confidence,
+            **extra}
+
+
+def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[dict]:
+    """Every scenario of :data:`SCENARIOS` for one rank's ``pieces`` (:func:`measure`).
+
+    ``settings``: ``{key: value}`` of the run (dotted DeepSpeed keys and ``precision``, see
+    :mod:`tracekit.analyze.trace.dsconfig`; None = unknown). ``changes`` sets the target of the
+    tunable scenarios: ``{"ratio": 0.5, "sub_group_size": 2e7, "gpu_optimizer": "torch"}``
+    (defaults: the largest GPU share that fits the free memory; 1e8; the implementation the
+    config selects, see :func:`gpu_step_bytes`).
+
+    Returns one dict per scenario: ``scenario, applicable, why_not, baseline_ns, predicted_ns,
+    saving_ns`` (per steady iteration; negative = slower), ``basis`` (how it was computed),
+    ``confidence`` (high|medium|low) and scenario-specific numbers (``phase_delta_ns``, ...).
+    """
+    changes = changes or {}
+    n = len(pieces["iterations"])
+    copies = pieces["copies"]
+    roles = pieces["roles"]
+    offload = settings.get("zero_optimization.offload_optimizer.device")
+    pin = settings.get("zero_optimization.offload_optimizer.pin_memory")
+    precision = settings.get("precision")
+    P = parameters(pieces)
+    out = []
+
+    # 1. every pageable copy at pinned bandwidth
+    s, measured, bases = _pin_saving(pieces, copies)
+    out.append(_result(pieces, "pageable_to_pinned", s,
+                       "each pageable copy of the steady iterations: the longer of its host stall in the API call and its exposed "
+                       "time, replaced by its bytes at the pinned bandwidth of its size ("
+                       + "; ".join(bases) + "), times its exposed share" if bases else "no pageable copy",
+                       "high" if measured else "medium", applicable=s > 0,
+                       why="" if s > 0 else "no pageable copy in the steady iterations",
+                       phase_delta_ns=_phase_delta(pieces, copies)))
+    cb = copies.filter(pl.col("role") == "copy_back")
+    s_cb, _, _ = _pin_saving(pieces, cb)
+    out[-1]["copy_back_saving_ns"] = s_cb
+
+    # 2. pin_memory false -> true: every pageable copy but DeepSpeed's copy-back temporary
+    not_cb = copies.filter(pl.col("role").is_null() | (pl.col("role") != "copy_back"))
+    s, measured, bases = _pin_saving(pieces, not_cb)
+    ok = offload not in (None, "none") and pin is not True
+    out.append(_result(pieces, "pin_memory", s if ok else 0.0,
+                       "pageable gradient copies (all but the parameter copy-back, whose fp32->16-bit temporary "
+                       "stays pageable): the longer of each one's host stall in the API call and its exposed time, "
+                       "replaced by its bytes at the pinned bandwidth of its size (" + "; ".join(bases) + ")", "high" if measured else "medium",
+                       applicable=ok and s > 0,
+                       why="" if ok else ("pin_memory is already true" if pin is True else "no optimizer offload"),
+                       phase_delta_ns=_phase_delta(pieces, not_cb) if ok else {}))
+
+    # 3. fp16 -> bf16: no overflow check (has_overflow) and loss-scale bookkeeping
+    oc = roles["overflow_check"]
+    ok = precision == "fp16" or (precision is None and oc["wall_ns"] > 0 and "has_overflow" in " ".join(
+        pieces["range_names"]))
+    out.append(_result(pieces, "bf16", oc["wall_ns"] if ok else 0.0,
+                       f"the overflow check and loss-scale update (_overflow_check_and_loss_scale_update / "
+                       f"has_overflow, {oc['wall_ns'] / 1e6:,.1f} ms per iteration, {oc['cpu_ns'] / 1e6:,.1f} ms of "
+                       "it CPU-only) is not run in bf16; everything else unchanged (unscale_and_clip_grads still runs)",
+                       "high", applicable=ok and oc["wall_ns"] > 0, why="" if ok else "not an fp16 run"))
+
+    # 4. no optimizer offload
+    bwd_host = copies.filter(pl.col("phase") == "backward")
+    bwd_exposed = float(bwd_host["exposed_ns"].sum()) / n
+    # what backward pays for its host copies: per copy the longer of the launching thread's stall
+    # in the API call (a pageable copy is staged by the driver) and its exposed GPU time
+    bwd_cost = float(np.maximum(bwd_host["host_ns"].fill_null(0.0).to_numpy(),
+                                bwd_host["exposed_ns"].to_numpy()).sum()) / n if bwd_host.height else 0.0
+    upd_cpu = sum(roles[k]["wall_ns"] for k in ("cpu_adam", "copy_back", "overflow_check", "unscale", "grad_norm",
+                                                 "cpu_wait", "swap"))
+    dev_gbps, dev_basis = _device_bandwidth(pieces)
+    impl, step_bytes, impl_basis = gpu_step_bytes(settings, changes)
+    gpu_upd = (P * step_bytes / dev_gbps) if P and dev_gbps else None
+    free = pieces["free_bytes"]
+    need = P * STATE_BYTES_PER_PARAM if P else None
+    fits = None if free is None or need is None else need <= free
+    ok = offload not in (None, "none") and gpu_upd is not None and fits is not False
+    s = (bwd_cost + upd_cpu - gpu_upd) if ok else 0.0
+    out.append(_result(
+        pieces, "no_offload", s,
+        f"backward without its host copies ({bwd_cost / 1e6:,.1f} ms per iteration: per copy the longer of the "
+        f"host stall in the API call and the exposed time; {bwd_exposed / 1e6:,.1f} ms exposed); the update without "
+        f"the CPU steps (Adam, copy-back, overflow check, unscale, norm, waits for a CPU optimizer worker, NVMe swaps: "
+        f"{upd_cpu / 1e6:,.1f} ms) plus a GPU step "
+        f"reading and writing {step_bytes} B per parameter ({impl_basis}; {(P or 0) / 1e6:,.0f} M parameters) at "
+        f"{dev_basis} = {(gpu_upd or 0) / 1e6:,.2f} ms"
+        + ("" if fits is None else f"; optimizer state {need / 1e9:,.1f} GB vs {free / 1e9:,.1f} GB free"),
+        "medium", applicable=ok,
+        why="" if ok else ("no optimizer offload" if offload in (None, "none") else
+                           "the optimizer state does not fit the free GPU memory" if fits is False else
+                           "parameter count or device bandwidth unknown"),
+        gpu_update_ns=gpu_upd, state_bytes=need, free_bytes=free, gpu_optimizer=impl, gpu_step_bytes=step_bytes,
+        phase_delta_ns={"backward": -bwd_cost if ok else 0.0, "update": (gpu_upd - upd_cpu) if ok else 0.0}))
+
+    # 5. gradients kept on the GPU across accumulation micro-steps
+    nb = bwd_host.filter(~pl.col("boundary"))
+    b_h2d = bwd_host.filter(pl.col("boundary") & (pl.col("direction") == "H2D"))
+    s = (float(nb["exposed_ns"].sum()) + float(b_h2d["exposed_ns"].sum())) / n
+    grad_bytes = float(nb.filter(pl.col("direction") == "D2H")["bytes"].sum()) / n / max(
+        (pieces["micro_steps"] or 2) - 1, 1)
+    fits = None if free is None else grad_bytes <= free
+    ok = (pieces["micro_steps"] or 1) > 1 and s > 0 and fits is not False
+    out.append(_result(pieces, "grads_on_gpu", s if ok else 0.0,
+                       "the exposed time of every host copy of the non-boundary backward micro-steps and of the "
+                       "boundary's H2D (accumulated gradients fetched back); the boundary's D2H stays",
+                       "medium", applicable=ok,
+                       why="" if ok else "no gradient accumulation round trip" if s == 0 else "gradients do not fit"))
+
+    # 6. gradient copies overlapped with backward compute
+    exposed = bwd_exposed
+    room = max(pieces["kernel_ns"].get("backward", 0.0) - float(bwd_host["duration_ns"].sum() - bwd_host["exposed_ns"].sum()) / n, 0.0)
+    s = min(exposed, room)
+    out.append(_result(pieces, "overlap_grad_copies", s,
+                       f"exposed backward copy time ({exposed / 1e6:,.1f} ms) hidden under backward kernels, at most "
+                       f"the kernel time not already hiding copies ({room / 1e6:,.1f} ms); assumes the copies can "
+                       "start as soon as each gradient is ready", "low", applicable=s > 0,
+                       why="" if s > 0 else "no exposed backward copy"))
+
+    # 7. part of the sub-groups on the GPU (offload_optimizer.ratio)
+    nsg = pieces["sub_groups"] or 1
+    ratio = changes.get("ratio")
+    if ratio is None:
+        frac_fit = min(1.0, free / need) if free and need else 0.0
+        ratio = max(0.0, 1.0 - frac_fit)
+    gpu_groups = int((1 - ratio) * nsg)  # DeepSpeed: sub-group i is on the GPU when i < int((1 - ratio) * n)
+    f = gpu_groups / nsg
+    per_group_cpu = roles["cpu_adam"]["wall_ns"] + roles["copy_back"]["wall_ns"] + roles["unscale"]["wall_ns"]
+    b_fp32 = _boundary_fp32_d2h(bwd_host, n)
+    s = f * (per_group_cpu + b_fp32) - f * (gpu_upd or 0.0)
+    ok = offload not in (None, "none")
+    out.append(_result(
+        pieces, "ratio", s if ok else 0.0,
+        f"offload_optimizer.ratio {ratio:g} with {nsg} sub-group(s) puts {gpu_groups} on the GPU (DeepSpeed: "
+        f"sub-group i is on the GPU when i < int((1 - ratio) * {nsg})): that share ({100 * f:.0f}%) of the CPU Adam "
+        f"step, copy-back and unscale ({per_group_cpu / 1e6:,.1f} ms) and of the boundary's fp32 gradient D2H "
+        f"({b_fp32 / 1e6:,.1f} ms exposed) replaced by a GPU step at device bandwidth; the overflow check still "
+        "reads the CPU gradient buffer", "medium" if gpu_groups else "high", applicable=ok and gpu_groups > 0,
+        why="" if (ok and gpu_groups) else ("no optimizer offload" if not ok else
+                                             f"with {nsg} sub-group(s) ratio {ratio:g} moves none to the GPU; "
+                                             "lower sub_group_size first"),
+        ratio=ratio, gpu_sub_groups=gpu_groups, sub_groups=nsg,
+        phase_delta_ns={"backward": -f * b_fp32 if ok else 0.0,
+                        "update": -(f * per_group_cpu - f * (gpu_upd or 0.0)) if ok else 0.0}))
+
+    # 8. sub_group_size
+    target = changes.get("sub_group_size") or 1e8
+    out.append(_sub_group(pieces, cb, float(target), P, nsg, n))
+
+    # 9. SuperOffload without gradient clipping: the worker steps sub-groups during the boundary backward
+    wait = roles["cpu_wait"]["wall_ns"]
+    so = settings.get("zero_optimization.offload_optimizer.super_offload") is True
+    clip = settings.get("gradient_clipping")
+    micro = pieces.get("micro_steps") or 1
+    bwd_boundary = pieces["phase_ns"].get("backward", 0.0) / micro
+    ok = so and isinstance(clip, (int, float)) and clip > 0 and wait > 0
+    s = min(wait, bwd_boundary) if ok else 0.0
+    out.append(_result(
+        pieces, "superoffload_no_clipping", s,
+        f"the update's waits for the CPU optimizer worker (cpu_update_wait, {wait / 1e6:,.1f} ms per iteration: with "
+        f"gradient_clipping {clip} every sub-group is stepped inside the update while the training waits) hidden behind "
+        f"the boundary backward ({bwd_boundary / 1e6:,.1f} ms: the backward per micro-step), at most its length; the "
+        "per-sub-group unscale and copy-back stay; assumes the worker keeps up with backward's sub-groups", "low",
+        applicable=ok and s > 0,
+        why="" if ok else ("not SuperOffload" if not so else "gradient_clipping is already 0" if not clip else
+                           "no wait for the CPU optimizer worker measured"),
+        wait_ns=wait, boundary_backward_ns=bwd_boundary))
+    return out
+
+
+def gpu_step_bytes(settings: dict, changes: dict | None = None) -> tuple[str, int, str]:
+    """``(implementation, bytes per parameter, basis)`` of a ZeRO-3 optimizer step done on the GPU:
+    :data:`ADAM_BYTES_PER_PARAM` of the Adam implementation plus
+    :data:`GPU_STEP_OTHER_BYTES_PER_PARAM`. The implementation is ``changes["gpu_optimizer"]``
+    (``"fused"`` or ``"torch"``) when given, else ``torch`` when the config sets
+    ``optimizer.params.torch_adam: true``, else DeepSpeed's FusedAdam. torch's AdamW adds 8 B
+    for a non-zero weight decay (its default, 1e-2, when ``optimizer.params.weight_decay`` is unset).
+    Raises ValueError for another implementation name."""
+    changes = changes or {}
+    impl = changes.get("gpu_optimizer")
+    if impl is None:
+        impl = "torch" if settings.get("optimizer.params.torch_adam") is True else "fused"
+    if impl not in ADAM_BYTES_PER_PARAM:
+        raise ValueError(f"gpu_optimizer {impl!r}: choose fused or torch")
+    adam = ADAM_BYTES_PER_PARAM[impl]
+    wd = settings.get("optimizer.params.weight_decay")
+    if impl == "torch" and (wd is None or wd != 0):
+        adam += 8
+    name = ("torch.optim AdamW, foreach" if impl == "torch" else "DeepSpeed FusedAdam")
+    return impl, adam + GPU_STEP_OTHER_BYTES_PER_PARAM, (
+        f"{name} {adam} B + ZeRO-3 fp32 gradient, norm, unscale and 16-bit copy {GPU_STEP_OTHER_BYTES_PER_PARAM} B")
+
+
+def _boundary_fp32_d2h(bwd_host: pl.DataFrame, n: int) -> float:
+    """Exposed time per iteration of the boundary micro-step's D2H beyond a non-boundary one's
+    (the fp32 gradients DeepSpeed copies to the CPU optimizer at the boundary)."""
+    b = bwd_host.filter(pl.col("boundary") & (pl.col("direction") == "D2H"))
+    nb = bwd_host.filter(~pl.col("boundary") & (pl.col("direction") == "D2H"))
+    steps_nb = nb.select("iteration", "micro_step").unique().height or 1
+    extra = float(b["exposed_ns"].sum()) / n - (float(nb["exposed_ns"].sum()) / steps_nb if nb.height else 0.0)
+    return max(extra, 0.0)
+
+
+def _sub_group(pieces, cb: pl.DataFrame, target: float, P, nsg: int, n: int) -> dict:
+    """``sub_group_size`` = target: the copy-back H2D split into ceil(P / target) copies, each at
+    the bandwidth the trace's copies of that host kind reach at that size; the CPU-side part
+    of the copy-back (conversion) and the CPU Adam step keep their total; each extra sub-group
+    adds the measured per-sub-group cost of the small ranges around it (none measured with one)."""
+    h2d = cb.filter(pl.col("direction") == "H2D")
+    if not P or h2d.height == 0:
+        return _result(pieces, "sub_group_size", 0.0, "no parameter copy-back measured", "low", applicable=False,
+                       why="no parameter copy-back in the update")
+    new_n = max(1, math.ceil(P / target))
+    kind = h2d.group_by("host_kind").agg(pl.col("bytes").sum()).sort("bytes", descending=True)["host_kind"][0]
+    per_it_bytes = float(h2d["bytes"].sum()) / n
+    now = float(h2d["duration_ns"].sum()) / n
+    chunk = per_it_bytes / new_n
+    g, why = bandwidth(pieces, "H2D", kind, chunk)
+    if g is None:
+        g, why = per_it_bytes / now if now else None, "the copy-back's own bandwidth"
+    new = per_it_bytes / g if g else now
+    s = now - new
+    return _result(pieces, "sub_group_size", s,
+                   f"{nsg} -> {new_n} sub-group(s) of ~{target / 1e6:,.0f} M parameters: the copy-back's "
+                   f"{per_it_bytes / 1e6:,.0f} MB of {kind} H2D per iteration in {new_n} copies of "
+                   f"{chunk / 1e6:,.1f} MB at {g:,.1f} GB/s ({why}) instead of {now / 1e6:,.1f} ms now; the CPU work "
+                   "(conversion, Adam, unscale) keeps its total", "medium", applicable=True,
+                   sub_group_size=target, sub_groups=new_n)
+
+
+def _device_bandwidth(pieces: dict) -> tuple[float | None, str]:
+    if pieces.get("d2d_gbps"):
+        return pieces["d2d_gbps"], f"{pieces['d2d_gbps']:,.0f} GB/s (device-to-device copies in this trace)"
+    if pieces.get("device_gbps"):
+        return pieces["device_gbps"], (f"{pieces['device_gbps']:,.0f} GB/s (the device's memory bandwidth, "
+                                       "TARGET_INFO_GPU)")
+    return None, "unknown device bandwidth"

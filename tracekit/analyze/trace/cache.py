@@ -1,0 +1,774 @@
+"""A Parquet cache of what tracekit reads from a trace, kept beside the trace.
+
+Reading a large nsys export is dominated by SQLite scans (``GPU_METRICS`` alone can hold tens
+of millions of rows). The cache stores, for one trace:
+
+- every frame fetched through :meth:`tracekit.analyze.trace.export.Export.query`, as Parquet,
+  keyed on the SQL text, its parameters and the requested schema (``q-<sha1>.parquet``);
+- finished analysis results (the JSON-ready dict of :mod:`tracekit.analyze.result`), keyed on
+  the analysis options, the trace path as given and a fingerprint of tracekit's own source
+  files (``r-<sha1>.json``), so that editing tracekit never serves a stale result;
+- the terminal tables printed for such a result, per terminal width and colour system
+  (``t-<sha1>-<view>.txt``).
+
+Location: a directory ``<trace>.tracekit-cache/`` beside the trace (for ``run.sqlite``:
+``run.sqlite.tracekit-cache/``). When the trace's directory is not writable, or when the
+environment variable ``TRACEKIT_CACHE_DIR`` names a root, the directory is
+``ROOT/<sha1 of the trace's absolute path>-<trace name>.tracekit-cache/`` instead, with ROOT
+defaulting to ``$XDG_CACHE_HOME/tracekit`` (``~/.cache/tracekit``). Nothing is ever written into
+the trace itself: the trace is only ``stat``-ed here and opened read-only elsewhere.
+
+What the cache trusts, and what it checks (issue 9; docs/performance.md says it for users):
+
+- A cache folder is used only when it is a real directory (not a symbolic link), owned by the
+  current user and not writable by group or others, and either holds tracekit's
+  ``manifest.json`` (or entries written by tracekit) or is empty. Otherwise it is left
+  untouched, a note on stderr says why, and the cache goes to ``ROOT`` above instead (when
+  the rejected folder was the one beside the trace) or is off.
+- Each entry is one file: ``TKC2 <header JSON>\\n`` then the payload; the header names the
+  entry's file, the payload's length and SHA-256, and a digest of the trace identity it was
+  computed from. An entry is served only when it is a regular file (opened with
+  ``O_NOFOLLOW | O_NONBLOCK``: no FIFO, device or symbolic link is ever read through), owned by
+  the current user, and its name, length, checksum and identity all match; stored JSON must be
+  printable ASCII, stored terminal text may hold no control characters but newlines, tabs and
+  SGR colour sequences. Anything else is a miss: recomputed from the trace and replaced.
+  A Parquet payload that polars still cannot read (including a Rust panic, which derives from
+  ``BaseException``) is a miss too.
+- Invalidation: ``manifest.json`` records the trace identity (:func:`trace_identity`: size,
+  mtime, ctime, inode, the same of the trace's ``-wal`` file, the cache format and tracekit's
+  version). When it differs from the trace on disk, the entries tracekit wrote (files named
+  like entries that carry the ``TKC2`` header, or are empty) and stale temporaries of its own
+  naming are deleted, nothing else.
+- Writes: ``.tmp-tk-<pid>-<random>-<host>`` created exclusively, written, fsynced, then renamed
+  into place, so concurrent analyses of one trace never read a partial file and a crash leaves
+  no half-written entry under an entry's name; an entry is not written when the trace changed
+  while it was being read. Temporaries left by a killed writer (its pid gone on this host, or
+  untouched for an hour) are removed when the cache is next opened.
+- Not defended against: someone who can write files as the current user can forge entries
+  with valid checksums (they could equally replace the trace or tracekit itself).
+
+A cache that cannot be written (read-only disk, full disk) degrades to no cache: errors while
+reading or writing entries are swallowed and counted in :attr:`TraceCache.errors`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import socket
+import stat
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import tracekit
+
+#: Bumped when the layout or meaning of cached entries changes (1: bare files, no checksums).
+CACHE_FORMAT = 2
+SUFFIX = ".tracekit-cache"
+MANIFEST = "manifest.json"
+#: Environment variable: a root directory for all caches (instead of beside each trace).
+ENV_DIR = "TRACEKIT_CACHE_DIR"
+#: First bytes of every entry (and the key in the manifest that says tracekit wrote it).
+MAGIC = b"TKC2 "
+_MANIFEST_TAG = "tracekit-cache"
+#: A temporary file untouched this long (seconds) is stale whoever wrote it.
+STALE_TMP_S = 3600
+
+_ENTRY = re.compile(r"(?:q-[0-9a-f]{40}\.parquet|r-[0-9a-f]{40}\.json|t-[0-9a-f]{40}-[0-9a-f]{16}\.txt)\Z")
+_TMP = re.compile(r"\.tmp-tk-(\d{1,10})-[0-9a-f]{16}-([A-Za-z0-9._-]{0,64})\Z")
+_TMP_V1 = re.compile(r"\.tmp-[a-z0-9_]{8}(?:\.parquet)?\Z")  # tempfile.mkstemp names of format 1
+_HOST = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64]
+#: bytes a stored JSON text may hold (format_json writes ASCII only, control characters escaped)
+_JSON_BYTES = bytes([10] + list(range(32, 127)))
+#: stored terminal text: no control characters but \n, \t and SGR sequences (ESC [ ... m)
+_BAD_TEXT = re.compile("[\x00-\x08\x0b-\x1a\x1c-\x1f\x7f-\x9f]|\x1b(?!\\[[0-9;]*m)")
+_O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_MAX_MANIFEST = 1 << 16
+
+_code_fingerprint: str | None = None
+_noted: set = set()
+
+
+def code_fingerprint() -> str:
+    """sha1 (hex, 16 chars) over path, size and mtime of every ``.py`` file of the tracekit
+    package and the versions of polars and numpy.
+
+    Part of every result key, so that a cached result is never served after tracekit's code
+    changed (editable installs, development checkouts).
+    """
+    global _code_fingerprint
+    if _code_fingerprint is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        root = Path(tracekit.__file__).parent
+        h = hashlib.sha1(tracekit.__version__.encode())
+        for dist in ("polars", "numpy"):  # results depend on them too
+            try:
+                h.update(f"{dist}={version(dist)}\n".encode())
+            except PackageNotFoundError:
+                pass
+        for p in sorted(root.rglob("*.py")):
+            st = p.stat()
+            h.update(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        _code_fingerprint = h.hexdigest()[:16]
+    return _code_fingerprint
+
+
+def _file_identity(st: os.stat_result) -> dict:
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
+
+
+def trace_identity(trace: Path) -> dict:
+    """What the cache is keyed on: {"size": bytes, "mtime_ns": int, "ctime_ns": int, "inode":
+    int, "wal": the same four of ``TRACE-wal`` or None when there is none, "format": int,
+    "tracekit": version}.
+
+    ctime catches a trace rewritten in place with its size and mtime put back (``touch -r``),
+    which only the kernel's ctime records; the ``-wal`` file holds committed changes of a
+    WAL-mode database that are not yet in the main file. The device number is left out: it
+    differs between the nodes of a cluster that mount one shared file system.
+    Raises OSError when the trace cannot be stat-ed (a -wal that cannot be stat-ed counts as
+    none)."""
+    trace = Path(trace)
+    st = os.stat(trace)
+    try:
+        wal = _file_identity(os.stat(trace.with_name(trace.name + "-wal")))
+    except OSError:
+        wal = None
+    return {**_file_identity(st), "wal": wal, "format": CACHE_FORMAT, "tracekit": tracekit.__version__}
+
+
+def _writable_dir(folder: Path) -> bool:
+    """Writable for us and meant to be written: ``os.access`` says yes to root for any folder,
+    so a folder with no write permission bit at all (e.g. 0555) counts as read-only too."""
+    try:
+        return os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
+    except OSError:
+        return False
+
+
+def _root_dir() -> Path:
+    root = os.environ.get(ENV_DIR)
+    if not root:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tracekit"
+    return Path(root)
+
+
+def _root_cache_dir(trace: Path) -> Path:
+    digest = hashlib.sha1(str(trace).encode()).hexdigest()[:16]
+    return _root_dir() / f"{digest}-{trace.name}{SUFFIX}"
+
+
+def default_cache_dir(trace: str | Path) -> Path:
+    """The cache directory for ``trace`` (see the module doc for the rules); not created here.
+    :class:`TraceCache` moves to the ``ROOT`` form when this one is not a cache folder it can
+    trust (:attr:`TraceCache.directory` says where it went)."""
+    trace = Path(trace).resolve()
+    if not os.environ.get(ENV_DIR) and _writable_dir(trace.parent):
+        return trace.with_name(trace.name + SUFFIX)
+    return _root_cache_dir(trace)
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha1(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _identity_digest(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _printable(s: str) -> str:
+    """``s`` with control characters escaped (for a note naming a path: never a terminal escape)."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in s)
+
+
+def _note(key: tuple, text: str) -> None:
+    """One line on stderr, once per process and ``key``."""
+    if key in _noted:
+        return
+    _noted.add(key)
+    print(f"tracekit: note: {_printable(text)}", file=sys.stderr)
+
+
+def _pid_gone(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError, OSError):
+        return False
+    return False
+
+
+def _owned(st: os.stat_result) -> bool:
+    return not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
+
+
+def _read_regular(name: str, dfd: int, limit: int | None = None) -> bytes | None:
+    """The bytes of ``name`` in the directory ``dfd`` when it is a regular file owned by us
+    (never a FIFO, device or symbolic link: checked before and after opening), else None.
+    Raises FileNotFoundError when there is no such file, OSError when it cannot be read."""
+    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    if not stat.S_ISREG(st.st_mode) or not _owned(st) or (limit is not None and st.st_size > limit):
+        return None
+    fd = os.open(name, _O_READ, dir_fd=dfd)
+    try:
+        st2 = os.fstat(fd)
+        if not stat.S_ISREG(st2.st_mode) or (st2.st_ino, st2.st_dev) != (st.st_ino, st.st_dev):
+            return None
+        chunks, left = [], st2.st_size + 1  # one byte more: a file that grew is read whole
+        while True:
+            b = os.read(fd, max(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _is_legacy(manifest: dict | None) -> bool:
+    """True for the manifest of a format-1 cache (no tag; its identity says format 1)."""
+    return (isinstance(manifest, dict) and _MANIFEST_TAG not in manifest and isinstance(manifest.get("trace"), str)
+            and isinstance(manifest.get("identity"), dict) and manifest["identity"].get("format") == 1)
+
+
+class _Rejected(Exception):
+    """A cache folder tracekit will not use; the message says why."""
+
+
+class TraceCache:
+    """The cache of one trace (see module doc for what it trusts and checks).
+
+    Args:
+        trace: the nsys SQLite export (only stat-ed).
+        directory: where entries live; :func:`default_cache_dir` when None (then a folder
+            beside the trace that cannot be trusted gives way to the ``ROOT`` location).
+
+    Attributes:
+        directory: the folder in use (or the last one tried, when :attr:`enabled` is False).
+        identity: :func:`trace_identity` of the trace when the cache was opened.
+        hits, misses, writes, errors: counters of this object's lookups and stores (a damaged
+            entry counts as an error and a miss).
+        enabled: False when no usable folder was found or a write failed.
+
+    Raises OSError (from the constructor) only when the trace itself cannot be stat-ed; a
+    cache directory that cannot be created or trusted leaves :attr:`enabled` False.
+    """
+
+    def __init__(self, trace: str | Path, directory: str | Path | None = None):
+        self.trace = Path(trace)
+        self.identity = trace_identity(self.trace)
+        self._id_digest = _identity_digest(self.identity)
+        self.hits = self.misses = self.writes = self.errors = 0
+        self.enabled = True
+        self._legacy = False
+        if directory is not None:
+            candidates = [Path(directory)]
+        else:
+            first = default_cache_dir(self.trace)
+            candidates = [first]
+            fallback = _root_cache_dir(self.trace.resolve())
+            if fallback != first:
+                candidates.append(fallback)
+        self._ready = False
+        for i, d in enumerate(candidates):
+            self.directory = d
+            try:
+                state = self._inspect(d)
+            except _Rejected as e:
+                then = f"; caching in {candidates[i + 1]} instead" if i + 1 < len(candidates) else "; not caching"
+                _note(("cache", str(d), str(e)), f"cache folder {d} {e}: left untouched{then} "
+                      f"(set {ENV_DIR} to choose where caches go)")
+                continue
+            # entries are readable only when the manifest matches; the directory is made (or
+            # emptied) at the first write, so reading a file that is no trace leaves nothing behind
+            self._ready = state == "match"
+            self._legacy = state == "legacy"
+            if state != "missing":
+                self._remove_stale_temporaries()
+            return
+        self.enabled = False
+
+    # ------------------------------------------------------------------ the folder
+    @contextmanager
+    def _dir(self, check_mode: bool = True):
+        """A file descriptor of :attr:`directory`, opened without following a symbolic link and
+        checked (a directory owned by us, with ``check_mode`` not writable by group or others);
+        raises _Rejected."""
+        try:
+            dfd = os.open(self.directory, _O_DIR)
+        except OSError as e:
+            if os.path.islink(self.directory):
+                raise _Rejected("is a symbolic link") from e
+            raise
+        try:
+            st = os.fstat(dfd)
+            if not stat.S_ISDIR(st.st_mode):
+                raise _Rejected("is not a folder")
+            if not _owned(st):
+                raise _Rejected("belongs to another user")
+            if check_mode and st.st_mode & 0o022:
+                raise _Rejected("is writable by other users")
+            yield dfd
+        finally:
+            os.close(dfd)
+
+    def _inspect(self, d: Path) -> str:
+        """"missing", "match" (our manifest, same identity), "stale" (ours, other identity or a
+        damaged manifest), "legacy" (a format-1 cache of this trace) or "empty"; raises
+        _Rejected with the reason for a folder that is not ours to use."""
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            return "missing"
+        except OSError as e:
+            raise _Rejected(f"cannot be read ({e.strerror})") from e
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.readlink(d)
+            except OSError:
+                target = "?"
+            raise _Rejected(f"is a symbolic link (to {target})")
+        if not stat.S_ISDIR(st.st_mode):
+            raise _Rejected("is not a folder")
+        try:
+            with self._dir(check_mode=False) as dfd:
+                manifest = self._read_manifest(dfd)
+                if _is_legacy(manifest):
+                    # a format-1 cache: never read, cleared at the first write; it may be
+                    # group-writable (format 1 made its folder by the umask)
+                    return "legacy"
+                if os.fstat(dfd).st_mode & 0o022:
+                    raise _Rejected("is writable by other users")
+                if manifest is not None and manifest.get(_MANIFEST_TAG) == CACHE_FORMAT:
+                    return "match" if manifest.get("identity") == self.identity else "stale"
+                names = os.listdir(dfd)
+                if not names:
+                    return "empty"
+                if any(_ENTRY.match(n) and self._ours(n, dfd) for n in names):
+                    return "stale"  # entries of ours, manifest damaged or missing
+        except OSError as e:
+            raise _Rejected(f"cannot be read ({e.strerror})") from e
+        raise _Rejected("is not a cache folder tracekit made (no tracekit manifest.json)")
+
+    @staticmethod
+    def _read_manifest(dfd: int) -> dict | None:
+        try:
+            data = _read_regular(MANIFEST, dfd, _MAX_MANIFEST)
+            m = json.loads(data) if data is not None else None
+        except (OSError, ValueError):
+            return None
+        return m if isinstance(m, dict) else None
+
+    @staticmethod
+    def _ours(name: str, dfd: int) -> bool:
+        """True for a regular file of ours named like an entry that starts with :data:`MAGIC`
+        or is empty (what a crash before fsync leaves)."""
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or not _owned(st):
+                return False
+            if st.st_size == 0:
+                return True
+            fd = os.open(name, _O_READ, dir_fd=dfd)
+            try:
+                return os.read(fd, len(MAGIC)) == MAGIC
+            finally:
+                os.close(fd)
+        except OSError:
+            return False
+
+    def _remove_stale_temporaries(self, dfd: int | None = None) -> None:
+        """Delete temporaries of our naming whose writer is gone (its pid, on this host) or that
+        nobody touched for :data:`STALE_TMP_S`; in a format-1 cache also its mkstemp names."""
+        if dfd is None:
+            try:
+                with self._dir() as dfd:
+                    self._remove_stale_temporaries(dfd)
+            except (OSError, _Rejected):
+                pass
+            return
+        now = time.time()
+        for name in os.listdir(dfd):
+            m = _TMP.match(name)
+            if not m and not (self._legacy and _TMP_V1.match(name)):
+                continue
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode) or not _owned(st):
+                    continue
+                stale = now - st.st_mtime > STALE_TMP_S or (m is not None and m.group(2) == _HOST
+                                                            and _pid_gone(int(m.group(1))))
+                if stale or not m:
+                    os.unlink(name, dir_fd=dfd)
+            except OSError:
+                pass
+
+    def _prepare(self) -> bool:
+        """Make the directory and its manifest before the first write (deleting the entries of
+        an older identity); False disables the cache."""
+        if self._ready:
+            return True
+        try:
+            try:
+                os.mkdir(self.directory, 0o755)  # umask may only take bits away: never g+w, o+w
+            except FileNotFoundError:
+                os.makedirs(self.directory.parent, mode=0o700, exist_ok=True)
+                os.mkdir(self.directory, 0o755)
+            except FileExistsError:
+                pass
+            state = self._inspect(self.directory)  # again: it may have been made meanwhile
+            if state == "match":
+                self._ready = True
+                return True
+            self._legacy = state == "legacy"
+            with self._dir(check_mode=not self._legacy) as dfd:
+                if state in ("stale", "legacy"):
+                    self._clear(dfd)
+                if self._legacy:  # as tracekit makes its folders now: not writable by others
+                    os.fchmod(dfd, stat.S_IMODE(os.fstat(dfd).st_mode) & ~0o022)
+                manifest = {_MANIFEST_TAG: CACHE_FORMAT, "trace": self.trace.name, "identity": self.identity}
+                self._write_file(MANIFEST, json.dumps(manifest, indent=1).encode(), dfd)
+        except (OSError, _Rejected):
+            self.enabled = False
+            self.errors += 1
+            return False
+        self._legacy = False
+        self._ready = True
+        return True
+
+    def clear(self) -> None:
+        """Delete this cache's entries, stale temporaries and manifest: only files tracekit wrote
+        (see the module doc), in a folder that is its own; a user's files stay, and so does
+        the folder when they do. Never raises."""
+        try:
+            with self._dir(check_mode=False) as dfd:
+                m = self._read_manifest(dfd)
+                self._legacy = _is_legacy(m)
+                if not self._legacy and os.fstat(dfd).st_mode & 0o022:
+                    return
+                if m is None or not (self._legacy or m.get(_MANIFEST_TAG) == CACHE_FORMAT):
+                    if not any(_ENTRY.match(n) and self._ours(n, dfd) for n in os.listdir(dfd)):
+                        return  # not a cache folder of ours
+                self._clear(dfd)
+                if m is not None:
+                    os.unlink(MANIFEST, dir_fd=dfd)
+        except (OSError, _Rejected):
+            pass
+        self._ready = False
+
+    def _clear(self, dfd: int) -> None:
+        for name in os.listdir(dfd):
+            if not _ENTRY.match(name):
+                continue
+            if self._legacy:  # format 1 wrote bare files: its names (40 hex digits) are the mark
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    ok = stat.S_ISREG(st.st_mode) and _owned(st)
+                except OSError:
+                    ok = False
+            else:
+                ok = self._ours(name, dfd)
+            if ok:
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                except OSError:
+                    pass
+        self._remove_stale_temporaries(dfd)
+
+    def still_valid(self) -> bool:
+        """True while the trace on disk still has the identity it had when the cache was opened."""
+        try:
+            return trace_identity(self.trace) == self.identity
+        except OSError:
+            return False
+
+    # ------------------------------------------------------------------ entries
+    def _write_file(self, name: str, data: bytes, dfd: int) -> None:
+        """Write ``data`` as ``name`` in ``dfd``: exclusive temporary, fsync, rename."""
+        tmp = f".tmp-tk-{os.getpid()}-{secrets.token_hex(8)}-{_HOST}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0), 0o600, dir_fd=dfd)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+
+    def _write_entry(self, name: str, payload: bytes) -> None:
+        """Store ``payload`` as entry ``name`` with its header (:data:`MAGIC`, see module doc).
+        Raises OSError / _Rejected."""
+        header = {"name": name, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(),
+                  "identity": self._id_digest}
+        with self._dir() as dfd:
+            self._write_file(name, MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload, dfd)
+
+    def _read_entry(self, name: str) -> memoryview | None:
+        """The payload of entry ``name`` when every check passes (module doc); None on a miss
+        (counted: :attr:`misses`, and :attr:`errors` for an entry that is there but fails)."""
+        if not self.enabled or not self._ready:
+            self.misses += 1
+            return None
+        try:
+            with self._dir() as dfd:
+                data = _read_regular(name, dfd)
+        except FileNotFoundError:
+            self.misses += 1
+            return None
+        except (OSError, _Rejected):
+            data = None
+        payload = self._check(name, data) if data is not None else None
+        if payload is None:
+            self.errors += 1
+            self.misses += 1
+        return payload
+
+    def _check(self, name: str, data: bytes) -> memoryview | None:
+        if not data.startswith(MAGIC):
+            return None
+        end = data.find(b"\n", 0, 1024)
+        if end < 0:
+            return None
+        try:
+            header = json.loads(data[len(MAGIC):end])
+        except ValueError:
+            return None
+        payload = memoryview(data)[end + 1:]  # no copy: stored results reach 20 MB and more
+        if (not isinstance(header, dict) or header.get("name") != name or header.get("size") != len(payload)
+                or header.get("identity") != self._id_digest
+                or header.get("sha256") != hashlib.sha256(payload).hexdigest()):
+            return None
+        return payload
+
+    # ------------------------------------------------------------------ frames
+    @staticmethod
+    def query_key(sql: str, params: tuple, schema: dict | None) -> str:
+        """Entry key of a query: sha1 of its SQL text, parameters and requested schema."""
+        return _digest(" ".join(sql.split()), list(params), {k: str(v) for k, v in (schema or {}).items()})
+
+    def has_frame(self, key: str) -> bool:
+        """True when a regular file exists as the entry of ``key`` (it may still fail its checks)."""
+        if not (self.enabled and self._ready):
+            return False
+        try:
+            with self._dir() as dfd:
+                return stat.S_ISREG(os.stat(f"q-{key}.parquet", dir_fd=dfd, follow_symlinks=False).st_mode)
+        except (OSError, _Rejected):
+            return False
+
+    def get_frame(self, key: str):
+        """The cached polars frame of ``key``, or None on a miss (or an entry that fails a check
+        or that polars cannot read, a Rust panic included)."""
+        payload = self._read_entry(f"q-{key}.parquet")
+        if payload is None:
+            return None
+        import io
+
+        import polars as pl
+
+        try:
+            frame = pl.read_parquet(io.BytesIO(payload))  # (a copy: polars keeps the buffer)
+        except (Exception, _panic_exception()):
+            self.errors += 1
+            self.misses += 1
+            return None
+        self.hits += 1
+        return frame
+
+    def put_frame(self, key: str, frame) -> None:
+        """Store a polars frame under ``key`` (skipped when the trace changed meanwhile)."""
+        if not self.enabled or not self.still_valid() or not self._prepare():
+            return
+        import io
+
+        try:
+            buf = io.BytesIO()
+            frame.write_parquet(buf, compression="zstd", compression_level=1, statistics=False)
+            self._write_entry(f"q-{key}.parquet", buf.getvalue())
+            self.writes += 1
+        except (Exception, _panic_exception()):
+            self.errors += 1
+
+    # ------------------------------------------------------------------ results
+    @staticmethod
+    def result_key(options: dict, trace: str = "") -> str:
+        """Entry key of an analysis result: sha1 of the options, the trace path as given (the
+        result names it) and :func:`code_fingerprint`."""
+        return _digest(options, trace, code_fingerprint())
+
+    def get_result_text(self, key: str) -> str | None:
+        """A cached analysis result as its JSON text (the layout of :func:`format_json`), or None.
+        The text passed the entry's checks and holds printable ASCII and newlines only."""
+        payload = self._read_entry(f"r-{key}.json")
+        if payload is None:
+            return None
+        data = payload.obj  # the whole entry; its header is printable ASCII too
+        if data.translate(None, _JSON_BYTES) or payload[:1] != b"{" or payload[-2:] != b"}\n":
+            self.errors += 1
+            self.misses += 1
+            return None
+        self.hits += 1
+        return str(payload, "ascii")
+
+    def get_result(self, key: str) -> dict | None:
+        """A cached analysis result (a JSON-ready dict), or None."""
+        text = self.get_result_text(key)
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            self.errors += 1
+            return None
+
+    def put_result(self, key: str, result: dict) -> None:
+        """Store an analysis result under ``key`` (skipped when the trace changed meanwhile, or
+        when a dict key is not a string: JSON would give it back as one)."""
+        if not self.enabled or not self.still_valid() or not self._prepare():
+            return
+        try:
+            text = format_json(result, strict=True)  # TypeError for keys JSON would turn into strings
+            self._write_entry(f"r-{key}.json", text.encode("ascii"))
+            self.writes += 1
+        except (OSError, TypeError, ValueError, _Rejected):
+            self.errors += 1
+
+    def get_text(self, key: str) -> str | None:
+        """A cached text (e.g. the terminal tables of a result), or None. The text passed the
+        entry's checks, is UTF-8 and holds no control characters but newlines, tabs and SGR
+        colour sequences (``ESC [ digits;... m``)."""
+        payload = self._read_entry(f"t-{key}.txt")
+        if payload is None:
+            return None
+        try:
+            text = str(payload, "utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is None or _BAD_TEXT.search(text):
+            self.errors += 1
+            self.misses += 1
+            return None
+        self.hits += 1
+        return text
+
+    def put_text(self, key: str, text: str) -> None:
+        """Store ``text`` under ``key`` (skipped when the trace changed meanwhile)."""
+        if not self.enabled or not self.still_valid() or not self._prepare():
+            return
+        try:
+            self._write_entry(f"t-{key}.txt", text.encode("utf-8"))
+            self.writes += 1
+        except (OSError, UnicodeError, _Rejected):
+            self.errors += 1
+
+
+def _panic_exception() -> type:
+    """pyo3's PanicException (a BaseException: ``except Exception`` misses it), or a stand-in."""
+    try:
+        from polars.exceptions import PanicException
+    except ImportError:  # pragma: no cover - older polars
+        return Exception
+    return PanicException
+
+
+def format_json(obj, indent: int = 1, strict: bool = False) -> str:
+    """``obj`` as JSON text: objects and lists that hold containers are indented (``indent``
+    spaces a level), everything else, such as each row of a table, stays on one line; ends
+    with a newline. Parses to the same value as ``json.dumps(obj, indent=indent)``, many times
+    faster on large results (rows go through the C encoder; the indenting encoder is Python).
+
+    ``strict``: raise TypeError for a dict key that is not a string (JSON would turn it into
+    one, so the text would not read back as ``obj``), as the result cache needs.
+    """
+    from json.encoder import c_make_encoder, encode_basestring_ascii
+
+    if c_make_encoder is not None:  # the C encoder, built once (JSONEncoder.encode builds one per call)
+
+        def _default(o):
+            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+        _c = c_make_encoder(None, _default, encode_basestring_ascii, None, ": ", ", ", False, False, True)
+
+        def dumps(o) -> str:
+            return "".join(_c(o, 0))
+    else:  # pragma: no cover - Pythons without the C accelerator
+        dumps = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": ")).encode
+    parts: list[str] = []
+
+    def nested(o) -> bool:
+        if isinstance(o, dict):
+            return any(isinstance(v, (dict, list, tuple)) for v in o.values())
+        if isinstance(o, (list, tuple)):
+            return any(isinstance(v, (dict, list, tuple)) for v in o)
+        return False
+
+    def enc(o, level: int) -> None:
+        if strict and isinstance(o, dict) and not all(type(k) is str for k in o):
+            raise TypeError(f"non-string keys in {list(o)[:5]}")
+        if not nested(o):
+            if strict and isinstance(o, (list, tuple)):
+                for v in o:  # a flat list may hold flat dicts (table rows)
+                    if isinstance(v, dict) and not all(type(k) is str for k in v):
+                        raise TypeError(f"non-string keys in {list(v)[:5]}")
+            parts.append(dumps(o))
+            return
+        pad = "\n" + " " * (indent * (level + 1))
+        if isinstance(o, dict):
+            parts.append("{")
+            for i, (k, v) in enumerate(o.items()):
+                parts.append(("," if i else "") + pad + dumps(str(k)) + ": ")
+                enc(v, level + 1)
+            parts.append("\n" + " " * (indent * level) + "}")
+        else:
+            parts.append("[")
+            for i, v in enumerate(o):
+                parts.append(("," if i else "") + pad)
+                enc(v, level + 1)
+            parts.append("\n" + " " * (indent * level) + "]")
+
+    enc(obj, 0)
+    parts.append("\n")
+    return "".join(parts)
+
+
+def remove_cache(trace: str | Path) -> bool:
+    """Delete the cache of ``trace``: the entries, temporaries and manifest tracekit wrote
+    (:meth:`TraceCache.clear`), then the folder when that leaves it empty. A folder that is a
+    symbolic link, belongs to someone else or is no cache of tracekit's is left untouched.
+    True when there was a cache of ours. Raises OSError when the trace cannot be stat-ed."""
+    tc = TraceCache(trace)
+    if not tc.enabled:
+        return False
+    try:
+        with tc._dir() as dfd:
+            m = tc._read_manifest(dfd)
+            if m is None and not any(_ENTRY.match(n) and tc._ours(n, dfd) for n in os.listdir(dfd)):
+                return False
+    except (OSError, _Rejected):
+        return False
+    tc.clear()
+    try:
+        os.rmdir(tc.directory)
+    except OSError:
+        pass  # files of the user's stay, and their folder with them
+    return True

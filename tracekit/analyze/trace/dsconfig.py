@@ -1,0 +1,267 @@
+"""The DeepSpeed config of a run and the versions it ran with, or what the trace tells of them.
+
+Sources, first found wins:
+
+1. ``--ds-config FILE``: a DeepSpeed JSON config, or a ``tracekit capture`` manifest (a JSON
+   object with a ``deepspeed_config`` key);
+2. the capture manifest beside the trace: ``NAME.json`` next to ``NAME.sqlite`` (what
+   ``tracekit capture -o NAME`` writes), or ``NAME_capture.json``;
+3. nothing: :func:`infer_settings` reads what it can from the trace (stage 3 from
+   ``DeepSpeedZeroOptimizer_Stage3`` ranges, gradient accumulation from the micro-steps per
+   iteration, pin_memory from the host memory kind of the gradient copies, fp16 from
+   DeepSpeed's ``has_overflow`` range, the number of sub-groups from the copy-backs per
+   optimizer step) and says how.
+
+:func:`settings` turns either into rows ``{"key", "value", "source", "how"}``: ``source`` is
+``config`` (set in the config), ``default`` (DeepSpeed's default for an unset key, from
+``deepspeed/runtime/zero/config.py`` and ``offload_config.py``), ``trace`` (inferred) or
+``unknown``. Keys are dotted DeepSpeed config paths (``zero_optimization.offload_optimizer.
+pin_memory``); ``precision`` stands for ``fp16.enabled`` / ``bf16.enabled``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tracekit.errors import TracekitError
+
+#: DeepSpeed defaults of the keys shown (deepspeed/runtime/zero/config.py, offload_config.py).
+#: ``offload_optimizer.pin_memory`` became True by default in DeepSpeed 0.19.6 (PR #8207).
+DEFAULTS = {
+    "zero_optimization.stage": 0,
+    "zero_optimization.offload_optimizer.device": "none",
+    "zero_optimization.offload_optimizer.ratio": 1.0,
+    "zero_optimization.offload_optimizer.super_offload": False,
+    "zero_optimization.offload_param.device": "none",
+    "zero_optimization.sub_group_size": 1_000_000_000,
+    "zero_optimization.contiguous_gradients": True,
+    "zero_optimization.reduce_bucket_size": 500_000_000,
+    "zero_optimization.allgather_bucket_size": 500_000_000,
+    "zero_optimization.stage3_prefetch_bucket_size": 50_000_000,
+    "gradient_accumulation_steps": 1,
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_clipping": 0.0,  # before 0.19.3; 1.0 since (config_value)
+    "precision": "fp32",
+    "optimizer.params.torch_adam": False,
+}
+
+#: Keys shown at the top of ``analyze`` and ``report``, in this order.
+KEYS = [
+    "zero_optimization.stage",
+    "zero_optimization.offload_optimizer.device",
+    "zero_optimization.offload_optimizer.pin_memory",
+    "zero_optimization.offload_optimizer.ratio",
+    "zero_optimization.offload_optimizer.super_offload",
+    "zero_optimization.offload_param.device",
+    "zero_optimization.sub_group_size",
+    "precision",
+    "gradient_accumulation_steps",
+    "train_micro_batch_size_per_gpu",
+    "zero_optimization.overlap_comm",
+    "zero_optimization.contiguous_gradients",
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.allgather_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "gradient_clipping",
+    "zero_optimization.zenflow",
+    "optimizer.type",
+    "optimizer.params.torch_adam",
+    "optimizer.params.weight_decay",
+]
+
+
+def manifest_for(trace: str | Path) -> Path | None:
+    """The capture manifest beside ``trace`` (``NAME.json`` or ``NAME_capture.json`` for
+    ``NAME.sqlite``; ``PREFIX_capture.json`` for a cut ``PREFIX_cut.sqlite``), or None."""
+    t = Path(trace)
+    cands = [t.with_suffix(".json"), t.with_name(t.stem + "_capture.json")]
+    if t.stem.endswith("_cut"):  # a fixture cut with tracekit trim: PREFIX_cut.sqlite -> PREFIX_capture.json
+        cands.append(t.with_name(t.stem[:-4] + "_capture.json"))
+    for cand in cands:
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TracekitError(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise TracekitError(f"{what} {path}: not valid JSON ({exc}); pass a DeepSpeed JSON config") from None
+    if not isinstance(data, dict):
+        raise TracekitError(f"{what} {path}: expected a JSON object (a DeepSpeed config or a capture manifest)")
+    return data
+
+
+def load(trace: str | Path | None, ds_config: str | Path | None = None) -> dict:
+    """The config of the run of ``trace``.
+
+    Returns ``{"source": "ds-config"|"manifest"|None, "path": str|None,
+    "deepspeed_config": dict|None, "versions": {name: version}, "gpus": [str], "note": str|None}``.
+    ``versions`` and ``gpus`` come from a manifest only. A manifest beside the trace that is
+    not valid JSON is skipped with a note; a bad ``--ds-config`` raises
+    :class:`TracekitError` (one line: the file and what is wrong).
+    """
+    out = {"source": None, "path": None, "deepspeed_config": None, "versions": {}, "gpus": [], "note": None}
+    if ds_config is not None:
+        p = Path(ds_config)
+        data = _read_json(p, "--ds-config")
+        out.update(source="ds-config", path=str(p))
+    else:
+        p = manifest_for(trace) if trace is not None else None
+        if p is None:
+            return out
+        try:
+            data = _read_json(p, "capture manifest")
+        except TracekitError as exc:
+            out["note"] = f"{exc}; config inferred from the trace instead"
+            return out
+        out.update(source="manifest", path=str(p))
+    if isinstance(data.get("deepspeed_config"), dict):  # a capture manifest
+        out["deepspeed_config"] = data["deepspeed_config"]
+        out["versions"] = {k: str(v) for k, v in (data.get("versions") or {}).items()}
+        out["gpus"] = [str(g.get("name")) for g in data.get("gpus") or [] if isinstance(g, dict)]
+    elif "deepspeed_config" in data and data["deepspeed_config"] is None:
+        out["note"] = f"{p.name}: the manifest holds no DeepSpeed config; config inferred from the trace"
+    else:
+        out["deepspeed_config"] = data
+    if out["deepspeed_config"] is not None and ds_config is not None and not _looks_like_ds(out["deepspeed_config"]):
+        raise TracekitError(f"--ds-config {p}: no DeepSpeed key in it (zero_optimization, fp16, bf16, "
+                            "train_batch_size, ...); pass the config given to deepspeed.initialize")
+    return out
+
+
+def _looks_like_ds(cfg: dict) -> bool:
+    known = {"zero_optimization", "fp16", "bf16", "train_batch_size", "train_micro_batch_size_per_gpu",
+             "gradient_accumulation_steps", "optimizer", "scheduler", "gradient_clipping", "zero_allow_untested_optimizer"}
+    return bool(known & set(cfg))
+
+
+def _get(cfg: dict, dotted: str):
+    cur = cfg
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def _version_tuple(v: str | None) -> tuple[int, ...] | None:
+    if not v:
+        return None
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", v)
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def config_value(cfg: dict, key: str, ds_version: str | None = None) -> tuple[object, str]:
+    """``(value, source)`` of ``key`` in the DeepSpeed config ``cfg``: set (``config``) or
+    DeepSpeed's default (``default``; pin_memory's depends on ``ds_version``)."""
+    if key == "precision":
+        if _get(cfg, "fp16.enabled") is True:
+            return "fp16", "config"
+        if _get(cfg, "bf16.enabled") is True or _get(cfg, "bfloat16.enabled") is True:
+            return "bf16", "config"
+        return "fp32", "default"
+    v = _get(cfg, key)
+    if key.startswith("zero_optimization.stage3_") and v is None:  # also accepted without the prefix
+        v = _get(cfg, key.replace("stage3_", ""))
+    if v is not None:
+        if key == "zero_optimization.zenflow" and isinstance(v, dict):
+            v = ", ".join(f"{k}={x}" for k, x in v.items())
+        return v, "config"
+    offload_dev = _get(cfg, "zero_optimization.offload_optimizer.device")
+    if key == "zero_optimization.offload_optimizer.pin_memory":
+        if offload_dev in (None, "none"):
+            return None, "default"
+        ver = _version_tuple(ds_version)
+        if ver is None:
+            return None, "unknown"
+        return ver >= (0, 19, 6), "default"
+    if key == "zero_optimization.overlap_comm":  # DeepSpeed: True for stage 3, else False
+        return _get(cfg, "zero_optimization.stage") == 3, "default"
+    if key in ("zero_optimization.zenflow", "optimizer.type", "optimizer.params.weight_decay"):
+        return None, "default"  # no DeepSpeed default (the optimizer's own applies): not shown
+    if key == "gradient_clipping":  # DeepSpeed's default became 1.0 in 0.19.3 (deepspeedai/DeepSpeed#8068)
+        ver = _version_tuple(ds_version)
+        if ver is None:
+            return None, "unknown"
+        return (1.0 if ver >= (0, 19, 3) else 0.0), "default"
+    if key in DEFAULTS:
+        return DEFAULTS[key], "default"
+    return None, "unknown"
+
+
+def infer_settings(facts: dict) -> dict:
+    """What the trace says of the config: ``{key: (value, how)}`` from ``facts``
+    (:func:`tracekit.analyze.sections.whatif.trace_facts`: range names seen, micro-steps per iteration,
+    host kinds of the gradient copies, copy-back bytes and count per update)."""
+    out: dict[str, tuple] = {}
+    names = facts.get("range_names", set())
+    if any("DeepSpeedZeroOptimizer_Stage3" in n for n in names) or "param_copy_back" in names:
+        out["zero_optimization.stage"] = (3, "DeepSpeedZeroOptimizer_Stage3 NVTX ranges (or tracekit's param_copy_back)")
+    elif "param_copy_to_device" in names:
+        out["zero_optimization.stage"] = ("1 or 2", "tracekit's param_copy_to_device range (ZeRO-1/2 copy of the "
+                                                    "updated parameters)")
+    if facts.get("micro_steps"):
+        out["gradient_accumulation_steps"] = (facts["micro_steps"], "backward micro-steps per iteration (median)")
+    if facts.get("update_cpu_share") is not None and facts.get("copy_back_bytes"):
+        if facts["update_cpu_share"] > 0.3:
+            out["zero_optimization.offload_optimizer.device"] = (
+                "cpu", f"the update copies {facts['copy_back_bytes'] / 1e6:,.0f} MB of parameters to the GPU per "
+                       f"iteration and the GPU is idle {100 * facts['update_cpu_share']:.0f}% of it")
+    kinds = facts.get("grad_copy_kinds") or {}
+    if kinds:
+        main = max(kinds, key=kinds.get)
+        if main in ("pinned", "pageable"):
+            out["zero_optimization.offload_optimizer.pin_memory"] = (
+                main == "pinned", f"backward's gradient copies are {100 * kinds[main] / sum(kinds.values()):.0f}% "
+                                  f"{main} (by bytes)")
+    if facts.get("overflow_check"):
+        out["precision"] = ("fp16", "DeepSpeed's has_overflow range (it checks gradients for overflow only in fp16)")
+    elif facts.get("loss_scale_update"):
+        out["precision"] = ("bf16 or fp32", "_overflow_check_and_loss_scale_update without has_overflow inside")
+    n = facts.get("sub_groups")
+    if n:
+        p = facts.get("parameters")
+        if n == 1 and p:
+            out["zero_optimization.sub_group_size"] = (
+                f">= {p / 1e6:,.0f} M (1 sub-group)", "one parameter copy-back per optimizer step")
+        elif p:
+            out["zero_optimization.sub_group_size"] = (
+                f"~{p / n / 1e6:,.0f} M ({n} sub-groups)", f"{n} parameter copy-backs per optimizer step")
+    return out
+
+
+def settings(loaded: dict, inferred: dict | None = None) -> list[dict]:
+    """Rows ``{"key", "value", "source", "how"}`` for :data:`KEYS` (see module doc): from the
+    loaded config when there is one (keys it does not set get DeepSpeed's default), else from
+    ``inferred`` (:func:`infer_settings`); keys neither knows are left out."""
+    cfg = loaded.get("deepspeed_config")
+    inferred = inferred or {}
+    ds_version = (loaded.get("versions") or {}).get("deepspeed")
+    rows = []
+    for key in KEYS:
+        if cfg is not None:
+            value, source = config_value(cfg, key, ds_version)
+            how = {"config": f"set in {Path(loaded['path']).name}" if loaded.get("path") else "set in the config",
+                   "default": "DeepSpeed default" + (f" ({ds_version})" if ds_version else ""),
+                   "unknown": "not set; its default depends on the DeepSpeed version"}[source]
+            if value is None and source == "default":
+                continue
+            rows.append({"key": key, "value": value, "source": source, "how": how})
+        elif key in inferred:
+            value, how = inferred[key]
+            rows.append({"key": key, "value": value, "source": "trace", "how": how})
+    return rows
+
+
+def setting(rows: list[dict], key: str):
+    """The value of ``key`` in :func:`settings` rows, or None."""
+    for r in rows:
+        if r["key"] == key:
+            return r["value"]
+    return None

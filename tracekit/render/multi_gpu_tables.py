@@ -1,0 +1,103 @@
+"""Terminal tables for many GPUs (issue 12): rank order, host-level copy contention, waiting
+ranks. Reads only the analysis dict (:mod:`tracekit.analyze.sections.multi_gpu`'s keys), like
+:mod:`tracekit.render.tables`. Units on screen: ms (1e6 ns), MB (1e6 B), GB/s (1e9 B/s).
+Host names and phase names are trace text: printed as data (:mod:`tracekit.textsafe`).
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from tracekit.textsafe import text as _t
+
+
+def _ms(v):
+    return "" if v is None else f"{v / 1e6:,.2f}"
+
+
+def _mb(v):
+    return "" if v is None else f"{v / 1e6:,.1f}"
+
+
+def _rate(v):
+    return "" if v is None else f"{v:,.1f}"
+
+
+def _pct(v):
+    return "" if v is None else f"{100 * v:.0f}%"
+
+
+def _size(b):
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= f:
+            return f"{b / f:g} {unit}"
+    return f"{b} B"
+
+
+def _table(title: str, cols: list[str]) -> Table:
+    t = Table(title=_t(title), title_justify="left", header_style="bold")
+    for i, c in enumerate(cols):
+        t.add_column(c, justify="left" if i == 0 else "right")
+    return t
+
+
+def render_rank_order(console: Console, result: dict) -> None:
+    """One line: where the rank numbers come from (when there are two or more ranks)."""
+    ro = result.get("rank_order")
+    if ro and len(result.get("ranks", [])) > 1:
+        console.print(_t(f"rank numbers: {ro['source']} ({ro['note']})"))
+
+
+def render_multi_gpu(console: Console, result: dict) -> None:
+    """Host-level copy contention per host with two or more GPUs, and waiting ranks."""
+    for h in result.get("hosts", []):
+        hc = h["host_contention"]
+        if len(hc["devices"]) < 2:
+            continue
+        gpus = ", ".join(map(str, hc["devices"]))
+        if not hc["concurrent_ns"]:
+            console.print(_t(f"host {h['host']}: no host-level copy contention: copies of GPUs {gpus} were never in "
+                             f"flight together ({_ms(hc['copy_busy_ns'])} ms of copy time in total)"))
+            continue
+        t = _table(f"host {h['host']}: copies of GPUs {gpus} in flight together, totals per iteration and phase "
+                   "(phase of the copy that opened each window)",
+                   ["iter", "phase", "windows", "concurrent ms", "both H2D ms", "both D2H ms", "one of each ms",
+                    "H2D MB", "D2H MB"])
+        for r in hc["phases"]:
+            t.add_row(*map(_t, ("" if r["iteration"] is None else str(r["iteration"]), r["phase"] or "",
+                                str(r["windows"]), _ms(r["concurrent_ns"]), _ms(r["h2d_ns"]), _ms(r["d2h_ns"]),
+                                _ms(r["mixed_ns"]), _mb(r["h2d_bytes"]), _mb(r["d2h_bytes"]))))
+        t.add_section()
+        t.add_row(*map(_t, ("total", "", str(len(hc["windows"])), _ms(hc["concurrent_ns"]), _ms(hc["h2d_ns"]),
+                            _ms(hc["d2h_ns"]), _ms(hc["mixed_ns"]), _mb(hc["h2d_bytes"]), _mb(hc["d2h_bytes"]))))
+        console.print(t)
+        if hc["bandwidth"]:
+            b = _table(f"host {h['host']}: copy bandwidth with another GPU copying vs the same size class alone "
+                       "(whole trace)", ["dir", "host", "size", "copies", "MB", "GB/s", "alone GB/s", "alone size",
+                                         "slower"])
+            for r in hc["bandwidth"]:
+                lo = r["bucket"]
+                b.add_row(*map(_t, (r["direction"], r["host_kind"] or "", f"{_size(2 ** lo)}-{_size(2 ** (lo + 1))}",
+                                    str(r["copies"]), _mb(r["bytes"]), _rate(r["gbps"]), _rate(r["alone_gbps"]),
+                                    "" if r["alone_bucket"] is None else _size(2 ** r["alone_bucket"]),
+                                    _pct(r["slower_share"]))))
+            console.print(b)
+    w = result.get("waiting_ranks") or {}
+    per = w.get("per_rank") or []
+    if per:
+        t = _table("time in collectives and waiting for the last rank, per rank, iteration and phase (totals)",
+                   ["rank", "device", "iter", "phase", "collectives", "collective ms", "waiting ms", "waiting",
+                    "arrived last"])
+        for r in per:
+            t.add_row(*map(_t, (str(r["rank"]), str(r["device"]), "" if r["iteration"] is None else str(r["iteration"]),
+                                r["phase"], str(r["collectives"]), _ms(r["collective_ns"]), _ms(r["wait_ns"]),
+                                _pct(r["wait_share"]), str(r["last_arrivals"]))))
+        console.print(t)
+        for s in w.get("slowest") or []:
+            at = "" if s["iteration"] is None else f"iteration {s['iteration']} "
+            console.print(_t(f"slowest rank in {at}{s['phase']}: rank {s['rank']} (device {s['device']}); the other "
+                             f"ranks waited {_ms(s['others_wait_ns'])} ms for it; {s['reason']}"))
+        if w.get("unmatched_collectives"):
+            console.print(_t(f"{w['unmatched_collectives']} collective kernels had no counterpart on another rank "
+                             "(not in the waiting figures)"))

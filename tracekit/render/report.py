@@ -1,0 +1,386 @@
+"""``tracekit report``: the figures of one trace and a ``report.md`` that puts them beside the
+key numbers.
+
+Layout of the output directory (created when missing; files of the same names are replaced,
+nothing else is touched)::
+
+    DIR/report.md                    key numbers, findings, the figures with captions
+    DIR/N_name.png, DIR/N_name.svg   each figure (``.pdf`` instead of ``.svg`` with fmt="pdf")
+    DIR/data/N_name.csv              the frame each figure plotted
+    DIR/data/key_numbers.csv         per iteration and phase (:func:`summary.iteration_metrics`)
+
+Units in the report: ms (1e6 ns), MB / GB (1e6 / 1e9 bytes), GB/s (1e9 B/s). Text from the
+trace (its path, NVTX names, the nsys version string) is written inert: Markdown syntax
+escaped, code spans fenced to fit, control characters as visible escapes
+(:mod:`tracekit.textsafe`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import polars as pl
+
+from tracekit.errors import TracekitError
+from tracekit.render import figures as F
+from tracekit.render import style as S
+from tracekit.render import summary
+from tracekit.render.data import ReportData
+from tracekit.textsafe import md, md_code
+
+FORMATS = ("svg", "pdf")
+
+
+@dataclass
+class ReportResult:
+    """What :func:`write_report` wrote: ``out_dir``, ``files`` (paths), ``figures`` (name ->
+    png path), ``iteration`` (shown in the timeline figures), ``rank`` (dict) and ``notes``."""
+
+    out_dir: Path
+    files: list[Path] = field(default_factory=list)
+    figures: dict[str, Path] = field(default_factory=dict)
+    iteration: int | None = None
+    rank: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def prepare_dir(out_dir: str | Path, with_data: bool = True) -> Path:
+    """Create ``out_dir`` (and parents, and ``data/`` with ``with_data``) when missing; raises
+    :class:`TracekitError` when it is a file or cannot be created."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise TracekitError(f"-o {out}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if with_data:
+            (out / "data").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise TracekitError(f"-o {out}: cannot create the directory ({exc.strerror})") from None
+    return out
+
+
+@contextlib.contextmanager
+def progress(enabled: bool = True, label: str = "tracekit report") -> Iterator[Callable[[str], None]]:
+    """A spinner with ``label`` and the current step on stderr (rich), yielding
+    ``step(message)``; silent when ``enabled`` is false or stderr is not a terminal."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not enabled or not console.is_terminal:
+        yield lambda _m: None
+        return
+    with console.status("loading", spinner="dots") as status:
+        yield lambda m: status.update(f"[bold]{label}[/bold]: {m}")
+
+
+def _ms(ns) -> str:
+    return "–" if ns is None else f"{ns / 1e6:,.1f}"
+
+
+def _gb(b) -> str:
+    return "–" if b is None else f"{b / 1e9:,.2f}"
+
+
+def _mb(b) -> str:
+    return "–" if b is None else f"{b / 1e6:,.1f}"
+
+
+def _gbps(v) -> str:
+    return "–" if v is None else f"{v:,.1f}"
+
+
+def _count(v) -> str:
+    return "–" if v is None else (f"{int(v):,}" if float(v).is_integer() else f"{v:,.1f}")
+
+
+def _pct(v) -> str:
+    return "–" if v is None else f"{100 * v:.0f}%"
+
+
+def write_report(
+    trace: str | Path,
+    out_dir: str | Path,
+    rank: int = 0,
+    iteration: int | None = None,
+    fmt: str = "svg",
+    phase_map: list[str] | None = None,
+    gas: int | None = None,
+    step: Callable[[str], None] | None = None,
+    dpi: int = S.DPI,
+    ds_config: str | Path | None = None,
+    html: bool = True,
+    perfetto: str | Path | None = None,
+) -> ReportResult:
+    """Write the figures, their data and ``report.md`` for ``trace`` into ``out_dir``.
+
+    ``rank``: index of the rank to draw (0-based, by pid then device); ``iteration``: the one
+    shown in the timeline figures (default: the median complete iteration); ``fmt``: ``svg``
+    or ``pdf``, written beside each PNG; ``phase_map``/``gas`` as for ``tracekit analyze``;
+    ``html``: also write ``report.html`` (:mod:`tracekit.render.html`); ``perfetto``: also write
+    a Chrome/Perfetto trace-event JSON there (:mod:`tracekit.render.perfetto`). The per-rank
+    figure is written only when the trace has two or more ranks.
+
+    Raises :class:`TracekitError` for an unreadable trace, a missing rank or iteration, an
+    unknown format or an output path that is a file.
+    """
+    if fmt not in FORMATS:
+        raise TracekitError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
+    step = step or (lambda _m: None)
+    data = ReportData.load(trace, phase_map=phase_map, gas=gas, step=step, ds_config=ds_config)
+    try:
+        rk = data.rank(rank)
+        it = data.pick_iteration(rk, iteration)
+        out = prepare_dir(out_dir)
+        res = ReportResult(out_dir=out, iteration=it, rank=rk)
+        frames: dict[str, pl.DataFrame] = {}
+        n = len(F.FIGURES)
+        for i, (name, (fn, title)) in enumerate(F.FIGURES.items(), 1):
+            step(f"figure {i}/{n}: {title.lower()}")
+            if name == "6_ranks" and data.ranks.height < 2:
+                continue  # one rank: nothing to compare
+            if name == "6_ranks":
+                fig, frame = fn(data)
+            elif name in ("2_iteration_timeline", "5_overlap_contention"):
+                fig, frame = fn(data, rank=rank, iteration=it)
+            else:
+                fig, frame = fn(data, rank=rank)
+            for ext in ("png", fmt):
+                p = out / f"{name}.{ext}"
+                fig.savefig(p, dpi=dpi if ext == "png" else None)
+                res.files.append(p)
+            S.close(fig)
+            res.figures[name] = out / f"{name}.png"
+            frames[name] = frame
+            p = out / "data" / f"{name}.csv"
+            frame.write_csv(p)
+            res.files.append(p)
+        step("key numbers and findings")
+        metrics = summary.iteration_metrics(data, rk)
+        p = out / "data" / "key_numbers.csv"
+        metrics.write_csv(p)
+        res.files.append(p)
+        findings = _findings(data, rk, res.notes)
+        md = render_markdown(data, rk, it, metrics, frames, findings, fmt)
+        md = _with_advice(md, data, rk, trace, ds_config, res.notes)
+        p = out / "report.md"
+        p.write_text(md, encoding="utf-8")
+        res.files.append(p)
+        if html:
+            step("report.html")
+            from tracekit.render.html import render_html, write_advice
+
+            means = summary.phase_means(metrics, data.steady_iterations(rk))
+            page = render_html(data, rk, it, metrics, frames, res.figures, _captions(data, rk, it, frames, means),
+                               findings, write_advice(data, res.notes), res.notes)
+            p = out / "report.html"
+            p.write_text(page, encoding="utf-8")
+            res.files.append(p)
+        if perfetto is not None:
+            step("Perfetto trace")
+            from tracekit.render.perfetto import write_perfetto
+
+            res.files.append(write_perfetto(data, perfetto, findings=_findings(data, None, [])))
+        return res
+    finally:
+        data.close()
+
+
+def _findings(data: ReportData, rk: dict | None, notes: list[str]) -> list[dict]:
+    """The findings of the trace's analysis (:attr:`tracekit.analysis.Analysis.findings`, the
+    ones ``analyze`` prints: steady iterations, warm-up included as ``analyze`` does) for the
+    rank, or every rank's with ``rk=None``; the analysis' notes are added to ``notes`` once."""
+    result = data.analysis.to_json()
+    for n in result.get("transfer_notes") or []:
+        if n not in notes:
+            notes.append(n)
+    found = list(result.get("findings") or [])
+    if rk is None:  # every rank's (the Perfetto export)
+        return found
+    return [f for f in found if f.get("pid") == rk["pid"] and f.get("device") == rk["device"]]
+
+
+def _with_advice(text: str, data: ReportData, rk: dict, trace, ds_config, notes: list[str]) -> str:
+    """``report.md`` with the run's config and the advice (of the trace's analysis,
+    :meth:`tracekit.analysis.Analysis.advice_result`) put before the key numbers: it leads the
+    report (docs/advice.md)."""
+    res = data.analysis.advice_result()
+    if res.get("config") is None:
+        notes.append("advice skipped: the analysis holds none")
+        return text
+    L = advice_markdown(res, rk)
+    key = "## Key numbers"
+    i = text.find(key)
+    return text[:i] + "\n".join(L) + "\n" + text[i:] if i >= 0 else text + "\n".join(L) + "\n"
+
+
+def advice_markdown(res: dict, rk: dict) -> list[str]:
+    """Markdown lines of the config and advice of one rank (trace text escaped)."""
+    from tracekit.textsafe import md as _md
+
+    L = ["## Config\n"]
+    cfg = res["config"]
+    if cfg.get("source"):
+        vers = ", ".join(f"{k} {v}" for k, v in (cfg.get("versions") or {}).items())
+        L.append(f"From {'--ds-config' if cfg['source'] == 'ds-config' else 'the capture manifest'} "
+                 f"`{_md(Path(cfg['path']).name)}`" + (f" ({_md(vers)})" if vers else "") + ".\n")
+    else:
+        L.append("No manifest beside the trace and no `--ds-config`: the values below are inferred from the trace.\n")
+    if cfg["settings"]:
+        L.append("| key | value | from |")
+        L.append("|---|---|---|")
+        for r in cfg["settings"]:
+            v = str(r["value"]).lower() if isinstance(r["value"], bool) else str(r["value"])
+            how = r["how"] if r["source"] != "trace" else f"inferred: {r['how']}"
+            L.append(f"| `{r['key']}` | {_md(v)} | {_md(how)} |")
+        L.append("")
+    items = [a for a in res["advice"] if a["pid"] == rk["pid"] and a["device"] == rk["device"]]
+    L.append("## Advice\n")
+    L.append("Largest saving per iteration first; per iteration = mean over steady iterations, warm-up apart "
+             "(model and validation: docs/advice.md).\n")
+    if not items:
+        L.append("No change of the what-if model saves 0.5 % of a steady iteration.\n")
+    else:
+        L.append("| # | knob | change | saves ms / iteration | saves | iteration ms now → predicted | confidence |")
+        L.append("|---:|---|---|---:|---:|---:|---|")
+        for i, a in enumerate(items, 1):
+            L.append(f"| {i} | `{a['knob']}` | {_md(a['change'])} | {a['saving_ms_per_iteration']:,.1f} | "
+                     f"{a['saving_pct']:.1f}% | {a['baseline_iteration_ms']:,.1f} → {a['predicted_iteration_ms']:,.1f} | "
+                     f"{a['confidence']} |")
+        L.append("")
+        for i, a in enumerate(items, 1):
+            L.append(f"{i}. **Problem**: {_md(a['problem'])}. **Predicted from**: {_md(a['basis'])}.")
+        L.append("")
+    once = [c for c in res["one_time_costs"] if c["pid"] == rk["pid"] and c["device"] == rk["device"]]
+    if once:
+        L.append("One-time costs (totals, not per iteration):\n")
+        for c in once:
+            L.append(f"- {_md(c['problem'])} ({c['total_ms']:,.1f} ms)")
+        L.append("")
+    return L
+
+
+def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, frames: dict[str, pl.DataFrame],
+                    findings: list[dict], fmt: str = "svg") -> str:
+    """The text of ``report.md`` (see module doc)."""
+    exp = data.export
+    steady = data.steady_iterations(rk)
+    spans = data.iteration_spans(rk)
+    means = summary.phase_means(metrics, steady)
+    L: list[str] = []
+    L.append(f"# tracekit report: {md(data.path.name)}\n")
+    src = ", ".join(f"pid {(gp >> 24) & 0xFFFFFF}: {md(s)}" for gp, s in sorted(data.model.source.items()))
+    L.append(f"- trace: {md_code(data.path)} (nsys {md(exp.nsys_version or '?')}, "
+             f"export schema {md(exp.schema_version)})")
+    L.append(f"- phases from: {src or 'none'}")
+    ranks = ", ".join(f"{i}: pid {r['pid']} GPU {r['device']}" for i, r in enumerate(data.ranks.iter_rows(named=True)))
+    L.append(f"- ranks: {ranks}; shown: rank {rk['index']} (pid {rk['pid']} GPU {rk['device']})")
+    if spans.height:
+        its = spans["iteration"].to_list()
+        L.append(f"- iterations in the trace: {its[0]}–{its[-1]} ({spans.filter(pl.col('complete')).height} complete); "
+                 f"means below are per iteration over {F.iterations_note(steady)}"
+                 + (" (iteration 0, the warm-up step, is left out)" if 0 in its and 0 not in steady else ""))
+        L.append(f"- iteration shown in time (figures 2 and 5): {it}")
+    for u in data.model.unclosed.filter(pl.col("global_pid") == rk["global_pid"]).iter_rows(named=True):
+        L.append(f"- iteration {u['iteration']} is incomplete and left out of the means: its {u['phase']} range "
+                 f"{md_code(u['name'])} {md(u['reason'])}; its window ends at the process's last recorded "
+                 f"activity ({_ms(u['end'] - u['start'])} ms after it opened)")
+    L.append("- units: ms = 1e6 ns, MB = 1e6 B, GB = 1e9 B, GB/s = 1e9 B/s\n")
+
+    L.append("## Key numbers (mean per iteration)\n")
+    total_wall = float(means["wall_ns"].sum()) if means.height else 0.0
+    L.append("| phase | wall ms | share | GPU idle | H2D MB | H2D GB/s | H2D exposed ms | D2H MB | D2H GB/s | "
+             "D2H exposed ms | copy time hidden | pageable copies | pageable MB | GPU memory peak GB |")
+    L.append("|---|" + "---:|" * 13)
+    for r in means.iter_rows(named=True):
+        L.append(
+            f"| {md(r['phase'])} | {_ms(r['wall_ns'])} | {_pct(r['wall_ns'] / total_wall if total_wall else None)} | "
+            f"{_pct(r['gpu_idle_ns'] / r['wall_ns'] if r['wall_ns'] else None)} | {_mb(r['h2d_bytes'])} | "
+            f"{_gbps(r['h2d_gbps'])} | {_ms(r['h2d_exposed_ns'])} | {_mb(r['d2h_bytes'])} | {_gbps(r['d2h_gbps'])} | "
+            f"{_ms(r['d2h_exposed_ns'])} | {_pct(r['overlap_ratio'])} | {_count(r['pageable_count'])} | "
+            f"{_mb(r['pageable_bytes'])} | {_gb(r['peak_bytes'])} |"
+        )
+    if total_wall:
+        L.append(f"| **iteration** | **{_ms(total_wall)}** | 100% | | | | | | | | | | | |")
+    L.append("")
+    L.append("GPU idle: share of the phase with no kernel, copy or memset running (in `update`, the CPU-bound "
+             "time). Exposed: copy busy time with no kernel running. Per-iteration rows are in "
+             "`data/key_numbers.csv`.\n")
+
+    if findings:
+        L.append("## Findings\n")
+        L.append("Findings cover every iteration of the trace, the warm-up one included (the key "
+                 "numbers above may leave it out, as they say).\n")
+        for f in findings:
+            L.append(f"- **{md(f['topic'])}**" + (f" ({md(f['phase'])})" if f.get("phase") else "")
+                     + f": {md(f['text'])}")
+        L.append("")
+
+    L.append("## Figures\n")
+    captions = _captions(data, rk, it, frames, means)
+    for name, (_fn, title) in F.FIGURES.items():
+        if name not in frames:  # not drawn (the per-rank figure of a one-rank trace)
+            continue
+        L.append(f"### {title}\n")
+        L.append(f"![{title}]({name}.png)\n")
+        L.append(captions.get(name, ""))
+        L.append(f"\nVector version: [`{name}.{fmt}`]({name}.{fmt}); data: [`data/{name}.csv`](data/{name}.csv).\n")
+    return "\n".join(L) + "\n"
+
+
+def _captions(data: ReportData, rk: dict, it: int, frames: dict[str, pl.DataFrame], means: pl.DataFrame) -> dict:
+    out = {}
+    m = {r["phase"]: r for r in means.iter_rows(named=True)}
+    tot = sum(r["wall_ns"] for r in m.values()) or 0
+    if tot:
+        parts = [f"{p} {_ms(m[p]['wall_ns'])} ms ({_pct(m[p]['wall_ns'] / tot)})" for p in summary.PHASE_ORDER if p in m]
+        out["1_iteration_breakdown"] = (
+            f"Wall time per iteration by phase, in time order (F = forward, B = backward with micro-step index, "
+            f"* = accumulation boundary, U = update). Solid inner bars: GPU busy; light: GPU idle. Mean iteration "
+            f"{_ms(tot)} ms: " + ", ".join(parts) + "."
+        )
+    tl = frames.get("2_iteration_timeline")
+    if tl is not None and tl.height:
+        peak = tl.filter(pl.col("series") == "memory")["value"].max()
+        h = tl.filter(pl.col("series") == "H2D")["value"].max()
+        d = tl.filter(pl.col("series") == "D2H")["value"].max()
+        out["2_iteration_timeline"] = (
+            f"Iteration {it} on one time axis: phases and update sub-phases (top), GPU memory in use, and H2D / D2H "
+            f"copies, each drawn as its own interval at its bandwidth (PCIe RX / TX from GPU metrics below, when recorded). "
+            f"Peak memory {_gb(peak)} GB; fastest copy H2D {_gbps(h)} GB/s, D2H {_gbps(d)} GB/s."
+        )
+    cs = frames.get("3_copy_sizes")
+    if cs is not None and cs.height:
+        pg = cs.filter(pl.col("host_kind") == "pageable")
+        top = cs.sort("bytes", descending=True).row(0, named=True)
+        out["3_copy_sizes"] = (
+            f"Copies inside iterations per power-of-two size bucket; pageable host memory hatched. The most bytes "
+            f"move in {top['direction']} copies of {S.size_label(top['bucket_bytes'])}–"
+            f"{S.size_label(2 * top['bucket_bytes'])} ({top['host_kind']}, {_mb(top['bytes'])} MB). "
+            f"Pageable: {int(pg['count'].sum())} copies, {_mb(pg['bytes'].sum())} MB."
+        )
+    sp = frames.get("4_update_sub_phases")
+    if sp is not None and sp.height:
+        r = sp.row(0, named=True)
+        out["4_update_sub_phases"] = (
+            f"Update sub-phases (innermost NVTX range, self time), mean per iteration: GPU busy vs CPU only, and "
+            f"copy throughput per direction. Longest: {md_code(r['sub_phase'])} {_ms(r['wall_ns'])} ms "
+            f"({_pct(r['cpu_only_ns'] / r['wall_ns'] if r['wall_ns'] else None)} CPU only"
+            + (f", H2D {_gbps(r['h2d_gbps'])} GB/s" if r["h2d_gbps"] is not None else "") + ")."
+        )
+    oc = frames.get("5_overlap_contention")
+    if oc is not None:
+        ov = oc.filter(pl.col("section") == "overlap")
+        cw = oc.filter(pl.col("section") == "contention")
+        exp_ms = ov["exposed_ns"].sum() if ov.height else 0
+        cp_ms = ov["copy_ns"].sum() if ov.height else 0
+        out["5_overlap_contention"] = (
+            f"Copy time hidden behind kernels (solid) and exposed (hatched) per phase, mean per iteration: "
+            f"{_ms(exp_ms)} of {_ms(cp_ms)} ms exposed. Bottom: iteration {it}, share of each bin with kernels / "
+            f"H2D / D2H running, and {cw.height} PCIe contention window(s)"
+            + (f" ({_ms((cw['end_ns'] - cw['start_ns']).sum())} ms)." if cw.height else ".")
+        )
+    out["6_ranks"] = "Per rank: mean phase wall time and bytes copied per iteration; a slow or copy-heavy rank stands out."
+    return out
