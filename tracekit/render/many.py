@@ -19,6 +19,7 @@ def render_many(out: dict, console=None, wide: bool = False) -> None:
     """Print the per-rank table and the summary across ranks of :func:`analyze_many`'s dict
     (rich tables of :func:`tracekit.render.terminal.terminal_width`; ms = 1e6 ns)."""
     from tracekit.render.terminal import add_num_column, make_console, new_table
+    from tracekit.textsafe import markup, text
     from tracekit.vocab import fmt_ms
 
     console = console or make_console(wide)
@@ -34,7 +35,7 @@ def render_many(out: dict, console=None, wide: bool = False) -> None:
     for r in s["rank_rows"]:
         label = r["rank"] if r["rank"] is not None else r["node"]
         t.add_row(
-            Path(r["trace"]).name,
+            text(Path(r["trace"]).name),  # file names are never rich markup
             "" if label is None else str(label),
             str(r["pid"]),
             str(r["device"]),
@@ -54,23 +55,21 @@ def render_many(out: dict, console=None, wide: bool = False) -> None:
             t.add_row(
                 phase, ms(v["min_ns"]), ms(v["mean_ns"]), ms(v["max_ns"]), ms(v["spread_ns"]),
                 "" if v["spread_share"] is None else f"{100 * v['spread_share']:.1f}%",
-                f"{Path(who['trace']).name} pid {who['pid']}",
+                text(f"{Path(who['trace']).name} pid {who['pid']}"),
             )
         console.print(t)
     if s["slowest_rank"]:
         w = s["slowest_rank"]
         console.print(
-            f"slowest rank: {Path(w['trace']).name} pid {w['pid']} device {w['device']} "
-            f"({ms(w['mean_iteration_ns'])} ms per iteration)"
+            text(f"slowest rank: {Path(w['trace']).name} pid {w['pid']} device {w['device']} "
+            f"({ms(w['mean_iteration_ns'])} ms per iteration)")
         )
     if s["missing_ranks"]:
         console.print(f"[bold red]missing ranks:[/] {', '.join(map(str, s['missing_ranks']))}")
     for w in s["ranks_without_iterations"]:
-        console.print(f"[yellow]no iterations:[/] {Path(w['trace']).name} pid {w['pid']}")
+        console.print(f"[yellow]no iterations:[/] {markup(Path(w['trace']).name)} pid {w['pid']}", emoji=False)
     for r in s["rank_rows"]:
         if r.get("unclosed_iterations"):
-            from tracekit.textsafe import text
-
             its = ", ".join(map(str, r["unclosed_iterations"]))
             console.print(text(f"{Path(r['trace']).name} pid {r['pid']}: iteration {its} left out of the table "
                                "above (a phase range never closed; see tracekit analyze on that trace)"))

@@ -9,36 +9,40 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from tracekit.render.terminal import add_num_column, new_table
 from tracekit.textsafe import text as _t
+from tracekit.vocab import fmt_gbps, fmt_mb, fmt_ms, fmt_pct, fmt_size
 
 
 def _ms(v):
-    return "" if v is None else f"{v / 1e6:,.2f}"
+    return fmt_ms(v, 2)
 
 
 def _mb(v):
-    return "" if v is None else f"{v / 1e6:,.1f}"
+    return fmt_mb(v, 1)
 
 
 def _rate(v):
-    return "" if v is None else f"{v:,.1f}"
+    return fmt_gbps(v, 1)
 
 
 def _pct(v):
-    return "" if v is None else f"{100 * v:.0f}%"
+    return fmt_pct(v, 0)
 
 
 def _size(b):
-    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if b >= f:
-            return f"{b / f:g} {unit}"
-    return f"{b} B"
+    return fmt_size(b)
 
 
-def _table(title: str, cols: list[str]) -> Table:
-    t = Table(title=_t(title), title_justify="left", header_style="bold")
+def _table(title: str, cols: list[str], wide: bool = False) -> Table:
+    """A table of :func:`tracekit.render.terminal.new_table` (the width rule of every terminal
+    table): the first column text, the others numbers that are never cut."""
+    t = new_table(title, wide)
     for i, c in enumerate(cols):
-        t.add_column(c, justify="left" if i == 0 else "right")
+        if i == 0:
+            t.add_column(c, overflow="fold")
+        else:
+            add_num_column(t, c)
     return t
 
 
@@ -49,7 +53,7 @@ def render_rank_order(console: Console, result: dict) -> None:
         console.print(_t(f"rank numbers: {ro['source']} ({ro['note']})"))
 
 
-def render_multi_gpu(console: Console, result: dict) -> None:
+def render_multi_gpu(console: Console, result: dict, wide: bool = False) -> None:
     """Host-level copy contention per host with two or more GPUs, and waiting ranks."""
     for h in result.get("hosts", []):
         hc = h["host_contention"]
@@ -63,7 +67,7 @@ def render_multi_gpu(console: Console, result: dict) -> None:
         t = _table(f"host {h['host']}: copies of GPUs {gpus} in flight together, totals per iteration and phase "
                    "(phase of the copy that opened each window)",
                    ["iter", "phase", "windows", "concurrent ms", "both H2D ms", "both D2H ms", "one of each ms",
-                    "H2D MB", "D2H MB"])
+                    "H2D MB", "D2H MB"], wide)
         for r in hc["phases"]:
             t.add_row(*map(_t, ("" if r["iteration"] is None else str(r["iteration"]), r["phase"] or "",
                                 str(r["windows"]), _ms(r["concurrent_ns"]), _ms(r["h2d_ns"]), _ms(r["d2h_ns"]),
@@ -75,7 +79,7 @@ def render_multi_gpu(console: Console, result: dict) -> None:
         if hc["bandwidth"]:
             b = _table(f"host {h['host']}: copy bandwidth with another GPU copying vs the same size class alone "
                        "(whole trace)", ["dir", "host", "size", "copies", "MB", "GB/s", "alone GB/s", "alone size",
-                                         "slower"])
+                                         "slower"], wide)
             for r in hc["bandwidth"]:
                 lo = r["bucket"]
                 b.add_row(*map(_t, (r["direction"], r["host_kind"] or "", f"{_size(2 ** lo)}-{_size(2 ** (lo + 1))}",
@@ -88,7 +92,7 @@ def render_multi_gpu(console: Console, result: dict) -> None:
     if per:
         t = _table("time in collectives and waiting for the last rank, per rank, iteration and phase (totals)",
                    ["rank", "device", "iter", "phase", "collectives", "collective ms", "waiting ms", "waiting",
-                    "arrived last"])
+                    "arrived last"], wide)
         for r in per:
             t.add_row(*map(_t, (str(r["rank"]), str(r["device"]), "" if r["iteration"] is None else str(r["iteration"]),
                                 r["phase"], str(r["collectives"]), _ms(r["collective_ns"]), _ms(r["wait_ns"]),

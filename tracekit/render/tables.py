@@ -124,7 +124,7 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
             s.add_row(*map(_t, (ph, _ms(v["mean_wall_ns"]), _ms(v["max_wall_ns"]), str(v["slowest_rank_pid"]),
                                 _ms(v["spread_ns"]))))
         console.print(s)
-    render_multi_gpu(console, result)
+    render_multi_gpu(console, result, wide)
     console.print(_t("* gradient accumulation boundary backward; GPU idle = share of the window with no "
                      f"kernel, copy or memset running; {UNITS_LINE}"))
     if wide:
