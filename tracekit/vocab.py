@@ -69,6 +69,16 @@ def os_pid(global_pid: int) -> int:
     return (int(global_pid) >> PID_SHIFT) & TID_MASK
 
 
+def global_pid_of(global_tid: int) -> int:
+    """The ``globalPid`` of an nsys ``globalTid`` (the thread id's low bits cleared)."""
+    return int(global_tid) & ~TID_MASK
+
+
+def global_pid_expr(expr):
+    """:func:`global_pid_of` of a polars expression (a ``globalTid`` column)."""
+    return (expr // (TID_MASK + 1)) * (TID_MASK + 1)
+
+
 def os_pid_expr(expr):
     """:func:`os_pid` of a polars expression (``globalPid`` or ``globalTid`` column)."""
     return (expr // (TID_MASK + 1)) % (TID_MASK + 1)

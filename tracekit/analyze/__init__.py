@@ -1,5 +1,11 @@
 """Analysis layer: read nsys SQLite exports with polars and attribute GPU work to training phases.
 
+Inside: :mod:`tracekit.analyze.trace` (reading an export, schema, enums, the read cache, trim),
+:mod:`tracekit.analyze.model` (GPU operations, NVTX ranges, phases and iterations, interval
+algebra), :mod:`tracekit.analyze.sections` (pure functions of the model returning polars frames,
+and their registry); :mod:`.result` (the JSON of one trace), :mod:`.multi` (many traces) and
+:mod:`.command` (the CLI). Printing and drawing live in :mod:`tracekit.render`.
+
 The package is also the entry point of the Python API: ``tracekit.analyze(path, **options)``
 calls :func:`tracekit.analysis.analyze` and returns an :class:`tracekit.analysis.Analysis`
 (the package and the function share the name, so the package module is callable).

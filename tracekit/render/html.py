@@ -32,6 +32,7 @@ import polars as pl
 from tracekit.render import data as D
 from tracekit.render import style as S
 from tracekit.render.data import ReportData
+from tracekit.vocab import UNITS_LINE, os_pid, short_name
 
 #: Kernels closer than this are drawn as one busy interval in the interactive timeline.
 KERNEL_MERGE_NS = 20_000
@@ -159,7 +160,7 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
                 S.SUB_PHASE_CYCLE[named.index(s) % len(S.SUB_PHASE_CYCLE)] if s in named else S.OTHER_SUB_COLOR)
             fig.add_trace(go.Bar(
                 y=["update sub-phase"] * g.height, x=ms(g["e"]) - ms(g["s"]), base=ms(g["s"]), orientation="h",
-                marker_color=color, name=html.escape(S.shorten(names[s], 60)), legendgroup="sub",
+                marker_color=color, name=html.escape(short_name(names[s], 60)), legendgroup="sub",
                 showlegend=s in named or s == "(none)",
                 hovertemplate=html.escape(names[s]) + "<br>%{base:.2f} ms + %{x:.3f} ms<extra>sub-phase</extra>"),
                 row=row["phases"], col=1)
@@ -263,13 +264,13 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     P.append('<h2 id="config">Trace and configuration</h2>')
     rows = cfg.rows() + [
         ("nsys / export schema", f"{exp.nsys_version or '?'} / {exp.schema_version}"),
-        ("phases from", ", ".join(f"pid {(gp >> 24) & 0xFFFFFF}: {s}" for gp, s in sorted(data.model.source.items()))
+        ("phases from", ", ".join(f"pid {os_pid(gp)}: {s}" for gp, s in sorted(data.model.source.items()))
          or "none"),
         ("ranks", ", ".join(f"{i}: pid {r['pid']} GPU {r['device']}" for i, r in enumerate(data.ranks.iter_rows(named=True)))),
         ("shown", f"rank {rk['index']} (pid {rk['pid']} GPU {rk['device']}); iteration {it} in time"),
         ("steady iterations (means)", F.iterations_note(steady)),
         ("warm-up drawn apart", F.iterations_note(D.warmup_iterations(data, rk)) if D.warmup_iterations(data, rk) else "none"),
-        ("units", "ms = 1e6 ns, MB = 1e6 B, GB = 1e9 B, GB/s = 1e9 B/s"),
+        ("units", UNITS_LINE),
     ]
     if advice and advice.get("config", {}).get("settings"):
         for s in advice["config"]["settings"][:40]:

@@ -30,6 +30,7 @@ from tracekit.render import style as S
 from tracekit.render import summary
 from tracekit.render.data import ReportData
 from tracekit.textsafe import md, md_code
+from tracekit.vocab import UNITS_LINE, fmt_count, fmt_gb, fmt_gbps, fmt_mb, fmt_ms, fmt_pct, os_pid
 
 FORMATS = ("svg", "pdf")
 
@@ -76,28 +77,31 @@ def progress(enabled: bool = True, label: str = "tracekit report") -> Iterator[C
         yield lambda m: status.update(f"[bold]{label}[/bold]: {m}")
 
 
+_NONE = "–"  # a number the report does not have
+
+
 def _ms(ns) -> str:
-    return "–" if ns is None else f"{ns / 1e6:,.1f}"
+    return fmt_ms(ns, 1, _NONE)
 
 
 def _gb(b) -> str:
-    return "–" if b is None else f"{b / 1e9:,.2f}"
+    return fmt_gb(b, 2, _NONE)
 
 
 def _mb(b) -> str:
-    return "–" if b is None else f"{b / 1e6:,.1f}"
+    return fmt_mb(b, 1, _NONE)
 
 
 def _gbps(v) -> str:
-    return "–" if v is None else f"{v:,.1f}"
+    return fmt_gbps(v, 1, _NONE)
 
 
 def _count(v) -> str:
-    return "–" if v is None else (f"{int(v):,}" if float(v).is_integer() else f"{v:,.1f}")
+    return fmt_count(v, _NONE)
 
 
 def _pct(v) -> str:
-    return "–" if v is None else f"{100 * v:.0f}%"
+    return fmt_pct(v, 0, _NONE)
 
 
 def write_report(
@@ -271,7 +275,7 @@ def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, 
     means = summary.phase_means(metrics, steady)
     L: list[str] = []
     L.append(f"# tracekit report: {md(data.path.name)}\n")
-    src = ", ".join(f"pid {(gp >> 24) & 0xFFFFFF}: {md(s)}" for gp, s in sorted(data.model.source.items()))
+    src = ", ".join(f"pid {os_pid(gp)}: {md(s)}" for gp, s in sorted(data.model.source.items()))
     L.append(f"- trace: {md_code(data.path)} (nsys {md(exp.nsys_version or '?')}, "
              f"export schema {md(exp.schema_version)})")
     L.append(f"- phases from: {src or 'none'}")
@@ -287,7 +291,7 @@ def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, 
         L.append(f"- iteration {u['iteration']} is incomplete and left out of the means: its {u['phase']} range "
                  f"{md_code(u['name'])} {md(u['reason'])}; its window ends at the process's last recorded "
                  f"activity ({_ms(u['end'] - u['start'])} ms after it opened)")
-    L.append("- units: ms = 1e6 ns, MB = 1e6 B, GB = 1e9 B, GB/s = 1e9 B/s\n")
+    L.append(f"- units: {UNITS_LINE}\n")
 
     L.append("## Key numbers (mean per iteration)\n")
     total_wall = float(means["wall_ns"].sum()) if means.height else 0.0

@@ -108,17 +108,6 @@ def style_axes(ax) -> None:
         ax.spines[side].set_visible(False)
 
 
-def shorten(name: str, width: int = 38) -> str:
-    """A short label for an NVTX range name: the part after the last ``.`` (the method), cut to
-    ``width`` characters with an ellipsis."""
-    if name is None:
-        return "(none)"
-    short = name.rsplit(".", 1)[-1] if "." in name and not name.startswith("(") else name
-    if len(short) > width:
-        short = short[: width - 1] + "…"
-    return short
-
-
 def close(fig) -> None:
     """Free a figure's memory (pyplot keeps every figure until closed)."""
     plt.close(fig)

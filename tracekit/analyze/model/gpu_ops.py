@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit.analyze.trace.export import Export, global_pid, quote_ident
+from tracekit.analyze.trace.export import Export, quote_ident
+from tracekit.vocab import global_pid_expr as global_pid
 from tracekit.errors import TracekitError
 
 #: One copy or memset of more than this many bytes (1 PB, 1e15 B) is not real: no GPU or host

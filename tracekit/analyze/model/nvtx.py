@@ -18,7 +18,8 @@ import numpy as np
 import polars as pl
 
 from tracekit.analyze.trace import enums
-from tracekit.analyze.trace.export import Export, global_pid
+from tracekit.analyze.trace.export import Export
+from tracekit.vocab import global_pid_expr as global_pid
 
 #: Columns of :func:`load_ranges`.
 RANGE_COLUMNS = [

@@ -21,8 +21,9 @@ import re
 import polars as pl
 
 from tracekit.analyze.trace import enums
-from tracekit.analyze.trace.export import Export, os_pid
+from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.phases import TRACEKIT_DOMAIN, PhaseModel
+from tracekit.vocab import global_pid_of, os_pid_expr
 
 #: Name of the capture hook's rank record (``re.search``, case-insensitive).
 RANK_PATTERN = re.compile(
@@ -80,7 +81,7 @@ def rank_records(export: Export) -> pl.DataFrame:
         if not m:
             continue
         domain = dnames.get(int(did or 0), "")
-        out.append({"global_pid": int(tid) & ~0xFFFFFF, "start": start, "domain": domain, "name": name,
+        out.append({"global_pid": global_pid_of(tid), "start": start, "domain": domain, "name": name,
                     "rank": int(m.group(1)), "local_rank": _int(m.group(2)), "world": _int(m.group(3))})
     if not out:
         return pl.DataFrame(schema=schema)
@@ -105,7 +106,7 @@ def distributed_ranks(export: Export, model: PhaseModel) -> pl.DataFrame:
     r = model.ops.select("global_pid", "device").unique().drop_nulls()
     names = host_names(export)
     r = r.with_columns(
-        pid=os_pid(pl.col("global_pid")),
+        pid=os_pid_expr(pl.col("global_pid")),
         host_id=pl.col("global_pid").cast(pl.Int64) & pl.lit(_HOST_MASK, pl.Int64),
     )
     hosts = sorted(set(r["host_id"].to_list()))

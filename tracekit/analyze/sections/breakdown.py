@@ -25,7 +25,7 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analyze.model.communication import comm_expr, compute_ops, kernel_frames
-from tracekit.analyze.trace.export import os_pid
+from tracekit.vocab import os_pid_expr as os_pid
 from tracekit.analyze.model.intervals import busy_in_windows, grouped_union_length
 from tracekit.analyze.model.phases import PhaseModel
 

@@ -54,6 +54,7 @@ from tracekit.analyze.sections import breakdown
 from tracekit.analyze.model.communication import compute_ops, kernel_frames
 from tracekit.analyze.model.intervals import intersect, subtract, union
 from tracekit.analyze.model.phases import TRACEKIT_DOMAIN, PhaseModel
+from tracekit.vocab import os_pid
 
 #: Names of the CPU optimizer step ranges (``it``: iteration, ``sg``: sub-group, or ``all``).
 CPU_STEP = r"^cpu_optimizer_step(?: it=(\d+|\?) sg=(\S+))?$"
@@ -103,10 +104,6 @@ def worker_parents(trace: str | Path | None) -> dict[int, int]:
         return {}
 
 
-def _os_pid(gp: int) -> int:
-    return (int(gp) >> 24) & 0xFFFFFF
-
-
 def _len(iv) -> int:
     s, e = iv
     return int((e - s).sum())
@@ -142,12 +139,12 @@ def cpu_update(model: PhaseModel, parents: dict[int, int] | None = None) -> CpuU
     steps = steps.filter(~pl.col("unclosed"))
     rk = breakdown.ranks(model)
     rank_gps = sorted(set(rk["global_pid"].to_list()))
-    by_os = {_os_pid(gp): gp for gp in rank_gps}
+    by_os = {os_pid(gp): gp for gp in rank_gps}
 
     def owner(gp: int) -> int | None:
         if gp in by_os.values():
             return gp
-        par = parents.get(_os_pid(gp))
+        par = parents.get(os_pid(gp))
         if par is not None and par in by_os:
             return by_os[par]
         return rank_gps[0] if len(rank_gps) == 1 else None
@@ -221,7 +218,7 @@ def cpu_update(model: PhaseModel, parents: dict[int, int] | None = None) -> CpuU
             exposed = _len(subtract(waited, a_iv))
             free = subtract(b_iv, waited)
             over_phase = {str(p): _len(intersect(free, iv)) for p, iv in p_phase.items()}
-            workers = sorted({_os_pid(p) for p in g["global_pid"].to_list()})
+            workers = sorted({os_pid(p) for p in g["global_pid"].to_list()})
             rows.append({
                 "global_pid": gp, "pid": r["pid"], "device": dev, "iteration": int(it),
                 "complete": bool(g["complete"][0]), "busy_ns": busy, "hidden_ns": hidden, "exposed_ns": exposed,

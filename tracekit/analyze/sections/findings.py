@@ -29,21 +29,23 @@ import re
 
 import polars as pl
 
+from tracekit.vocab import B_PER_MB, fmt_gb, fmt_mb, fmt_ms, os_pid
+
 MIN_SAVING_NS = 1_000_000
 #: sub-phases holding ZeRO-3's parameter copy-back (DeepSpeed's range, tracekit's capture range)
 _COPY_BACK = re.compile(r"_reassign_or_swap_out_partitioned_parameters|^param_copy_back$")
 
 
 def _ms(ns) -> str:
-    return f"{ns / 1e6:,.1f} ms"
+    return f"{fmt_ms(ns, 1)} ms"
 
 
 def _mb(b) -> str:
-    return f"{b / 1e6:,.0f} MB" if b >= 1e6 else f"{b / 1e3:,.1f} kB"
+    return f"{fmt_mb(b, 0)} MB" if b >= B_PER_MB else f"{b / 1e3:,.1f} kB"
 
 
 def _gb(b) -> str:
-    return f"{b / 1e9:,.1f} GB"
+    return f"{fmt_gb(b, 1)} GB"
 
 
 def _short(name: str | None) -> str:
@@ -72,7 +74,7 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
             ranks |= set(f.select("global_pid", "device").unique().iter_rows())
     out: list[dict] = []
     for gpid, dev in sorted(ranks):
-        pid = (gpid >> 24) & 0xFFFFFF  # OS pid of the globalPid
+        pid = os_pid(gpid)
         its = iterations.get((gpid, dev), {})
         rank_out: list[tuple[float, dict]] = []
 
@@ -269,7 +271,7 @@ def cpu_update_findings(findings: list[dict], cu, iteration: int | None = None) 
     from tracekit.analyze.sections import cpu_update as _cu
 
     for gpid, dev in sorted(cu.ranks):
-        pid = (gpid >> 24) & 0xFFFFFF
+        pid = os_pid(gpid)
         if iteration is None:
             s = _cu.steady(cu, gpid, dev)
             if s is None:

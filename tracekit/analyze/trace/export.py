@@ -36,8 +36,6 @@ from tracekit.analyze.trace import enums
 from tracekit.errors import MissingDataError, TracekitError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-#: globalTid / globalPid layout: pid in bits 24..47, tid in bits 0..23.
-TID_MASK = 0xFFFFFF
 
 # SQLite declared types -> polars dtypes for the columns tracekit loads.
 _DTYPES = {"INTEGER": pl.Int64, "REAL": pl.Float64, "TEXT": pl.String, "": pl.String}
@@ -132,16 +130,6 @@ class TraceConnection(sqlite3.Connection):
                 return _Rows(cur.fetchall(), cur.description)
         except sqlite3.DatabaseError as exc:
             raise db_error(self.trace_path, exc) from None
-
-
-def global_pid(global_tid: pl.Expr) -> pl.Expr:
-    """``globalPid`` of a ``globalTid`` expression (the thread id with its low 24 bits cleared)."""
-    return (global_tid // (TID_MASK + 1)) * (TID_MASK + 1)
-
-
-def os_pid(global_pid_expr: pl.Expr) -> pl.Expr:
-    """Operating-system pid of a ``globalPid`` / ``globalTid`` expression (bits 24..47)."""
-    return (global_pid_expr // (TID_MASK + 1)) % (TID_MASK + 1)
 
 
 @dataclass
