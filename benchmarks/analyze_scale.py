@@ -218,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.pythonpath:
         os.environ["PYTHONPATH"] = str(args.pythonpath.resolve())
+    # children start in a neutral folder: `python -m`/`-c` put the current folder first on
+    # sys.path, which would shadow --pythonpath with a checkout's tracekit/
+    args.trace, args.work_dir = args.trace.resolve(), args.work_dir.resolve()
+    args.json = args.json.resolve() if args.json else None
+    os.chdir(tempfile.gettempdir())
     skip = set(filter(None, args.skip.split(",")))
     trace = args.trace.resolve()
     work = Path(tempfile.mkdtemp(prefix="tk-bench-", dir=args.work_dir))
