@@ -397,7 +397,7 @@ class Analysis:
 
     @property
     def frames(self) -> "dict[str, pl.DataFrame]":
-        """Every transfer section's frames by name (:data:`tracekit.analyze.sections.transfers.SECTION_FRAMES`:
+        """Every transfer section's frames by name (:data:`tracekit.analyze.sections.SECTION_FRAMES`, the registry:
         ``overlap``, ``overlap_phase``, ..., ``memory_timeline``, ``pcie_series``) and the multi-GPU
         frames (``rank_ids``, host contention, communication, waiting ranks), ``global_pid``
         replaced by the OS ``pid``. Sections whose data the trace lacks are absent (see

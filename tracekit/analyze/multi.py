@@ -19,7 +19,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-import sys
 from pathlib import Path
 
 from tracekit.errors import TracekitError

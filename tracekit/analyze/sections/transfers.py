@@ -1,4 +1,4 @@
-"""Run the transfer analyses for ``tracekit analyze``: sections, JSON rows, findings, files.
+"""Run the transfer analyses for ``tracekit analyze``: sections, JSON rows, findings (files: :mod:`tracekit.render.files`).
 
 Sections (``--section``; ``--all`` selects every one):
 
@@ -32,12 +32,12 @@ from tracekit.analyze.sections import contention, copy_sizes, memory, opportunit
 from tracekit.analyze.trace.export import Export
 from tracekit.analyze.sections.findings import build_findings
 from tracekit.analyze.model.phases import PhaseModel, steady_model
-from tracekit.errors import MissingDataError, TracekitError
+from tracekit.errors import MissingDataError
 from tracekit.vocab import INTEGRAL_SUFFIXES, json_number
 
-# the registry lives in a module without polars, so that the CLI can parse --section and answer
-# from the result cache without importing the analysis stack
-from tracekit.analyze.sections import FILE_ONLY, REGISTRY, SECTION_FRAMES, SECTIONS, parse_sections  # noqa: E402,F401
+# the registry (tracekit.analyze.sections) imports no polars, so that the CLI can parse --section
+# and answer from the result cache without importing the analysis stack
+from tracekit.analyze.sections import FILE_ONLY, REGISTRY, SECTION_FRAMES  # noqa: E402
 
 PER_WINDOW = ("iteration", "phase", "micro_step")
 
