@@ -1,4 +1,5 @@
-"""Run the transfer analyses for ``tracekit analyze``: sections, JSON rows, findings (files: :mod:`tracekit.render.files`).
+"""Run the transfer analyses for ``tracekit analyze``: sections, JSON rows, findings
+(the ``--out`` files: :mod:`tracekit.render.files`).
 
 Sections (``--section``; ``--all`` selects every one):
 
