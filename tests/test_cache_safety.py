@@ -395,7 +395,7 @@ def test_d23_temporary_of_a_killed_writer_is_removed(trace):
     d = tc.directory
     # a real writer, killed by SIGKILL between writing its temporary and renaming it
     code = ("import os,signal,sys\n"
-            "from tracekit.analyze import cache as c\n"
+            "from tracekit.analyze.trace import cache as c\n"
             "c.os.replace=lambda *a,**k: os.kill(os.getpid(), signal.SIGKILL)\n"
             "c.TraceCache(sys.argv[1]).put_result('b'*40, {'y': 2})\n")
     p = subprocess.run([sys.executable, "-c", code, str(trace)], capture_output=True)
@@ -420,7 +420,7 @@ def test_d23_temporary_of_a_killed_writer_is_removed(trace):
 def test_d23_cli_run_after_kill_leaves_no_temporary(trace, tmp_path):
     env = _env(tmp_path)
     code = ("import os,signal,sys\n"
-            "from tracekit.analyze import cache as c\n"
+            "from tracekit.analyze.trace import cache as c\n"
             "n=[0]\n"
             "real=c.os.replace\n"
             "def rep(*a,**k):\n"
