@@ -364,18 +364,23 @@ class Analysis:
             ).sort("start_ns")
         return self._memo["kernels"]
 
-    def _transfers(self, sections: tuple[str, ...]):
+    def _transfers(self, sections: tuple[str, ...], keep_samples: bool = False):
         """The :class:`tracekit.analyze.transfers.TransferResult` holding at least ``sections``:
-        the one computed with the result when it does, else computed now (once)."""
+        the one computed with the result when it does, else computed now (once).
+        ``keep_samples``: the ``pcie`` section must also hold ``pcie_series`` (one row per PCIe
+        sample, for ``--out`` and :attr:`frames`); the JSON and terminal views never ask for it,
+        so their peak memory stays independent of the number of samples."""
+        need_series = keep_samples and "pcie" in sections
         for key in ("transfers", "more_transfers"):
             tr = self._parts.get(key)
-            if tr is not None and set(sections) <= set(tr.sections):
+            if tr is not None and set(sections) <= set(tr.sections) and (
+                    not need_series or getattr(tr, "kept_samples", False)):
                 return tr
         from tracekit.analyze.transfers import analyze_transfers
 
         with self._export() as export:
             tr = analyze_transfers(export, self.model, tuple(sections), self.options.pcie_threshold,
-                                   self.options.bin_ns)
+                                   self.options.bin_ns, keep_samples=need_series)
         self._parts["more_transfers"] = tr
         return tr
 
@@ -386,7 +391,7 @@ class Analysis:
 
         from tracekit.vocab import os_pid_expr
 
-        tr = self._transfers(tuple(sections or self.options.sections or SECTIONS))
+        tr = self._transfers(tuple(sections or self.options.sections or SECTIONS), keep_samples=True)
         out = {}
         for name, f in {**tr.frames, **tr.multi_gpu}.items():
             if isinstance(f, pl.DataFrame) and "global_pid" in f.columns:

@@ -69,6 +69,8 @@ class TransferResult:
     #: frames of :func:`tracekit.analyze.multi_gpu.analyze_multi_gpu` (host contention,
     #: communication, waiting ranks), computed for every run
     multi_gpu: dict[str, pl.DataFrame] = field(default_factory=dict)
+    #: whether the ``pcie`` section kept its samples (``pcie_series``; ``keep_samples``)
+    kept_samples: bool = False
 
     def rank_sections(self, global_pid: int, device: int, phase: str | None = None,
                       iteration: int | None = None) -> dict:
@@ -201,7 +203,8 @@ def analyze_transfers(
     mg = analyze_multi_gpu(export, model)
     findings = build_findings({**ff, **mg}, iters, pcie_threshold)
     kept = {k: v for k, v in frames.items() if any(k in SECTION_FRAMES[s] for s in sections)}
-    return TransferResult(frames=kept, sections=tuple(sections), notes=notes, findings=findings, multi_gpu=mg)
+    return TransferResult(frames=kept, sections=tuple(sections), notes=notes, findings=findings, multi_gpu=mg,
+                          kept_samples=keep_samples)
 
 
 def _findings_frames(export: Export, model: PhaseModel, steady: PhaseModel, frames: dict[str, pl.DataFrame],
