@@ -180,3 +180,20 @@ def test_out_with_json_keeps_stdout_json(tmp_path):
     sub = pl.read_csv(tmp_path / "o" / "sub_phases.csv")
     assert set(sub["phase"].unique()) >= {"update", "backward"}
     assert "global_pid" not in pl.read_csv(tmp_path / "o" / "overlap_phase.csv").columns
+
+
+def test_frames_and_out_keep_every_pcie_sample(fixture_analysis, tmp_path):
+    """``a.frames`` and ``--out`` hold ``pcie_series``, one row per PCIe sample of the trace
+    (the streamed JSON/terminal path keeps only per-window reductions: issue 13)."""
+    con = sqlite3.connect(f"file:{ZERO3_CUT}?mode=ro", uri=True)
+    n_sql = con.execute(
+        "SELECT count(*) FROM GPU_METRICS m JOIN TARGET_INFO_GPU_METRICS t "
+        "ON t.metricId = m.metricId AND t.typeId = m.typeId WHERE t.metricName LIKE 'PCIe%'").fetchone()[0]
+    assert n_sql > 1000
+    assert fixture_analysis.frames["pcie_series"].height == n_sql
+    out = tmp_path / "frames"
+    rc, _, err = run("analyze", ZERO3_CUT, "--section", "pcie", "--out", out, "--no-cache")
+    assert rc == 0, err
+    assert rc == 0
+    with open(out / "pcie_series.csv") as f:
+        assert sum(1 for _ in f) - 1 == n_sql

@@ -74,3 +74,42 @@ def test_missing_memory_and_metrics_are_notes(tmp_path):
 def test_bad_section_is_one_line_error():
     rc, out, err = run("analyze", ZERO3_CUT, "--section", "nope")
     assert rc == 2 and err.strip().startswith("tracekit: error:") and "--section" in err
+
+
+def test_timeline_peaks_line_equals_the_max_over_the_full_timeline():
+    """issue 13: the terminal line of the copy throughput timeline comes from
+    ``timeline_peaks`` (no per-bin rows in the result); it equals the line computed by hand from
+    the full ``throughput_timeline`` frame, and the JSON still has every row as before."""
+    import re
+
+    from tracekit.analysis import analyze
+    from tracekit.render import tables as render
+    from tracekit.analyze.trace.export import Export
+    from tracekit.analyze.result import compute
+    from tracekit.options import Options
+    from tracekit.vocab import fmt_ms
+
+    for phase in (None, "backward"):
+        a = analyze(ZERO3_CUT, sections=("timeline",), phase=phase, cache=False)
+        text = re.sub(r"\x1b\[[0-9;]*m", "", render.render_text(a, "table", wide=True))
+        line = [x for x in text.splitlines() if "copy throughput timeline:" in x]
+        assert len(line) == 1 and "(rows in --json / --out)" in line[0]
+        tl = a._view()["ranks"][0]["transfers"]["timeline"]
+        assert "throughput_timeline" not in tl and tl["throughput_peaks"]  # the tables built no per-bin rows
+        f = a.frames["throughput_timeline"]
+        if phase:
+            f = f.filter(pl.col("phase") == phase)
+        peaks = {}
+        for r in f.iter_rows(named=True):  # by hand, as the tables did before
+            k = (r["phase"], r["direction"])
+            peaks[k] = max(peaks.get(k, 0.0), round(r["gbps"], 6))
+        txt = "; ".join(f"{p} {d} {v:.1f}" for (p, d), v in sorted(peaks.items()) if v > 0)
+        width = f["bin_end"][0] - f["bin_start"][0]
+        want = (f"copy throughput timeline: {f.height} bins of {fmt_ms(width)} ms; "
+                f"peak bin GB/s per phase: {txt or 'no copies'} (rows in --json / --out)")
+        assert line[0].endswith(want), (line[0], want)
+        assert txt and f.height > 100
+        with Export.open(ZERO3_CUT, cache=False) as export:  # the JSON: the rows computed as before
+            old, _ = compute(export, Options(sections=("timeline",), phase=phase, cache=False))
+        assert a.to_json() == old
+        assert len(a.to_json()["ranks"][0]["transfers"]["timeline"]["throughput_timeline"]) == f.height

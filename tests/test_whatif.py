@@ -183,3 +183,24 @@ def test_no_offload_saving_by_hand(tmp_path):
     assert s["saving_ns"] == pytest.approx(3 * MS + 30 * MS - gpu)
     assert s["phase_delta_ns"]["backward"] == pytest.approx(-3 * MS)
     assert s["phase_delta_ns"]["update"] == pytest.approx(gpu - 30 * MS)
+
+
+def test_roles_per_row_equal_the_regex_per_row(zero3_cut):
+    """issue 13: the role of each NVTX row, matched once per distinct name, is what running
+    :func:`whatif._role_of` on every row gives (a brute-force loop), on a real trace and on names
+    that match one role, two patterns, none, or are null."""
+    import polars as pl
+
+    from tracekit.analyze.model import nvtx
+
+    with Export.open(zero3_cut, cache=False) as export:
+        names = nvtx.load_ranges(export)["name"].to_list()
+    names += ["cpu_optimizer_step", "x.has_overflow", "overflow_check", "grad_norm", "param_copy_back",
+              "swap_in", "swap_in_x", "cpu_update_wait", "DeepSpeedZeroOptimizer_Stage3.unscale_and_clip_grads",
+              "scaled_global_norm_overflow_check", "forward", "", None]
+    frame = pl.DataFrame({"name": names}, schema={"name": pl.String})
+    got = frame.select(role=whatif._role_expr(set(frame["name"].drop_nulls().to_list())))["role"].to_list()
+    want = [None if n is None else whatif._role_of(n) for n in names]
+    assert got == want
+    assert {r for r in want if r} >= {"cpu_adam", "overflow_check", "grad_norm", "copy_back", "swap", "cpu_wait",
+                                      "unscale"}

@@ -94,10 +94,12 @@ def analyze(path: str | Path, options: Options | dict | None = None, **kwargs) -
             from tracekit.analyze.sections.pcie_metrics import prefetch_series
 
             prefetch_series(export)  # the GPU_METRICS scan overlaps the phase model and other sections
-        result, parts = compute(export, opts)
+        # the per-bin timeline rows are built when the JSON is asked for, not for the tables
+        result, parts = compute(export, opts, defer_timeline=True)
+    a = Analysis(path, opts, result, parts)
     if key is not None:
-        tc.put_result(key, result)
-    return Analysis(path, opts, result, parts)
+        a._put_result(tc, key)  # the stored result is the whole JSON
+    return a
 
 
 class Analysis:
@@ -159,13 +161,45 @@ class Analysis:
     def to_json(self) -> dict:
         """The JSON-ready dict ``tracekit analyze --json`` prints (shape:
         :mod:`tracekit.analyze.result`). The same object on every call: do not modify it."""
+        self._fill_timeline(self._parts.pop("timeline_deferred", ()))
         return self._result
 
     def json_text(self) -> str:
         """Exactly the text ``tracekit analyze --json`` prints (rows one per line)."""
         from tracekit.analyze.trace.cache import format_json
 
-        return format_json(self._result)
+        return format_json(self.to_json())
+
+    def _view(self) -> dict:
+        """The result as the terminal tables read it: each rank's ``transfers.timeline`` may
+        hold ``throughput_peaks`` (:func:`tracekit.analyze.sections.throughput.timeline_peaks`) instead
+        of the per-bin ``throughput_timeline`` rows, which only the JSON needs (issue 13)."""
+        return self._result
+
+    def _fill_timeline(self, deferred) -> list:
+        """Put the ``throughput_timeline`` rows in place of ``throughput_peaks`` in each
+        ``(timeline dict, global_pid, device)`` of ``deferred``; returns what was replaced."""
+        if not deferred:
+            return []
+        tr = self._parts["transfers"]
+        replaced = []
+        for d, gpid, dev in deferred:
+            peaks = d.pop("throughput_peaks")
+            d["throughput_timeline"] = tr.rank_frame_rows("throughput_timeline", gpid, dev, self.options.phase,
+                                                          self.options.iteration)
+            replaced.append((d, peaks))
+        return replaced
+
+    def _put_result(self, tc, key: str) -> None:
+        """Store the whole JSON result in the result cache ``tc`` under ``key``, the timeline rows
+        built for it and let go afterwards (the terminal view keeps only the peaks)."""
+        replaced = self._fill_timeline(self._parts.get("timeline_deferred"))
+        try:
+            tc.put_result(key, self._result)
+        finally:
+            for d, peaks in replaced:
+                del d["throughput_timeline"]
+                d["throughput_peaks"] = peaks
 
     @property
     def notes(self) -> list[str]:
@@ -364,18 +398,23 @@ class Analysis:
             ).sort("start_ns")
         return self._memo["kernels"]
 
-    def _transfers(self, sections: tuple[str, ...]):
+    def _transfers(self, sections: tuple[str, ...], keep_samples: bool = False):
         """The :class:`tracekit.analyze.sections.transfers.TransferResult` holding at least ``sections``:
-        the one computed with the result when it does, else computed now (once)."""
+        the one computed with the result when it does, else computed now (once).
+        ``keep_samples``: the ``pcie`` section must also hold ``pcie_series`` (one row per PCIe
+        sample, for ``--out`` and :attr:`frames`); the JSON and terminal views never ask for it,
+        so their peak memory stays independent of the number of samples."""
+        need_series = keep_samples and "pcie" in sections
         for key in ("transfers", "more_transfers"):
             tr = self._parts.get(key)
-            if tr is not None and set(sections) <= set(tr.sections):
+            if tr is not None and set(sections) <= set(tr.sections) and (
+                    not need_series or getattr(tr, "kept_samples", False)):
                 return tr
         from tracekit.analyze.sections.transfers import analyze_transfers
 
         with self._export() as export:
             tr = analyze_transfers(export, self.model, tuple(sections), self.options.pcie_threshold,
-                                   self.options.bin_ns)
+                                   self.options.bin_ns, keep_samples=need_series)
         self._parts["more_transfers"] = tr
         return tr
 
@@ -386,7 +425,7 @@ class Analysis:
 
         from tracekit.vocab import os_pid_expr
 
-        tr = self._transfers(tuple(sections or self.options.sections or SECTIONS))
+        tr = self._transfers(tuple(sections or self.options.sections or SECTIONS), keep_samples=True)
         out = {}
         for name, f in {**tr.frames, **tr.multi_gpu}.items():
             if isinstance(f, pl.DataFrame) and "global_pid" in f.columns:

@@ -97,7 +97,7 @@ def analyze_export(export: Export, options: Options | dict | None = None) -> dic
     return compute(export, Options.of(options))[0]
 
 
-def compute(export: Export, options: Options, step=None) -> tuple[dict, dict]:
+def compute(export: Export, options: Options, step=None, defer_timeline: bool = False) -> tuple[dict, dict]:
     """The analysis of an open export: ``(result, parts)``, ``result`` the dict of the module doc
     and ``parts`` what it was built from, ``{"model": PhaseModel, "table": phase_table,
     "totals": totals, "sub_phases": {phase: sub_phase_table}, "transfers": TransferResult}``
@@ -106,6 +106,11 @@ def compute(export: Export, options: Options, step=None) -> tuple[dict, dict]:
     Raises :class:`~tracekit.errors.MissingDataError` when the trace has no CUDA activity,
     :class:`TracekitError` for an ``options.iteration`` the trace lacks. ``step(message)`` is
     called before each stage (a progress display).
+
+    ``defer_timeline``: each rank's ``transfers.timeline`` holds ``throughput_peaks`` (what the
+    terminal view prints) instead of the per-bin ``throughput_timeline`` rows, and
+    ``parts["timeline_deferred"]`` lists ``(that dict, global_pid, device)`` so that
+    :meth:`tracekit.analysis.Analysis.to_json` builds the rows only when asked (issue 13).
     """
     step = step or (lambda _m: None)
     step("finding phases and attributing GPU work")
@@ -137,6 +142,7 @@ def compute(export: Export, options: Options, step=None) -> tuple[dict, dict]:
     cu = cpu_update.for_model(model, export.path)  # the CPU optimizer step, also in worker processes
 
     ids = rank_index(tr.multi_gpu)  # ranks listed by distributed rank (issue 12)
+    deferred = []
     for r in sorted(breakdown.ranks(model).iter_rows(named=True),
                     key=lambda r: (ids.get((r["global_pid"], r["device"]), {}).get("rank", 1 << 30), r["pid"])):
         rt = table.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"]))
@@ -167,7 +173,10 @@ def compute(export: Export, options: Options, step=None) -> tuple[dict, dict]:
                 options.phase: [_clean({k: row[k] for k in SUB_KEYS}) for row in rs.iter_rows(named=True)]
             }
         if tr.sections:
-            entry["transfers"] = tr.rank_sections(r["global_pid"], r["device"], options.phase, options.iteration)
+            entry["transfers"] = tr.rank_sections(r["global_pid"], r["device"], options.phase, options.iteration,
+                                                  timeline_rows=not defer_timeline)
+            if "throughput_peaks" in entry["transfers"].get("timeline", {}):
+                deferred.append((entry["transfers"]["timeline"], r["global_pid"], r["device"]))
         ranks.append(entry)
     result = {
         "trace": str(export.path),
@@ -186,6 +195,8 @@ def compute(export: Export, options: Options, step=None) -> tuple[dict, dict]:
     }
     parts = {"model": model, "table": table, "totals": tot, "transfers": tr,
              "sub_phases": {options.phase: full_sub} if options.phase else {}}
+    if deferred:
+        parts["timeline_deferred"] = deferred
     return result, parts
 
 

@@ -298,5 +298,6 @@ def render_text(analysis, fmt: str = "table", wide: bool = False) -> str:
     ref = make_console(wide)  # the real stdout's width, colours, NO_COLOR
     console = Console(file=buf, width=ref.width, color_system=ref.color_system, no_color=ref.no_color,
                       force_terminal=ref.is_terminal)
-    render(analysis.to_json(), console=console, phase=analysis.options.phase, wide=wide)
+    view = analysis._view()  # the tables need no per-bin timeline rows (issue 13)
+    render(view, console=console, phase=analysis.options.phase, wide=wide)
     return buf.getvalue()

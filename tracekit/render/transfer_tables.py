@@ -144,16 +144,9 @@ def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | 
         _table(console, f"{head}: GPU memory in use (CUDA allocator view) per phase window",
                tr["memory"].get("memory_peaks", []), MEMORY, wide=wide)
     if "timeline" in tr:
-        bins = tr["timeline"].get("throughput_timeline", [])
-        if bins:
-            width = bins[0]["bin_end"] - bins[0]["bin_start"]
-            peaks: dict[tuple, float] = {}
-            for b in bins:
-                k = (b["phase"], b["direction"])
-                peaks[k] = max(peaks.get(k, 0.0), b["gbps"] or 0.0)
-            txt = "; ".join(f"{p} {d} {v:.1f}" for (p, d), v in sorted(peaks.items()) if v > 0)
-            console.print(_t(f"{head}: copy throughput timeline: {len(bins)} bins of {_ms(width)} ms; "
-                             f"peak bin GB/s per phase: {txt or 'no copies'} (rows in --json / --out)"))
+        line = timeline_line(tr["timeline"])
+        if line:
+            console.print(_t(f"{head}: {line}"))
     if "pcie" in tr:
         p = tr["pcie"]
         _table(console, f"{head}: PCIe RX (H2D) / TX (D2H) metric per phase window vs copies",
@@ -167,6 +160,31 @@ def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | 
                o.get("round_trips", []), TRIPS, wide=wide)
         _table(console, f"{head}: update: idle GPU and free memory during the CPU optimizer step",
                o.get("update_opportunity", []), UPDATE, wide=wide)
+
+
+def timeline_line(timeline: dict) -> str | None:
+    """The terminal view's line of a rank's ``timeline`` section: bins, bin width and the peak
+    bin GB/s per phase and direction; None without bins. Read from ``throughput_peaks`` (one row
+    per phase and direction, :func:`tracekit.analyze.sections.throughput.timeline_peaks`) where the
+    result has them, else from the per-bin ``throughput_timeline`` rows (a result from the JSON)."""
+    if "throughput_peaks" in timeline:
+        rows = timeline["throughput_peaks"]
+        n = sum(r["bins"] for r in rows)
+        width = rows[0]["bin_ns"] if rows else 0
+        peaks = {(r["phase"], r["direction"]): r["peak_gbps"] or 0.0 for r in rows}
+    else:
+        bins = timeline.get("throughput_timeline", [])
+        n = len(bins)
+        width = bins[0]["bin_end"] - bins[0]["bin_start"] if bins else 0
+        peaks: dict[tuple, float] = {}
+        for b in bins:
+            k = (b["phase"], b["direction"])
+            peaks[k] = max(peaks.get(k, 0.0), b["gbps"] or 0.0)
+    if not n:
+        return None
+    txt = "; ".join(f"{p} {d} {v:.1f}" for (p, d), v in sorted(peaks.items()) if v > 0)
+    return (f"copy throughput timeline: {n} bins of {_ms(width)} ms; "
+            f"peak bin GB/s per phase: {txt or 'no copies'} (rows in --json / --out)")
 
 
 def render_findings(console: Console, result: dict) -> None:

@@ -54,11 +54,18 @@ class TransferResult:
     #: frames of :func:`tracekit.analyze.sections.multi_gpu.analyze_multi_gpu` (host contention,
     #: communication, waiting ranks), computed for every run
     multi_gpu: dict[str, pl.DataFrame] = field(default_factory=dict)
+    #: whether the ``pcie`` section kept its samples (``pcie_series``; ``keep_samples``)
+    kept_samples: bool = False
 
     def rank_sections(self, global_pid: int, device: int, phase: str | None = None,
-                      iteration: int | None = None) -> dict:
+                      iteration: int | None = None, timeline_rows: bool = True) -> dict:
         """``{section: {frame name: [row dicts]}}`` of one rank for the selected sections, rows
-        narrowed to ``phase``/``iteration`` where the frame has those columns."""
+        narrowed to ``phase``/``iteration`` where the frame has those columns.
+
+        ``timeline_rows`` False: the ``timeline`` section holds ``throughput_peaks`` (the rows of
+        :func:`tracekit.analyze.sections.throughput.timeline_peaks`: all the terminal view prints) in
+        place of the per-bin ``throughput_timeline`` rows (605 k on a 2.5 GB trace, issue 13);
+        :meth:`rank_frame_rows` gives those when the JSON needs them."""
         out: dict[str, dict] = {}
         for sec in self.sections:
             d = {}
@@ -66,17 +73,32 @@ class TransferResult:
                 f = self.frames.get(name)
                 if f is None or name in FILE_ONLY:
                     continue
-                if "global_pid" in f.columns:
-                    f = f.filter((pl.col("global_pid") == global_pid) & (pl.col("device") == device))
-                    f = f.drop("global_pid", "device")
-                if phase and "phase" in f.columns:
-                    f = f.filter(pl.col("phase") == phase)
-                if iteration is not None and "iteration" in f.columns:
-                    f = f.filter(pl.col("iteration") == iteration)
-                d[name] = _rows(f)
+                if name == "throughput_timeline" and not timeline_rows:  # (timeline_peaks groups by rank)
+                    f = self._rank_frame(f, global_pid, device, phase, iteration, keep_rank=True)
+                    d["throughput_peaks"] = _rows(throughput.timeline_peaks(f).drop("global_pid", "device"))
+                else:
+                    d[name] = _rows(self._rank_frame(f, global_pid, device, phase, iteration))
             if d:
                 out[sec] = d
         return out
+
+    def rank_frame_rows(self, name: str, global_pid: int, device: int, phase: str | None = None,
+                        iteration: int | None = None) -> list[dict]:
+        """The rows of frame ``name`` for one rank, as :meth:`rank_sections` gives them."""
+        return _rows(self._rank_frame(self.frames[name], global_pid, device, phase, iteration))
+
+    @staticmethod
+    def _rank_frame(f: pl.DataFrame, global_pid: int, device: int, phase: str | None,
+                    iteration: int | None, keep_rank: bool = False) -> pl.DataFrame:
+        if "global_pid" in f.columns:
+            f = f.filter((pl.col("global_pid") == global_pid) & (pl.col("device") == device))
+            if not keep_rank:
+                f = f.drop("global_pid", "device")
+        if phase and "phase" in f.columns:
+            f = f.filter(pl.col("phase") == phase)
+        if iteration is not None and "iteration" in f.columns:
+            f = f.filter(pl.col("iteration") == iteration)
+        return f
 
 
 _INF = (float("inf"), float("-inf"))
@@ -187,7 +209,8 @@ def analyze_transfers(
     mg = analyze_multi_gpu(export, model)
     findings = build_findings({**ff, **mg}, iters, pcie_threshold)
     kept = {k: v for k, v in frames.items() if any(k in SECTION_FRAMES[s] for s in sections)}
-    return TransferResult(frames=kept, sections=tuple(sections), notes=notes, findings=findings, multi_gpu=mg)
+    return TransferResult(frames=kept, sections=tuple(sections), notes=notes, findings=findings, multi_gpu=mg,
+                          kept_samples=keep_samples)
 
 
 def _findings_frames(export: Export, model: PhaseModel, steady: PhaseModel, frames: dict[str, pl.DataFrame],
