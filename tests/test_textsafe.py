@@ -166,3 +166,27 @@ def test_report_md_escapes_trace_text(tmp_path):
     # the caption's code span: fenced by two backticks (the name holds one), | escaped for tables
     assert ("Longest: ``DeepSpeedZeroOptimizer_Stage3._reassign_or_swap_out_partitioned_parameters"
             "*x*\\|`y`\\x1b]0;pwned\\x07`` ") in md
+
+
+def test_report_files_hold_no_raw_control_characters(tmp_path):
+    """An NVTX range name with ESC/BEL (a sub-phase of the update) reaches the figures, the SVG,
+    report.html and stderr only as visible escapes: the SVG stays well-formed XML and matplotlib
+    does not warn about a missing glyph."""
+    import xml.etree.ElementTree as ET
+
+    trace = _trace_with_name(tmp_path, OSC + " $x$", "t\x1b[31m.sqlite")
+    out_dir = tmp_path / "rep"
+    rc, out, err = run_cli("report", trace, "-o", out_dir)
+    assert rc == 0, err
+    for text in (out, err):
+        assert "\x1b" not in text and "\x07" not in text
+    assert "Glyph" not in err
+    svgs = sorted(out_dir.glob("*.svg"))
+    assert svgs
+    for svg in svgs:
+        raw = svg.read_bytes()
+        assert b"\x1b" not in raw and b"\x07" not in raw, svg.name
+        ET.fromstring(raw)  # well-formed
+    page = (out_dir / "report.html").read_text()
+    assert "\x1b" not in page and "\x07" not in page
+    assert "\\x1b]0;pwned\\x07" in page

@@ -26,6 +26,7 @@ from tracekit.analyze.model.intervals import busy_in_windows
 from tracekit.render import data as D
 from tracekit.render import style as S
 from tracekit.render.data import ReportData
+from tracekit.textsafe import mpl
 from tracekit.vocab import short_name
 
 PHASE_SHORT = {"forward": "F", "backward": "B", "update": "U", "other": "gap"}
@@ -201,7 +202,14 @@ def _title(data: ReportData) -> str:
     (:func:`tracekit.render.config.trace_config`)."""
     from tracekit.render.config import trace_config
 
-    return trace_config(data).label()
+    return mpl(trace_config(data).label())
+
+
+def _short(name, width: int = 38) -> str:
+    """:func:`tracekit.vocab.short_name` made safe for matplotlib: control characters as visible
+    escapes (an ESC in an NVTX name otherwise breaks the SVG and warns about a missing glyph),
+    ``$`` escaped so that no mathtext is parsed (:func:`tracekit.textsafe.mpl`)."""
+    return mpl(short_name(name, width))
 
 
 def _sub_phase_names(names) -> dict:
@@ -324,7 +332,7 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
         for r in wide.head(20).iter_rows(named=True):  # wide enough to name in place
             if r["sub_phase"] in sub_colors:
                 w = (r["e"] - r["s"]) / span
-                ax_b.text(x((r["s"] + r["e"]) / 2), 0.5, short_name(display[r["sub_phase"]], max(8, int(w * 150))),
+                ax_b.text(x((r["s"] + r["e"]) / 2), 0.5, _short(display[r["sub_phase"]], max(8, int(w * 150))),
                           ha="center", va="center", fontsize=7, color="white", fontweight="bold", clip_on=True)
         ax_b.set_yticks([0.5, 1.5], ["update\nsub-phases", "phase"], fontsize=8)
     else:
@@ -340,7 +348,7 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
     handles = [Patch(color=S.PHASE_COLORS[p], label=p if p != "other" else "gap") for p in S.PHASES if p in present]
     sub_share = {r["sub_phase"]: r["d"] for r in top_subs.iter_rows(named=True)}
     upd = max(sum(sub_share.values()), 1)
-    handles += [Patch(color=c, label=f"{short_name(display[s], 64)} ({100 * sub_share[s] / upd:.0f}%)")
+    handles += [Patch(color=c, label=f"{_short(display[s], 64)} ({100 * sub_share[s] / upd:.0f}%)")
                 for s, c in sub_colors.items()]
     rest = [s for s in sub_share if s not in sub_colors]
     if rest:
@@ -609,7 +617,7 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
         ax_t.text(r["wall_ns"] / div, i, f"  {r['wall_ns'] / div:,.1f} ({100 * r['wall_ns'] / total:.0f}%, "
                   f"{100 * share:.0f}% CPU only)", va="center", fontsize=7)
     display = _sub_phase_names(frame["sub_phase"].to_list())
-    ax_t.set_yticks(y, [short_name(display.get(s, s), 44) for s in frame["sub_phase"].to_list()], fontsize=8)
+    ax_t.set_yticks(y, [_short(display.get(s, s), 44) for s in frame["sub_phase"].to_list()], fontsize=8)
     ax_t.invert_yaxis()
     ax_t.set_xlabel(f"self time per iteration ({unit}); GPU busy = anything running on the GPU meanwhile")
     ax_t.set_xlim(0, frame["wall_ns"].max() / div * 1.45)

@@ -32,6 +32,7 @@ import polars as pl
 from tracekit.render import data as D
 from tracekit.render import style as S
 from tracekit.render.data import ReportData
+from tracekit.textsafe import clean
 from tracekit.vocab import UNITS_LINE, os_pid, short_name
 
 #: Kernels closer than this are drawn as one busy interval in the interactive timeline.
@@ -56,9 +57,15 @@ nav a{margin-right:12px;font-size:13px}
 """
 
 
+
+def _esc(value, quote: bool = True) -> str:
+    """HTML-escaped text with control characters shown as visible escapes
+    (:func:`tracekit.textsafe.clean`): trace text never reaches the page as raw ESC/BEL."""
+    return html.escape(clean(value), quote=quote)
+
 def _e(v) -> str:
     """HTML-escaped text of a value (``–`` for None)."""
-    return "–" if v is None else html.escape(str(v), quote=True)
+    return "–" if v is None else _esc(str(v), quote=True)
 
 
 def _script_json(obj) -> str:
@@ -146,8 +153,8 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
         fig.add_trace(go.Bar(
             y=["phase"] * w.height, x=ms(w["end"]) - ms(w["start"]), base=ms(w["start"]), orientation="h",
             marker_color=S.phase_color(p), name=p if p != "other" else "gap", legendgroup="phases",
-            text=[html.escape(x) for x, s in zip(lab, sel) if s], textposition="inside", insidetextanchor="middle",
-            hovertemplate="%{text}: %{x:.2f} ms<extra>" + html.escape(p) + "</extra>"), row=row["phases"], col=1)
+            text=[_esc(x) for x, s in zip(lab, sel) if s], textposition="inside", insidetextanchor="middle",
+            hovertemplate="%{text}: %{x:.2f} ms<extra>" + _esc(p) + "</extra>"), row=row["phases"], col=1)
     segs = _sub_phase_segments(data, rk, it)
     if segs.height:
         totals = segs.with_columns(d=pl.col("e") - pl.col("s")).group_by("sub_phase").agg(pl.col("d").sum()) \
@@ -160,9 +167,9 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
                 S.SUB_PHASE_CYCLE[named.index(s) % len(S.SUB_PHASE_CYCLE)] if s in named else S.OTHER_SUB_COLOR)
             fig.add_trace(go.Bar(
                 y=["update sub-phase"] * g.height, x=ms(g["e"]) - ms(g["s"]), base=ms(g["s"]), orientation="h",
-                marker_color=color, name=html.escape(short_name(names[s], 60)), legendgroup="sub",
+                marker_color=color, name=_esc(short_name(names[s], 60)), legendgroup="sub",
                 showlegend=s in named or s == "(none)",
-                hovertemplate=html.escape(names[s]) + "<br>%{base:.2f} ms + %{x:.3f} ms<extra>sub-phase</extra>"),
+                hovertemplate=_esc(names[s]) + "<br>%{base:.2f} ms + %{x:.3f} ms<extra>sub-phase</extra>"),
                 row=row["phases"], col=1)
     # kernels: merged busy intervals
     ops = data.rank_ops(rk).filter((pl.col("end") > t0) & (pl.col("start") < t1))
@@ -195,8 +202,8 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
             mid = (ms(ck["start_ns"]) + ms(ck["end_ns"])) / 2
             width = np.maximum((ck["end_ns"] - ck["start_ns"]).to_numpy() / 1e6, 1e-4)
             cd = np.stack([ck["bytes"].to_numpy().astype(float) / 1e6, ck["duration_ns"].to_numpy() / 1e3,
-                           np.array([html.escape(str(p)) for p in ck["phase"].to_list()], dtype=object),
-                           np.array([html.escape(str(s)) for s in ck["sub_phase"].to_list()], dtype=object)], 1)
+                           np.array([_esc(str(p)) for p in ck["phase"].to_list()], dtype=object),
+                           np.array([_esc(str(s)) for s in ck["sub_phase"].to_list()], dtype=object)], 1)
             fig.add_trace(go.Bar(
                 x=mid, y=ck["gbps"].to_numpy(), width=width, name=f"{d} copies ({kind})",
                 marker_color=S.DIRECTION_COLORS[d], marker_line_color="#111111" if kind == "pageable" else
@@ -228,7 +235,7 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
     fig.update_xaxes(title_text=f"ms since the start of iteration {it}", row=len(rows), col=1)
     fig.update_layout(barmode="overlay", height=820, margin={"l": 60, "r": 20, "t": 30, "b": 40},
                       legend={"font": {"size": 10}}, hovermode="closest", bargap=0, template="plotly_white",
-                      title={"text": html.escape(f"Iteration {it} — drag to zoom, double-click to reset"),
+                      title={"text": _esc(f"Iteration {it} — drag to zoom, double-click to reset"),
                              "font": {"size": 13}})
     return fig.to_plotly_json()
 
