@@ -8,6 +8,31 @@ sys.path.insert(0, str(HERE))  # for tests/synthetic.py
 
 FIXTURES = HERE / "fixtures"
 ZERO3_CUT = FIXTURES / "ds_zero3_offload_iter1-2.sqlite"
+
+
+def unpack_fixtures(folder: Path = FIXTURES) -> list[Path]:
+    """Decompress each ``NAME.sqlite.xz`` of ``folder`` to ``NAME.sqlite`` (git-ignored) when that
+    is missing or older than the archive: the repository keeps most cuts compressed (about 6x
+    smaller) so that a checkout stays small enough to travel to the GPU machine. Written under a
+    temporary name and renamed, so a run stopped half-way never leaves a truncated fixture."""
+    import lzma
+    import os
+    import shutil
+
+    done = []
+    for xz in sorted(folder.glob("*.sqlite.xz")):
+        target = xz.with_suffix("")
+        if target.exists() and target.stat().st_mtime >= xz.stat().st_mtime:
+            continue
+        part = target.with_name(f".{target.name}.{os.getpid()}.part")
+        with lzma.open(xz) as src, open(part, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.replace(part, target)
+        done.append(target)
+    return done
+
+
+unpack_fixtures()
 # ../shared beside the checkout (read-only); tests that need it skip when it is absent
 SHARED = HERE.parent.parent / "shared" / "traces"
 PUBLIC = SHARED / "public"
