@@ -197,3 +197,30 @@ def test_frames_and_out_keep_every_pcie_sample(fixture_analysis, tmp_path):
     assert rc == 0
     with open(out / "pcie_series.csv") as f:
         assert sum(1 for _ in f) - 1 == n_sql
+
+
+def test_to_json_is_what_the_cli_prints():
+    """``tracekit.analyze(path).to_json()`` equals ``tracekit analyze path --json`` (docs/api.md)."""
+    a = tracekit.analyze(ZERO3_CUT, cache=False)
+    rc, out, err = run("analyze", ZERO3_CUT, "--json", "--no-cache")
+    assert rc == 0, err
+    assert a.to_json() == json.loads(out)
+
+
+def test_analyze_many_runs_in_a_plain_script_without_a_main_guard(tmp_path):
+    """The default runs in the calling process, so a script without ``if __name__ ==
+    "__main__":`` works (spawned workers would re-run its top level)."""
+    import subprocess
+    import sys
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for r in ("rank0", "rank1"):
+        (runs / f"{r}.sqlite").write_bytes(ZERO3_CUT.read_bytes())
+    script = tmp_path / "plain.py"
+    script.write_text("import tracekit\nprint('TOP')\n"
+                      f"m = tracekit.analyze_many([{str(runs)!r}], cache=False)\n"
+                      "print(len(m.traces), len(m.failed))\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["TOP", "2", "0"] and "Traceback" not in p.stderr

@@ -503,15 +503,22 @@ class ManyAnalysis:
         return pl.concat(parts, how="diagonal_relaxed").select("trace", pl.exclude("trace")) if parts else pl.DataFrame()
 
 
-def analyze_many(items, options: Options | dict | None = None, jobs: int | None = None, dask: str | None = None,
+def analyze_many(items, options: Options | dict | None = None, jobs: int | None = 1, dask: str | None = None,
                  expected_ranks: int | None = None, **kwargs) -> ManyAnalysis:
     """Analyze several traces (files, directories of ``*.sqlite``, glob patterns) with the same
-    options, in ``jobs`` worker processes (default: CPU count) or on a running Dask scheduler
-    (``dask="tcp://host:8786"``), and compare their ranks. A trace that cannot be analyzed does
+    options, one after another in this process (``jobs=1``, the default), in ``jobs`` worker
+    processes (``jobs=None``: as many as the CPU count and the traces allow; what ``tracekit
+    analyze`` does) or on a running Dask scheduler (``dask="tcp://host:8786"``), and compare their
+    ranks. Worker processes are spawned and re-import the calling script: with ``jobs`` other
+    than 1, call this under ``if __name__ == "__main__":``. A trace that cannot be analyzed does
     not stop the others: it is listed in ``failed``. Raises :class:`TracekitError` for a missing
     input or an unreachable scheduler. See :func:`tracekit.analyze.multi.analyze_many`."""
     from tracekit.analyze import multi
 
+    if options is None and "sections" not in kwargs:  # as tracekit.analyze(path): the --json sections
+        from tracekit.analyze.sections import SECTIONS
+
+        kwargs["sections"] = tuple(s for s in SECTIONS if s != "timeline")
     opts = Options.of(options, **kwargs)
     out = multi.analyze_many(items, opts, jobs=jobs, dask=dask, cache=opts.cache, expected_ranks=expected_ranks)
     return ManyAnalysis([Analysis(Path(r["trace"]), opts, r) for r in out["traces"]], out["failed"], out["summary"])

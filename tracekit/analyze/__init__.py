@@ -17,9 +17,16 @@ import types as _types
 
 class _CallableModule(_types.ModuleType):
     def __call__(self, path, options=None, **kwargs):
-        """``tracekit.analyze(path, **options)``: :func:`tracekit.analysis.analyze`."""
+        """``tracekit.analyze(path, **options)``: :func:`tracekit.analysis.analyze`, with the
+        sections ``tracekit analyze --json`` computes (every one but the long timeline) unless
+        ``options`` or ``sections=`` say otherwise, so that ``a.to_json()`` is what ``--json``
+        prints."""
         from tracekit.analysis import analyze
 
+        if options is None and "sections" not in kwargs:
+            from tracekit.analyze.sections import SECTIONS
+
+            kwargs["sections"] = tuple(s for s in SECTIONS if s != "timeline")
         return analyze(path, options, **kwargs)
 
 

@@ -120,7 +120,7 @@ def build_advice(pieces: dict, scenarios: list[dict], settings: dict) -> list[di
                f"check that the optimizer state ({s['state_bytes'] / 1e9:,.1f} GB at 16 B per parameter) fits: free GPU "
                "memory unknown (record with --cuda-memory-usage=true)")
         add(s, f"the optimizer step runs on the CPU: update {upd / 1e6:,.1f} ms per iteration, {cpu / 1e6:,.1f} ms "
-               f"of it with the GPU idle ({ev}); {mem}",
+               f"of it in the CPU steps of the update with the GPU idle ({ev}); {mem}",
             "zero_optimization.offload_optimizer.device",
             f"{settings.get('zero_optimization.offload_optimizer.device') or 'cpu'} -> none (keep the optimizer on the GPU)",
             confidence=None if s.get("free_bytes") is not None else "low")
