@@ -93,3 +93,20 @@ def test_format_csv_and_md():
     assert "| iter | phase | wall ms |" in md and "|---|---|---:|" in md
     rc, out, err = run("analyze", ZERO3_CUT, "--format", "parquet")
     assert rc == 2 and "--format" in err
+
+
+def test_many_traces_with_long_names_keep_numbers_whole(tmp_path):
+    """A long trace name folds; the phase times of each rank stay whole numbers on one line."""
+    names = ["rank0 of a run with a rather long name [v1].sqlite", "rank1.sqlite"]
+    for n in names:
+        shutil.copy(ZERO3_CUT, tmp_path / n)
+    rc, out, err = run("analyze", tmp_path, "--no-cache", "--jobs", "1", env=_env(COLUMNS="80"))
+    assert rc == 0, err
+    _check_fits(out, 80)
+    rc, js, err = run("analyze", ZERO3_CUT, "--no-cache", "--json")
+    phases = {}
+    for it in json.loads(js)["ranks"][0]["iterations"]:
+        for p in it["phases"]:
+            phases[p["phase"]] = phases.get(p["phase"], 0) + p["wall_ns"]
+    row = f"{phases['forward'] / 1e6:,.1f}   {phases['backward'] / 1e6:,.1f}"
+    assert sum(row in line for line in out.splitlines()) == 2, out

@@ -28,21 +28,26 @@ def render_many(out: dict, console=None, wide: bool = False) -> None:
     def ms(v):
         return fmt_ms(v, 1)
 
-    t = new_table(f"{s['ranks']} ranks in {s['traces']} traces (phase times summed over iterations, ms)", wide)
-    t.add_column("trace", overflow="fold")
-    for col in ("rank", "pid", "dev", "iters", "mean iter", *PHASES):
-        add_num_column(t, col)
+    # the default fits 80 columns: numbers keep their full width (min_width), the trace name
+    # folds; --wide adds pid and device and spells the phase names out
+    heads = ["rank", "pid", "dev", "iters", "mean iter", *PHASES] if wide else \
+        ["rank", "iters", "iter ms", "fwd", "bwd", "update", "other"]
+    rows = []
     for r in s["rank_rows"]:
         label = r["rank"] if r["rank"] is not None else r["node"]
-        t.add_row(
-            text(Path(r["trace"]).name),  # file names are never rich markup
-            "" if label is None else str(label),
-            str(r["pid"]),
-            str(r["device"]),
-            str(r["iterations"]),
-            ms(r["mean_iteration_ns"]),
-            *(ms(r["phase_ns"].get(p)) for p in PHASES),
-        )
+        nums = {"rank": "" if label is None else str(label), "pid": str(r["pid"]), "dev": str(r["device"]),
+                "iters": str(r["iterations"]), "mean iter": ms(r["mean_iteration_ns"])}
+        nums["iter ms"] = nums["mean iter"]
+        for p, short in zip(PHASES, ("fwd", "bwd", "update", "other")):
+            nums[p] = nums[short] = ms(r["phase_ns"].get(p))
+        rows.append((text(Path(r["trace"]).name), [nums[h] for h in heads]))  # file names are never markup
+    t = new_table(f"{s['ranks']} ranks in {s['traces']} traces (phase times summed over iterations, ms)", wide)
+    t.add_column("trace", overflow="fold", min_width=8)
+    for i, col in enumerate(heads):
+        add_num_column(t, col)
+        t.columns[-1].min_width = max([len(col) if wide else len(col.split()[-1])] + [len(v[i]) for _, v in rows])
+    for name, cells in rows:
+        t.add_row(name, *cells)
     console.print(t)
     if s["per_phase"]:
         t = new_table("Across ranks (ms)", wide)
