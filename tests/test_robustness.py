@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import ZERO3_CUT, assert_one_line_error
+from conftest import ZERO3_CUT, assert_one_line_error, run_cli
 
 from tracekit.cli import main
 
@@ -283,3 +283,18 @@ def test_d07_wal_trace_with_uncheckpointed_changes_is_read_with_them(tmp_path):
     assert total_bytes(res, "h2d_bytes") == expected
     assert sha(p) == before
     assert {f: sha(tmp_path / f) for f in _side_files(tmp_path)} == sides
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["analyze", "--iteration", "abc", "X"], "'--iteration'"),
+    (["analyze", "--bogus-flag", "x"], "--bogus-flag"),
+    (["bogus"], "'bogus'"),
+    (["compare", "only-one.sqlite"], "Missing argument 'b'"),
+])
+def test_usage_errors_are_one_line(argv, says):
+    """click's usage errors (bad option values, unknown options or commands, missing arguments)
+    are one line naming the problem and where the usage is, exit 2 (not click's usage block)."""
+    rc, out, err = run_cli(*argv)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("tracekit: error: ") and says in err, err
+    assert "--help" in err and "Traceback" not in err

@@ -50,6 +50,16 @@ def click_exit_code(exc: BaseException) -> int | None:
         return 130
     if isinstance(exc, click_errors):
         if type(exc).__name__ != "NoArgsIsHelpError":  # the help text was printed already
-            exc.show()
+            print(f"tracekit: error: {_usage_line(exc)}", file=sys.stderr)
         return 2
     return None
+
+
+def _usage_line(exc) -> str:
+    """One line for a click usage error: its message and where the usage is (``tracekit CMD
+    --help``), instead of click's usage block (issue 9: bad input gets one line)."""
+    message = " ".join(str(exc.format_message()).split())
+    ctx = getattr(exc, "ctx", None)
+    path = getattr(ctx, "command_path", None) if ctx is not None else None
+    where = f"{path} --help" if path else "tracekit --help"
+    return f"{message} (see `{where}`)"
