@@ -211,26 +211,40 @@ def spread_cumulative(starts, ends, amounts, at) -> np.ndarray:
     contention window (amounts = bytes) and for in-flight copy time (amounts = durations).
     Returns float64 aligned with ``at``.
     """
-    s = np.asarray(starts, dtype=np.int64).ravel()
-    e = np.asarray(ends, dtype=np.int64).ravel()
-    a = np.asarray(amounts, dtype=np.float64).ravel()
-    t = np.asarray(at, dtype=np.int64).ravel()
-    if s.size == 0:
-        return np.zeros(t.size)
-    e = np.maximum(e, s + 1)
-    rate = a / (e - s)
-    pts = np.concatenate([s, e])
-    dr = np.concatenate([rate, -rate])
-    dn = np.concatenate([np.ones(s.size, np.int64), -np.ones(e.size, np.int64)])
-    order = np.argsort(pts, kind="stable")
-    pts, dr, dn = pts[order], dr[order], dn[order]
-    r_after = np.cumsum(dr)  # rate on [pts[j], pts[j+1])
-    r_after[np.cumsum(dn) == 0] = 0.0  # no interval open: drop float residue of the sum
-    area = np.concatenate([[0.0], np.cumsum(r_after[:-1] * np.diff(pts).astype(np.float64))])
-    j = np.searchsorted(pts, t, side="right") - 1
-    jj = np.maximum(j, 0)
-    out = area[jj] + r_after[jj] * (t - pts[jj]).astype(np.float64)
-    return np.where(j >= 0, out, 0.0)
+    return SpreadCumulative(starts, ends, amounts)(at)
+
+
+class SpreadCumulative:
+    """:func:`spread_cumulative` of fixed intervals, prepared once (the sweep) and evaluated at
+    any times (a binary search per query), for callers that query the same intervals often."""
+
+    def __init__(self, starts, ends, amounts) -> None:
+        s = np.asarray(starts, dtype=np.int64).ravel()
+        e = np.asarray(ends, dtype=np.int64).ravel()
+        a = np.asarray(amounts, dtype=np.float64).ravel()
+        self.empty = s.size == 0
+        if self.empty:
+            return
+        e = np.maximum(e, s + 1)
+        rate = a / (e - s)
+        pts = np.concatenate([s, e])
+        dr = np.concatenate([rate, -rate])
+        dn = np.concatenate([np.ones(s.size, np.int64), -np.ones(e.size, np.int64)])
+        order = np.argsort(pts, kind="stable")
+        pts, dr, dn = pts[order], dr[order], dn[order]
+        r_after = np.cumsum(dr)  # rate on [pts[j], pts[j+1])
+        r_after[np.cumsum(dn) == 0] = 0.0  # no interval open: drop float residue of the sum
+        self.area = np.concatenate([[0.0], np.cumsum(r_after[:-1] * np.diff(pts).astype(np.float64))])
+        self.pts, self.r_after = pts, r_after
+
+    def __call__(self, at) -> np.ndarray:
+        t = np.asarray(at, dtype=np.int64).ravel()
+        if self.empty:
+            return np.zeros(t.size)
+        j = np.searchsorted(self.pts, t, side="right") - 1
+        jj = np.maximum(j, 0)
+        out = self.area[jj] + self.r_after[jj] * (t - self.pts[jj]).astype(np.float64)
+        return np.where(j >= 0, out, 0.0)
 
 
 def grouped_union(frame, by: list[str], start: str = "start", end: str = "end"):

@@ -41,6 +41,7 @@ import polars as pl
 
 from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.model.intervals import SpreadCumulative
 from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, attach_window, check_by, ranks_of, ratio
 from tracekit.errors import MissingDataError
 
@@ -227,37 +228,6 @@ class _Counts:
         return _median_of_counts(np.array(list(self.d), dtype=dtype), np.array(list(self.d.values()), dtype=np.int64))
 
 
-class _Cumulative:
-    """:func:`tracekit.analyze.model.intervals.spread_cumulative` of fixed intervals, prepared once and
-    evaluated at any times (the same arithmetic, so equal floats)."""
-
-    def __init__(self, starts, ends, amounts) -> None:
-        s = np.asarray(starts, dtype=np.int64).ravel()
-        e = np.asarray(ends, dtype=np.int64).ravel()
-        a = np.asarray(amounts, dtype=np.float64).ravel()
-        self.empty = s.size == 0
-        if self.empty:
-            return
-        e = np.maximum(e, s + 1)
-        rate = a / (e - s)
-        pts = np.concatenate([s, e])
-        dr = np.concatenate([rate, -rate])
-        dn = np.concatenate([np.ones(s.size, np.int64), -np.ones(e.size, np.int64)])
-        order = np.argsort(pts, kind="stable")
-        pts, dr, dn = pts[order], dr[order], dn[order]
-        r_after = np.cumsum(dr)
-        r_after[np.cumsum(dn) == 0] = 0.0
-        self.area = np.concatenate([[0.0], np.cumsum(r_after[:-1] * np.diff(pts).astype(np.float64))])
-        self.pts, self.r_after = pts, r_after
-
-    def __call__(self, at) -> np.ndarray:
-        t = np.asarray(at, dtype=np.int64).ravel()
-        if self.empty:
-            return np.zeros(t.size)
-        j = np.searchsorted(self.pts, t, side="right") - 1
-        jj = np.maximum(j, 0)
-        out = self.area[jj] + self.r_after[jj] * (t - self.pts[jj]).astype(np.float64)
-        return np.where(j >= 0, out, 0.0)
 
 
 class _Unsorted(Exception):
@@ -272,7 +242,7 @@ class _Group:
     ws: np.ndarray
     we: np.ndarray
     wid: np.ndarray
-    cum: _Cumulative
+    cum: SpreadCumulative
     cnt: np.ndarray
     sum: np.ndarray
     max: np.ndarray
@@ -334,7 +304,7 @@ class _Reducer:
             n = w.height + 1  # the last slot: samples outside every window
             g = self.groups[(gpid, dev, d)] = _Group(
                 ws=w["start"].to_numpy(), we=w["end"].to_numpy(), wid=w["window_id"].to_numpy(),
-                cum=_Cumulative(c["start"].to_numpy(), c["end"].to_numpy(), c["bytes"].to_numpy()),
+                cum=SpreadCumulative(c["start"].to_numpy(), c["end"].to_numpy(), c["bytes"].to_numpy()),
                 cnt=np.zeros(n, np.int64), sum=np.zeros(n), max=np.full(n, -np.inf), base=_Counts(), runs=[],
                 tid=next(t for t, dv in self.mapping.items() if dv == dev))
         return g
@@ -585,7 +555,7 @@ def _window_copies(model: PhaseModel) -> pl.DataFrame:
         ws, we = w["start"].to_numpy(), w["end"].to_numpy()
         for d in ("H2D", "D2H"):
             cd = c.filter(pl.col("direction") == d)
-            f = _Cumulative(cd["start"].to_numpy(), cd["end"].to_numpy(), cd["bytes"].to_numpy())
+            f = SpreadCumulative(cd["start"].to_numpy(), cd["end"].to_numpy(), cd["bytes"].to_numpy())
             parts.append(w.with_columns(direction=pl.lit(d), copy_bytes=pl.Series(np.maximum(f(we) - f(ws), 0.0)),
                                         wall=pl.col("end") - pl.col("start")))
     out = pl.concat(parts) if parts else None
