@@ -22,33 +22,7 @@ import pytest
 
 from tracekit.capture.hook import _tracekit_hook as hook
 
-ROOT = Path(__file__).resolve().parents[1]
-HOOK_DIR = ROOT / "tracekit" / "capture" / "hook"
-
-
-class Recorder:
-    """Emitter that keeps ('push', name) / ('pop',) events."""
-
-    def __init__(self):
-        self.events = []
-
-    def push(self, message):
-        self.events.append(("push", message))
-
-    def pop(self):
-        self.events.append(("pop",))
-
-    def tree(self):
-        depth, out = 0, []
-        for ev in self.events:
-            if ev[0] == "push":
-                out.append("  " * depth + ev[1])
-                depth += 1
-            else:
-                assert depth > 0, "pop without push"
-                depth -= 1
-        assert depth == 0, "unclosed ranges"
-        return out
+from hook_recorder import HOOK_DIR, ROOT, Recorder  # tests/ is on sys.path (conftest)
 
 
 @pytest.fixture
