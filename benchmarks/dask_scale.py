@@ -1,0 +1,367 @@
+#!/usr/bin/env python
+"""``analyze --dask`` on a local cluster of worker processes against ``--jobs``, and what the
+per-trace cost and memory predict for a real cluster (issue 13, item 6).
+
+What it does:
+
+1. makes hard links of TRACE (the large trace, default ``/work/scratch/ds.sqlite``) and of
+   SMALL (a small fixture, to see the per-task overhead) in ``--work-dir`` (``rank0.sqlite``,
+   ... ; one inode, so every "rank" is read from the OS page cache after the first: the runs
+   measure computation, not disk reads; a hard link has its own path, so tracekit treats each
+   as a trace of its own, and every run uses ``--no-cache``);
+2. starts a local cluster in a separate process: ``distributed.LocalCluster(processes=True,
+   n_workers=W, threads_per_worker=1)`` (a scheduler and W nanny-supervised worker processes,
+   as ``dask scheduler`` + ``dask worker`` would give), warms its workers up (imports), and
+   runs ``tracekit analyze FILES --no-cache --dask tcp://...`` for each N, interleaved with
+   ``--jobs W`` and ``--jobs 1`` on the same files (each a fresh CLI process, output to
+   /dev/null);
+3. for each run prints wall time, CPU time (the CLI process tree from ``wait4``, plus the
+   worker and scheduler processes' CPU for ``--dask``), peak RSS per worker (``VmHWM`` of each
+   worker process, reset through ``/proc/PID/clear_refs`` before the run; for ``--jobs`` the
+   largest process of the tree, ``ru_maxrss``), bytes read per trace (``rchar`` of the workers)
+   and the load average; for ``--dask`` also the tasks' compute times from the scheduler's task
+   stream;
+4. fits the model ``wall = F + ceil(N / W) * t + N * o`` (``t``: one trace's compute time on a
+   worker, measured alone, N = 1; ``F``: fixed start, ``o``: overhead per task, both fitted on
+   the small-trace runs only), prints its error on every ``--dask`` run (the large-trace runs
+   are out of sample), and the prediction for ``--ranks`` traces of ``--rank-mb`` MB on
+   ``--nodes`` x ``--workers-per-node`` workers with the read bandwidth it needs.
+
+Usage::
+
+    python benchmarks/dask_scale.py [--trace /work/scratch/ds.sqlite] [--counts 1,2,4,8]
+        [--small tests/fixtures/ds_zero3_offload_iter1-2.sqlite] [--small-counts 1,16,32]
+        [--workers 2] [--repeat 1] [--work-dir /work/scratch/D] [--skip jobs1]
+        [--ranks 512 --rank-mb 600 --nodes 16 --workers-per-node 8 --cores-per-node 16]
+        [--json OUT.json]
+
+The links are removed at the end (``--keep`` keeps them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACEKIT = [sys.executable, "-m", "tracekit.cli"]
+MiB = 1 << 20
+
+
+# ---------------------------------------------------------------- the cluster (own process)
+def serve_cluster(workers: int) -> None:
+    """Run a LocalCluster of ``workers`` processes; print one JSON line (address, pids) and
+    stay until stdin closes."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        pids = client.run(os.getpid)
+        nannies = [w.process.process.pid for w in cluster.workers.values()] if hasattr(
+            next(iter(cluster.workers.values())), "process") else []
+        print(json.dumps({"address": cluster.scheduler_address, "workers": pids,
+                          "nannies": nannies, "scheduler_pid": os.getpid()}), flush=True)
+        sys.stdin.read()
+
+
+# ---------------------------------------------------------------- /proc helpers
+def _cpu_s(pid: int) -> float:
+    """user + system CPU seconds of process ``pid`` (its own threads, not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _status_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _rchar(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+class PeakRSS:
+    """Peak resident memory of some processes during a block: ``VmHWM`` after resetting it
+    (``clear_refs`` 5), or, where that is refused, ``VmRSS`` sampled every 20 ms."""
+
+    def __init__(self, pids: list[int]):
+        self.pids = pids
+        self.peak = dict.fromkeys(pids, 0)
+        self._stop = threading.Event()
+        self.reset_ok = True
+        for pid in pids:
+            try:
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
+            except OSError:
+                self.reset_ok = False
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        while not self._stop.wait(0.02):
+            for pid in self.pids:
+                self.peak[pid] = max(self.peak[pid], _status_kib(pid, "VmRSS"))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        for pid in self.pids:
+            hwm = _status_kib(pid, "VmHWM") if self.reset_ok else 0
+            self.peak[pid] = max(self.peak[pid], hwm)
+
+
+# ---------------------------------------------------------------- one CLI run
+def run_cli(files: list[Path], mode: str, cluster: dict | None, client=None) -> dict:
+    """``tracekit analyze FILES --no-cache`` with ``mode`` = ``dask`` | ``jobsN``; figures."""
+    extra = ["--dask", cluster["address"]] if mode == "dask" else ["--jobs", mode[4:]]
+    worker_pids = list(cluster["workers"].values()) if mode == "dask" else []
+    watched = worker_pids + ([cluster["scheduler_pid"]] if mode == "dask" else [])
+    cpu0 = {pid: _cpu_s(pid) for pid in watched}
+    read0 = {pid: _rchar(pid) for pid in worker_pids}
+    base_rss = {pid: _status_kib(pid, "VmRSS") for pid in worker_pids}
+    load = os.getloadavg()[0]
+    err = tempfile.TemporaryFile()
+    stream_start = time.time()
+    with PeakRSS(worker_pids) as peak:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([*TRACEKIT, "analyze", *map(str, files), "--no-cache", *extra],
+                                stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
+        _, status, ru = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        err.seek(0)
+        raise SystemExit(f"{mode} N={len(files)} failed ({proc.returncode}): {err.read().decode()[-2000:]}")
+    row = {"n": len(files), "mode": mode, "wall_s": wall, "load": load,
+           "cli_cpu_s": ru.ru_utime + ru.ru_stime, "cli_peak_mib": ru.ru_maxrss / 1024}
+    if mode == "dask":
+        row["worker_cpu_s"] = sum(_cpu_s(p) - cpu0[p] for p in worker_pids)
+        row["scheduler_cpu_s"] = _cpu_s(cluster["scheduler_pid"]) - cpu0[cluster["scheduler_pid"]]
+        row["cpu_s"] = row["cli_cpu_s"] + row["worker_cpu_s"] + row["scheduler_cpu_s"]
+        row["worker_peak_mib"] = max(peak.peak.values()) / 1024
+        row["worker_base_mib"] = max(base_rss.values()) / 1024
+        row["read_mb_per_trace"] = sum(_rchar(p) - read0[p] for p in worker_pids) / len(files) / 1e6
+        row["task_s"] = _task_times(client, stream_start)
+    else:
+        row["cpu_s"] = row["cli_cpu_s"]
+        row["worker_peak_mib"] = row["cli_peak_mib"]  # the largest process of the tree
+    return row
+
+
+def _task_times(client, since: float) -> list[float]:
+    """Compute time of each tracekit task that ran since ``since`` (scheduler's task stream)."""
+    out = []
+    for rec in client.get_task_stream(start=since):
+        if "_analyze" not in str(rec.get("key")):
+            continue
+        out += [s["stop"] - s["start"] for s in rec["startstops"] if s["action"] == "compute"]
+    return out
+
+
+# ---------------------------------------------------------------- model
+def fit_fixed_and_overhead(rows: list[dict], t_task: float, workers: int) -> tuple[float, float]:
+    """Least squares of ``wall - ceil(N/W) * t_task = F + N * o`` over ``rows``."""
+    xs = [r["n"] for r in rows]
+    ys = [r["wall_s"] - math.ceil(r["n"] / workers) * t_task for r in rows]
+    if len(set(xs)) < 2:
+        return statistics.fmean(ys), 0.0
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    o = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - o * mx, max(o, 0.0)
+
+
+def predict(n: int, workers: int, t_task: float, fixed: float, per_task: float) -> float:
+    return fixed + math.ceil(n / workers) * t_task + n * per_task
+
+
+# ---------------------------------------------------------------- main
+def _links(src: Path, folder: Path, n: int) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in range(n):
+        dst = folder / f"rank{i}.sqlite"
+        if not dst.exists():
+            os.link(src, dst)
+        out.append(dst)
+    return out
+
+
+def _fmt(rows: list[dict]) -> str:
+    head = "| trace | N | mode | wall s | CPU s | CPU/wall | peak RSS per worker MiB | task s (median) | load |"
+    lines = [head, "|" + "---|" * 9]
+    for r in rows:
+        task = f"{statistics.median(r['task_s']):.2f}" if r.get("task_s") else ""
+        lines.append(f"| {r['trace']} | {r['n']} | {r['mode']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | "
+                     f"{r['cpu_s'] / r['wall_s']:.2f} | {r['worker_peak_mib']:.0f} | {task} | {r['load']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", type=Path, default=Path("/work/scratch/ds.sqlite"))
+    ap.add_argument("--counts", default="1,2,4,8", help="numbers of links of --trace (1 calibrates t)")
+    ap.add_argument("--small", type=Path, default=ROOT / "tests/fixtures/ds_zero3_offload_iter1-2.sqlite")
+    ap.add_argument("--small-counts", default="1,16,32", help="numbers of links of --small (fit F and o)")
+    ap.add_argument("--workers", type=int, default=2, help="worker processes of the local cluster and --jobs")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--work-dir", type=Path, default=Path("/work/scratch/D"))
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--skip", default="", help="comma list of modes to skip: dask, jobsW, jobs1")
+    ap.add_argument("--ranks", type=int, default=512)
+    ap.add_argument("--rank-mb", type=float, default=600.0)
+    ap.add_argument("--nodes", type=int, default=16)
+    ap.add_argument("--workers-per-node", type=int, default=8)
+    ap.add_argument("--cores-per-node", type=int, default=16)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--serve-cluster", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.serve_cluster:
+        serve_cluster(a.serve_cluster)
+        return 0
+    from distributed import Client
+
+    W = a.workers
+    skip = {s.strip().replace("jobsW", f"jobs{W}") for s in a.skip.split(",") if s.strip()}
+    modes = [m for m in ("dask", f"jobs{W}", "jobs1") if m not in skip]
+    sets = [("large", a.trace, [int(x) for x in a.counts.split(",") if x]),
+            ("small", a.small, [int(x) for x in a.small_counts.split(",") if x])]
+    made = []
+    files = {}
+    for name, src, counts in sets:
+        if counts:
+            folder = a.work_dir / name
+            made.append(folder)
+            files[name] = _links(src, folder, max(counts))
+    server = subprocess.Popen([sys.executable, __file__, "--serve-cluster", str(W)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        cluster = json.loads(server.stdout.readline())
+        cluster["workers"] = {k: int(v) for k, v in cluster["workers"].items()}
+        client = Client(cluster["address"], set_as_default=False)
+        client.get_task_stream(start=time.time())  # installs the scheduler's task-stream plugin
+        print(f"cluster {cluster['address']}: {W} worker processes {sorted(cluster['workers'].values())}, "
+              f"1 thread each; {os.cpu_count()} cores here", flush=True)
+        # warm-up: the first task of each worker imports tracekit and polars (the cold start)
+        warm = run_cli(files["small"][:W] if "small" in files else files["large"][:W], "dask", cluster, client)
+        cold_first = max(warm["task_s"]) if warm["task_s"] else float("nan")
+        print(f"warm-up (cold workers, {W} small traces): wall {warm['wall_s']:.2f} s, "
+              f"slowest first task {cold_first:.2f} s", flush=True)
+        rows = []
+        for rep in range(a.repeat):
+            for name, _, counts in sets:
+                for n in counts:
+                    for mode in modes:
+                        if n == 1 and mode != "dask":
+                            continue
+                        r = run_cli(files[name][:n], mode, cluster, client) | {"trace": name, "rep": rep}
+                        rows.append(r)
+                        print(_fmt([r]).splitlines()[-1], flush=True)
+        client.close()
+    finally:
+        server.stdin.close()
+        server.wait(60)
+        if not a.keep:
+            for folder in made:
+                shutil.rmtree(folder, ignore_errors=True)
+            try:
+                a.work_dir.rmdir()
+            except OSError:
+                pass
+    print()
+    print(_fmt(rows))
+    fig = fit_and_predict(rows, W, a, cold_first)
+    if a.json:
+        a.json.write_text(json.dumps({"rows": rows, "model": fig}, indent=1))
+    return 0
+
+
+def fit_and_predict(rows: list[dict], W: int, a, cold_first: float) -> dict:
+    dask = [r for r in rows if r["mode"] == "dask"]
+
+    def t_alone(trace):
+        ts = [t for r in dask if r["trace"] == trace and r["n"] == 1 for t in r["task_s"]]
+        return statistics.median(ts) if ts else None
+
+    def task_cpu(trace):  # worker CPU per trace, from the N=1 runs
+        xs = [r["worker_cpu_s"] / r["n"] for r in dask if r["trace"] == trace and r["n"] == 1]
+        return statistics.median(xs) if xs else None
+
+    t = {k: t_alone(k) for k in ("large", "small")}
+    small = [r for r in dask if r["trace"] == "small"]
+    if t["small"] is None or len({r["n"] for r in small}) < 2:
+        print("\n(model needs --small-counts with 1 and at least one more count)")
+        return {}
+    F, o = fit_fixed_and_overhead(small, t["small"], W)
+    print(f"\nmodel: wall = F + ceil(N/W) x t + N x o, W = {W}; fitted on the small-trace runs: "
+          f"F = {F:.2f} s, o = {o * 1000:.1f} ms per task; t alone: large {t['large'] or float('nan'):.2f} s, "
+          f"small {t['small']:.3f} s (cold first task of a fresh worker: {cold_first:.2f} s)")
+    errors = []
+    print("| trace | N | measured wall s | predicted s | error |\n|---|---|---|---|---|")
+    for r in dask:
+        if t[r["trace"]] is None:
+            continue
+        p = predict(r["n"], W, t[r["trace"]], F, o)
+        err = (p - r["wall_s"]) / r["wall_s"]
+        errors.append({"trace": r["trace"], "n": r["n"], "measured": r["wall_s"], "predicted": p, "error": err})
+        print(f"| {r['trace']} | {r['n']} | {r['wall_s']:.2f} | {p:.2f} | {err:+.0%} |")
+    # per-task times in the parallel runs against alone: the cores are shared
+    large = [r for r in dask if r["trace"] == "large"]
+    fig = {"F_s": F, "o_s": o, "t_alone_s": t, "cold_first_task_s": cold_first, "errors": errors}
+    if not large or t["large"] is None:
+        return fig
+    par = [x for r in large if r["n"] >= W for x in r["task_s"]]
+    t_par = statistics.median(par) if par else t["large"]
+    cpu = task_cpu("large")
+    peak = max(r["worker_peak_mib"] for r in large)
+    base = statistics.median(r["worker_base_mib"] for r in large)
+    read_mb = statistics.median(r["read_mb_per_trace"] for r in large)
+    size_mb = a.trace.stat().st_size / 1e6
+    print(f"\nlarge trace ({size_mb:.0f} MB): task alone {t['large']:.2f} s, in parallel ({W} workers on "
+          f"{os.cpu_count()} cores) {t_par:.2f} s, worker CPU per trace {cpu:.2f} s, read per trace "
+          f"{read_mb:.0f} MB, worker peak RSS {peak:.0f} MiB (idle {base:.0f} MiB)")
+    # prediction
+    n, mb, nodes, wpn, cores = a.ranks, a.rank_mb, a.nodes, a.workers_per_node, a.cores_per_node
+    workers = nodes * wpn
+    scale = mb / size_mb
+    t_rank = max(t["large"], cpu * wpn / cores) * scale  # a worker's share of its node's cores
+    rounds = math.ceil(n / workers)
+    compute = predict(n, workers, t_rank, F, o)
+    total_gb = n * read_mb * scale / 1e3
+    need_gbs = workers * read_mb * scale / 1e3 / t_rank  # every worker reading while it computes
+    print(f"\nprediction: {n} ranks x {mb:.0f} MB on {nodes} nodes x {wpn} workers ({workers}; {cores} cores "
+          f"per node): t per rank = max(alone, CPU x {wpn}/{cores}) x {mb:.0f}/{size_mb:.0f} = {t_rank:.2f} s; "
+          f"{rounds} rounds -> {compute:.1f} s (F {F:.1f} s + {rounds} x {t_rank:.2f} s + {n} x {o * 1000:.0f} ms)"
+          f" with the traces in page cache")
+    print(f"reads: {total_gb:.0f} GB in all; to stay compute-bound the shared file system must deliver "
+          f"{need_gbs:.1f} GB/s ({need_gbs / workers * 1e3:.0f} MB/s per worker); at B GB/s below that the run "
+          f"takes about F + {total_gb:.0f} GB / B (e.g. {F + total_gb / 5:.0f} s at 5 GB/s, "
+          f"{F + total_gb / 1:.0f} s at 1 GB/s)")
+    print(f"memory: {base + (peak - base):.0f} MiB peak per worker ({wpn} per node: "
+          f"{wpn * peak / 1024:.1f} GiB per node); client holds {n} results")
+    fig |= {"t_parallel_s": t_par, "worker_cpu_per_trace_s": cpu, "worker_peak_mib": peak,
+            "worker_idle_mib": base, "read_mb_per_trace": read_mb,
+            "prediction": {"ranks": n, "rank_mb": mb, "workers": workers, "t_rank_s": t_rank, "rounds": rounds,
+                           "compute_bound_s": compute, "read_gb": total_gb, "needed_gb_s": need_gbs}}
+    return fig
+
+
+if __name__ == "__main__":
+    sys.exit(main())
