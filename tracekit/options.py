@@ -17,6 +17,11 @@ from tracekit.analyze.sections import SECTIONS  # no polars
 from tracekit.errors import TracekitError
 from tracekit.vocab import PHASES
 
+#: Finest ``--bin-ms``: 1 us. The shortest host<->device copy in a real trace takes about 0.7 us
+#: and a copy's bytes are spread evenly over its duration, so a finer bin only slices single
+#: copies (more rows, no more detail); below 1 ns it would also round to a zero-length bin.
+MIN_BIN_MS = 0.001
+
 
 @dataclass(frozen=True)
 class Options:
@@ -31,7 +36,9 @@ class Options:
         sections: transfer sections shown in detail (:data:`SECTIONS`); the findings are
             computed whatever is selected.
         pcie_threshold: PCIe saturation threshold, % of the link (``pcie`` section), in (0, 100].
-        bin_ms: bin width of the copy throughput timeline (``timeline`` section), ms, > 0.
+        bin_ms: bin width of the copy throughput timeline (``timeline`` section), ms, at least
+            :data:`MIN_BIN_MS`; the number of bins is bounded per trace too
+            (:data:`tracekit.analyze.sections.throughput.MAX_BINS`).
         ds_config: the run's DeepSpeed config as :func:`tracekit.analyze.trace.dsconfig.load` returns
             it; None = the capture manifest beside the trace, if any.
         cache: keep and use the Parquet/result cache beside the trace (not part of the result).
@@ -52,6 +59,8 @@ class Options:
     def __post_init__(self) -> None:
         if self.phase_map is not None and not isinstance(self.phase_map, tuple):
             object.__setattr__(self, "phase_map", tuple(self.phase_map) or None)
+        if self.phase_map:
+            check_phase_map(self.phase_map)
         if not isinstance(self.sections, tuple):
             object.__setattr__(self, "sections", tuple(self.sections or ()))
         if self.phase is not None and self.phase not in PHASES:
@@ -63,8 +72,14 @@ class Options:
             raise TracekitError(f"--section {unknown[0]!r}: choose from {', '.join(SECTIONS)} (or all)")
         if not (isinstance(self.pcie_threshold, (int, float)) and 0 < self.pcie_threshold <= 100):
             raise TracekitError("--pcie-threshold must be in (0, 100]")
-        if not (isinstance(self.bin_ms, (int, float)) and math.isfinite(self.bin_ms) and self.bin_ms > 0):
+        if not (isinstance(self.bin_ms, (int, float)) and not isinstance(self.bin_ms, bool)
+                and math.isfinite(self.bin_ms) and self.bin_ms > 0):
             raise TracekitError(f"--bin-ms {self.bin_ms}: must be a positive finite number of ms")
+        if self.bin_ms < MIN_BIN_MS:
+            raise TracekitError(
+                f"--bin-ms {self.bin_ms:g}: below the {MIN_BIN_MS:g} ms (1 us) floor; a host<->device copy "
+                f"takes about 1 us, so finer bins only slice single copies; use --bin-ms {MIN_BIN_MS:g} or more"
+            )
 
     @property
     def bin_ns(self) -> int:
@@ -100,6 +115,48 @@ class Options:
         if bad:
             raise TracekitError(f"unknown analysis option {bad[0]!r}: choose from {', '.join(sorted(names))}")
         return cls(**base)
+
+
+def check_phase_map(items) -> None:
+    """Raise :class:`TracekitError`, one line naming the item and the problem, for a
+    ``--phase-map`` item that is not ``PHASE=REGEX`` (PHASE forward, backward or update) or
+    whose REGEX the matcher rejects. The matcher is polars (Rust's ``regex`` crate,
+    https://docs.rs/regex/latest/regex/#syntax: no look-around, no backreferences), so the
+    pattern is checked by it: ``update=(`` -> ``--phase-map 'update=(': invalid regular
+    expression: unclosed group``. Imports polars only when called."""
+    from tracekit.textsafe import clean
+
+    for item in items:
+        phase, sep, pattern = str(item).partition("=")
+        shown = f"--phase-map '{clean(item)}'"
+        if not sep or phase.strip() not in ("forward", "backward", "update") or not pattern:
+            raise TracekitError(f"{shown}: expected PHASE=REGEX with PHASE one of forward, backward, update")
+        problem = _regex_problem(pattern)
+        if problem:
+            raise TracekitError(f"{shown}: invalid regular expression: {problem}")
+
+
+def _regex_problem(pattern: str) -> str | None:
+    """What the matcher (polars) says is wrong with ``pattern``: the ``error:`` line of its
+    message (``unclosed group``), with a note on the syntax when Python's ``re`` would accept the
+    pattern; None when it compiles."""
+    import re
+
+    import polars as pl
+
+    try:
+        pl.Series([""], dtype=pl.String).str.contains(f"(?:{pattern})")
+        return None
+    except Exception as exc:  # polars' ComputeError, its message a multi-line regex-crate report
+        text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines()]
+    problem = next((ln[len("error:"):].strip() for ln in lines if ln.startswith("error:")), None)
+    problem = problem or " ".join(lines[0].split())[:160]
+    try:
+        re.compile(pattern)
+    except re.error:
+        return problem
+    return f"{problem} (the matcher takes Rust regex syntax)"
 
 
 def load_ds_config(trace: str | Path, ds_config: str | Path | None) -> dict | None:

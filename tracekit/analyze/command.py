@@ -100,25 +100,12 @@ def _many(traces, options, out, out_format: str, fmt: str, wide: bool, jobs, das
 
 
 def check_phase_map_regexes(items: list[str]) -> None:
-    """Raise :class:`TracekitError` for a ``--phase-map PHASE=REGEX`` whose regex the matcher
-    (polars, Rust's ``regex`` crate) rejects though Python's ``re`` accepts it: look-around
-    (``(?<=x)``), backreferences (``\\1``), possessive quantifiers. The syntax is that of
-    https://docs.rs/regex/latest/regex/#syntax. Items without ``=`` are left to
-    :func:`tracekit.analyze.model.phases.parse_phase_map`, which names them."""
-    import polars as pl
+    """Raise :class:`TracekitError` (one line: the item and the matcher's own problem, e.g.
+    ``unclosed group``) for a bad ``--phase-map PHASE=REGEX``; see
+    :func:`tracekit.options.check_phase_map`, which :class:`tracekit.options.Options` runs too."""
+    from tracekit.options import check_phase_map
 
-    for item in items:
-        _, sep, pattern = item.partition("=")
-        if not sep or not pattern:
-            continue
-        try:
-            pl.Series([""], dtype=pl.String).str.contains(f"(?:{pattern})")
-        except Exception as exc:  # polars' ComputeError
-            detail = " ".join(str(exc).split())
-            raise TracekitError(
-                f"--phase-map {item!r}: regular expression not supported by the matcher (Rust regex "
-                f"syntax: no look-around, no backreferences): {detail[:160]}"
-            ) from None
+    check_phase_map(items)
 
 
 def _section_choices() -> str:

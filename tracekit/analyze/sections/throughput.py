@@ -19,8 +19,31 @@ from tracekit.analyze.sections.transfer_common import RANK, attach_window
 from tracekit.errors import TracekitError
 
 DIRECTIONS = ("H2D", "D2H", "D2D")
-#: Most bins per rank and direction (each bin is a row; 2 M rows already take about 1 GB while the timeline is built).
+#: Most bins of a trace, all ranks and directions together (each bin is a row; 2 M rows take about
+#: 1 GB while the timeline is built, and more again in --json). A 1 ms bin fits 1000 s of one rank.
 MAX_BINS = 2_000_000
+
+
+def _bin_count(spans: list[tuple[int, int]], bin_ns: int, n_directions: int) -> int:
+    """Rows of the timeline: per rank span [lo, hi], the bins from ``lo`` rounded down to a
+    multiple of ``bin_ns`` through ``hi``, once per direction."""
+    return sum(-(-(hi - (lo // bin_ns) * bin_ns) // bin_ns) * n_directions for lo, hi in spans)
+
+
+def check_bin_count(spans: list[tuple[int, int]], bin_ns: int, n_directions: int) -> None:
+    """Raise :class:`TracekitError` (naming a ``--bin-ms`` that fits: the smallest 1, 2 or 5
+    times a power of ten) when the rank ``spans`` (ns) would take more than :data:`MAX_BINS` bins."""
+    n = _bin_count(spans, bin_ns, n_directions)
+    if n <= MAX_BINS:
+        return
+    length = sum(hi - lo for lo, hi in spans)
+    ok = next(b for b in (m * 10 ** e for e in range(3, 13) for m in (1, 2, 5))
+              if b >= bin_ns and _bin_count(spans, b, n_directions) <= MAX_BINS)
+    where = f"{len(spans)} ranks, {length / 1e9:.3g} s in all" if len(spans) > 1 else f"{length / 1e9:.3g} s"
+    raise TracekitError(
+        f"--bin-ms {bin_ns / 1e6:g} gives {n:,} timeline bins ({where} x {n_directions} copy directions; "
+        f"at most {MAX_BINS:,}, to keep memory bounded); use --bin-ms {ok / 1e6:g} or more"
+    )
 
 
 def throughput_timeline(
@@ -34,25 +57,24 @@ def throughput_timeline(
     direction, bin_start.
 
     Raises :class:`~tracekit.errors.TracekitError` for ``bin_ns < 1`` or when the timeline
-    would have more than :data:`MAX_BINS` bins per rank and direction (a memory guard).
+    would have more than :data:`MAX_BINS` bins, all ranks and directions together (a memory
+    guard, checked before any bin is built; :func:`check_bin_count`).
     """
     if bin_ns < 1:
         raise TracekitError("--bin-ms must be positive")
     c = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(list(directions)))
     c = c.filter(pl.col("device").is_not_null())
     spans = model.windows.group_by("global_pid").agg(lo=pl.col("start").min(), hi=pl.col("end").max())
-    parts = []
+    ranks = []
     for (gpid, dev), rc in c.group_by(RANK):
         span = spans.filter(pl.col("global_pid") == gpid)
         lo = min(int(rc["start"].min()), int(span["lo"][0]) if span.height else int(rc["start"].min()))
         hi = max(int(rc["end"].max()), int(span["hi"][0]) if span.height else int(rc["end"].max()))
+        ranks.append((gpid, dev, rc, lo, hi))
+    check_bin_count([(lo, hi) for *_, lo, hi in ranks], bin_ns, len(directions))  # before any bin is built
+    parts = []
+    for gpid, dev, rc, lo, hi in ranks:
         first = (lo // bin_ns) * bin_ns
-        n_bins = (hi - first) // bin_ns + 1
-        if n_bins > MAX_BINS:
-            raise TracekitError(
-                f"--bin-ms {bin_ns / 1e6:g} gives {n_bins:,} bins over the {(hi - lo) / 1e9:.1f} s of this "
-                f"trace (at most {MAX_BINS:,}); use --bin-ms {max(1e-3, (hi - lo) / MAX_BINS / 1e6):.3g} or more"
-            )
         edges = np.arange(first, hi + bin_ns, bin_ns, dtype=np.int64)
         for d in directions:
             dc = rc.filter(pl.col("direction") == d)

@@ -86,11 +86,14 @@ def parse_time_range(export: Export, text: str) -> tuple[int, int]:
     """``"A:B"`` -> [t0, t1) in ns. A and B are seconds on the trace's timeline (``41.5``) or
     percentages of the capture (``50%``; the capture spans ``ANALYSIS_DETAILS`` startTime to
     stopTime, else the first to the last CUDA/NVTX timestamp); an empty side means the
-    capture's start or end. Raises TracekitError for anything else or an empty range."""
+    capture's start or end. Raises TracekitError for anything else, an empty range, a
+    percentage outside 0%..100%, a window that misses the capture or holds no CUDA activity
+    (each message names the capture's span, so that a fitting range can be chosen)."""
     m = re.fullmatch(r"\s*([0-9.]*)\s*(%?)\s*:\s*([0-9.]*)\s*(%?)\s*", text or "")
     if not m:
         raise TracekitError(f"--time-range {text!r}: expected A:B in seconds (41.5:82) or percent (50%:100%)")
     lo, hi = capture_span(export)
+    span = f"the capture spans {lo / 1e9:.6g}:{hi / 1e9:.6g} s (0%:100%)"
 
     def point(num: str, pct: str, default: int) -> int:
         if not num:
@@ -99,12 +102,46 @@ def parse_time_range(export: Export, text: str) -> tuple[int, int]:
             v = float(num)
         except ValueError:
             raise TracekitError(f"--time-range {text!r}: {num!r} is not a number") from None
+        if pct and not 0 <= v <= 100:
+            raise TracekitError(f"--time-range {text!r}: {num}% is outside the capture; {span}")
         return int(lo + (hi - lo) * v / 100) if pct else int(v * 1e9)
 
     t0, t1 = point(m.group(1), m.group(2), lo), point(m.group(3), m.group(4), hi + 1)
     if t1 <= t0:
         raise TracekitError(f"--time-range {text!r}: the end comes before the start")
+    if t1 <= lo or t0 > hi:
+        raise TracekitError(f"--time-range {text!r}: outside the capture; {span}")
+    if not _has_activity(export, t0, t1):
+        raise TracekitError(f"--time-range {text!r}: no CUDA activity in this window (the cut would be empty); "
+                            f"{_activity_span(export) or span}")
     return t0, t1
+
+
+_ACTIVITY = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+             "CUPTI_ACTIVITY_KIND_RUNTIME")
+
+
+def _has_activity(export: Export, t0: int, t1: int) -> bool:
+    """Whether a CUDA kernel, copy, memset or runtime call overlaps [t0, t1)."""
+    for table in _ACTIVITY:
+        if {"start", "end"} <= set(export.tables.get(table, {})):
+            row = export.conn.execute(f'SELECT 1 FROM {table} WHERE start < ? AND "end" > ? LIMIT 1',
+                                      (t1, t0)).fetchone()
+            if row:
+                return True
+    return False
+
+
+def _activity_span(export: Export) -> str | None:
+    """``"its CUDA activity spans A:B s"`` (first start, last end of the tables of
+    :data:`_ACTIVITY`), None without any."""
+    lo = hi = None
+    for table in _ACTIVITY:
+        if {"start", "end"} <= set(export.tables.get(table, {})):
+            a, b = export.conn.execute(f'SELECT min(start), max("end") FROM {table}').fetchone()
+            if a is not None:
+                lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
+    return None if lo is None else f"its CUDA activity spans {lo / 1e9:.6g}:{hi / 1e9:.6g} s"
 
 
 def capture_span(export: Export) -> tuple[int, int]:

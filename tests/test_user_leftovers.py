@@ -1,0 +1,129 @@
+"""Defects a fresh user found in the last review: --bin-ms bounds, a --time-range outside the
+capture, a bad --phase-map regex, and tables at 80 columns (piped or not)."""
+
+import sqlite3
+
+import pytest
+from conftest import FIXTURES, assert_one_line_error, run_cli
+
+from tracekit.errors import TracekitError
+
+ZERO2 = FIXTURES / "zero2_offload_gas2_cut.sqlite"
+
+
+# ---------------------------------------------------------------- 1. --bin-ms
+@pytest.mark.parametrize("bin_ms", [0.0009, 1e-7, 1e-12])
+def test_bin_ms_below_the_floor_is_refused(bin_ms):
+    from tracekit.options import MIN_BIN_MS, Options
+
+    assert MIN_BIN_MS == 0.001
+    with pytest.raises(TracekitError, match=r"below the 0\.001 ms \(1 us\) floor.*use --bin-ms 0\.001 or more"):
+        Options(bin_ms=bin_ms)
+    assert Options(bin_ms=0.001).bin_ns == 1000  # the floor itself is allowed
+
+
+def test_bin_count_by_hand():
+    from tracekit.analyze.sections import throughput as T
+
+    # [1500, 4000] in 1000 ns bins: [1000,2000) [2000,3000) [3000,4000); one more when it ends at 4001
+    assert T._bin_count([(1500, 4000)], 1000, 1) == 3
+    assert T._bin_count([(1500, 4001)], 1000, 1) == 4
+    assert T._bin_count([(1500, 4000), (0, 10_000)], 1000, 2) == 2 * 3 + 2 * 10
+
+
+def test_bin_count_bound_names_a_bin_that_works(monkeypatch):
+    """The bound counts every rank and direction, is checked before any bin is built, and the
+    --bin-ms it suggests gives a timeline within it (the frame's own row count)."""
+    from tracekit.analyze.model import phases
+    from tracekit.analyze.sections import throughput as T
+    from tracekit.analyze.trace.export import Export
+
+    with Export.open(ZERO2) as e:
+        model = phases.build(e)
+    rows_1ms = T.throughput_timeline(model, bin_ns=1_000_000).height
+    assert rows_1ms > 1000
+    monkeypatch.setattr(T, "MAX_BINS", rows_1ms)  # 1 ms fits exactly, 0.5 ms is twice too many
+    assert T.throughput_timeline(model, bin_ns=1_000_000).height == rows_1ms
+    with pytest.raises(TracekitError) as exc:
+        T.throughput_timeline(model, bin_ns=500_000)
+    msg = str(exc.value)
+    assert msg.startswith("--bin-ms 0.5 gives ") and msg.endswith("use --bin-ms 1 or more"), msg
+    n = int(msg.split(" gives ")[1].split(" ")[0].replace(",", ""))
+    monkeypatch.setattr(T, "MAX_BINS", 10 ** 9)
+    assert n == T.throughput_timeline(model, bin_ns=500_000).height > rows_1ms  # the count it names is real
+
+
+def test_bin_ms_cli_too_many_bins():
+    """The review's command: 1 us bins over this trace are 3.6 M rows; refused, naming 0.002."""
+    rc, out, err = run_cli("analyze", ZERO2, "--no-cache", "--section", "timeline", "--bin-ms", "0.001")
+    assert_one_line_error(rc, out, err, "--bin-ms 0.001 gives 3,583,858 timeline bins")
+    assert err.strip().endswith("use --bin-ms 0.002 or more")
+    assert_one_line_error(*run_cli("analyze", ZERO2, "--no-cache", "--bin-ms", "0.0001"), "(1 us) floor")
+
+
+# ---------------------------------------------------------------- 2. trim --time-range
+def _capture(path):
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as c:
+        return c.execute("SELECT startTime, stopTime FROM ANALYSIS_DETAILS").fetchone()
+
+
+@pytest.mark.parametrize("window, problem", [
+    ("200%:300%", "200% is outside the capture"),
+    ("50%:150%", "150% is outside the capture"),
+    ("100:200", "outside the capture"),
+    ("0:0.5", "outside the capture"),
+    ("1%:2%", "no CUDA activity in this window"),  # inside the capture, before its CUDA work
+])
+def test_time_range_outside_the_capture_writes_nothing(tmp_path, window, problem):
+    lo, hi = _capture(ZERO2)
+    dst = tmp_path / "out.sqlite"
+    rc, out, err = run_cli("trim", ZERO2, dst, "--time-range", window)
+    assert_one_line_error(rc, out, err, f"--time-range '{window}': {problem}")
+    assert f"{lo / 1e9:.6g}:{hi / 1e9:.6g} s" in err or "its CUDA activity spans" in err
+    assert list(tmp_path.iterdir()) == []  # no output, no temporary file
+
+
+def test_time_range_inside_the_capture_still_cuts(tmp_path):
+    dst = tmp_path / "out.sqlite"
+    rc, out, err = run_cli("trim", ZERO2, dst, "--time-range", "31.8:32.0")
+    assert rc == 0, err
+    with sqlite3.connect(f"file:{ZERO2}?mode=ro", uri=True) as c:
+        n = c.execute('SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE start < 32000000000 '
+                      'AND "end" > 31800000000').fetchone()[0]
+    with sqlite3.connect(f"file:{dst}?mode=ro", uri=True) as c:
+        assert c.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0] == n > 0
+
+
+# ---------------------------------------------------------------- 3. --phase-map regex
+@pytest.mark.parametrize("item, problem", [
+    ("update=(", "invalid regular expression: unclosed group"),
+    ("update=a{2", "invalid regular expression: unclosed counted repetition"),
+    ("update=(?<=x)step", "invalid regular expression: look-around, including look-ahead and look-behind, "
+                          "is not supported (the matcher takes Rust regex syntax)"),
+    (r"update=(a)\1", "invalid regular expression: backreferences are not supported"),
+    ("forward", "expected PHASE=REGEX"),
+])
+def test_bad_phase_map_is_one_line(item, problem):
+    from tracekit.options import Options
+
+    with pytest.raises(TracekitError) as exc:
+        Options(phase_map=(item,))
+    assert str(exc.value).startswith(f"--phase-map '{item}': {problem}"), str(exc.value)
+    assert "\n" not in str(exc.value) and "col(" not in str(exc.value)
+
+
+def test_bad_phase_map_cli():
+    rc, out, err = run_cli("analyze", ZERO2, "--no-cache", "--phase-map", "update=(")
+    assert_one_line_error(rc, out, err, "--phase-map 'update=(': invalid regular expression: unclosed group")
+    assert err.strip() == "tracekit: error: --phase-map 'update=(': invalid regular expression: unclosed group"
+    # compare goes through Options too (it showed polars' message or a traceback before)
+    rc, out, err = run_cli("compare", ZERO2, FIXTURES / "zero3_offload_gas2_cut.sqlite",
+                           "--phase-map", r"update=\d+(")
+    assert_one_line_error(rc, out, err, r"--phase-map 'update=\d+(': invalid regular expression: unclosed group")
+
+
+def test_good_phase_map_still_accepted():
+    from tracekit.options import Options
+
+    assert Options(phase_map=(r"update=\p{L}+_step$", "forward=^fwd")).phase_map == (r"update=\p{L}+_step$",
+                                                                                     "forward=^fwd")
