@@ -21,17 +21,18 @@ What it does:
    largest process of the tree, ``ru_maxrss``), bytes read per trace (``rchar`` of the workers)
    and the load average; for ``--dask`` also the tasks' compute times from the scheduler's task
    stream;
-4. fits the model ``wall = F + ceil(N / W) * t + N * o`` (``t``: one trace's compute time on a
-   worker, measured alone, N = 1; ``F``: fixed start, ``o``: overhead per task, both fitted on
-   the small-trace runs only), prints its error on every ``--dask`` run (the large-trace runs
-   are out of sample), and the prediction for ``--ranks`` traces of ``--rank-mb`` MB on
-   ``--nodes`` x ``--workers-per-node`` workers with the read bandwidth it needs.
+4. fits the model ``wall = F + ceil(N / W) * tW + N * s`` (see :func:`fit_and_predict`: each
+   parameter from its own runs, N = 1 and N = W), prints its error on the runs with N > W (out
+   of sample), and the prediction for ``--ranks`` traces of ``--rank-mb`` MB on ``--nodes`` x
+   ``--workers-per-node`` workers with the read bandwidth it needs (``--options --all``: the
+   full analysis, which reads the PCIe samples, most of a trace's bytes; the default view
+   reads a few percent of them).
 
 Usage::
 
     python benchmarks/dask_scale.py [--trace /work/scratch/ds.sqlite] [--counts 1,2,4,8]
         [--small tests/fixtures/ds_zero3_offload_iter1-2.sqlite] [--small-counts 1,16,32]
-        [--workers 2] [--repeat 1] [--work-dir /work/scratch/D] [--skip jobs1]
+        [--workers 2] [--repeat 1] [--work-dir /work/scratch/D] [--skip jobs1] [--options --all]
         [--ranks 512 --rank-mb 600 --nodes 16 --workers-per-node 8 --cores-per-node 16]
         [--json OUT.json]
 
@@ -129,7 +130,7 @@ class PeakRSS:
 
 
 # ---------------------------------------------------------------- one CLI run
-def run_cli(files: list[Path], mode: str, cluster: dict | None, client=None) -> dict:
+def run_cli(files: list[Path], mode: str, cluster: dict | None, client=None, options: str = "") -> dict:
     """``tracekit analyze FILES --no-cache`` with ``mode`` = ``dask`` | ``jobsN``; figures."""
     extra = ["--dask", cluster["address"]] if mode == "dask" else ["--jobs", mode[4:]]
     worker_pids = list(cluster["workers"].values()) if mode == "dask" else []
@@ -142,7 +143,7 @@ def run_cli(files: list[Path], mode: str, cluster: dict | None, client=None) -> 
     stream_start = time.time()
     with PeakRSS(worker_pids) as peak:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([*TRACEKIT, "analyze", *map(str, files), "--no-cache", *extra],
+        proc = subprocess.Popen([*TRACEKIT, "analyze", *map(str, files), "--no-cache", *options.split(), *extra],
                                 stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
         _, status, ru = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
@@ -177,17 +178,6 @@ def _task_times(client, since: float) -> list[float]:
 
 
 # ---------------------------------------------------------------- model
-def fit_fixed_and_overhead(rows: list[dict], t_task: float, workers: int) -> tuple[float, float]:
-    """Least squares of ``wall - ceil(N/W) * t_task = F + N * o`` over ``rows``."""
-    xs = [r["n"] for r in rows]
-    ys = [r["wall_s"] - math.ceil(r["n"] / workers) * t_task for r in rows]
-    if len(set(xs)) < 2:
-        return statistics.fmean(ys), 0.0
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    o = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - o * mx, max(o, 0.0)
-
-
 def predict(n: int, workers: int, t_task: float, fixed: float, per_task: float) -> float:
     return fixed + math.ceil(n / workers) * t_task + n * per_task
 
@@ -205,21 +195,23 @@ def _links(src: Path, folder: Path, n: int) -> list[Path]:
 
 
 def _fmt(rows: list[dict]) -> str:
-    head = "| trace | N | mode | wall s | CPU s | CPU/wall | peak RSS per worker MiB | task s (median) | load |"
-    lines = [head, "|" + "---|" * 9]
+    head = ("| trace | N | mode | wall s | CPU s | CPU/wall | peak RSS per worker MiB | client MiB "
+            "| task s (median) | load |")
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         task = f"{statistics.median(r['task_s']):.2f}" if r.get("task_s") else ""
         lines.append(f"| {r['trace']} | {r['n']} | {r['mode']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | "
-                     f"{r['cpu_s'] / r['wall_s']:.2f} | {r['worker_peak_mib']:.0f} | {task} | {r['load']:.2f} |")
+                     f"{r['cpu_s'] / r['wall_s']:.2f} | {r['worker_peak_mib']:.0f} | "
+                     f"{r['cli_peak_mib']:.0f} | {task} | {r['load']:.2f} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, default=Path("/work/scratch/ds.sqlite"))
-    ap.add_argument("--counts", default="1,2,4,8", help="numbers of links of --trace (1 calibrates t)")
+    ap.add_argument("--counts", default="1,2,4,8", help="numbers of links of --trace (1 and W calibrate)")
     ap.add_argument("--small", type=Path, default=ROOT / "tests/fixtures/ds_zero3_offload_iter1-2.sqlite")
-    ap.add_argument("--small-counts", default="1,16,32", help="numbers of links of --small (fit F and o)")
+    ap.add_argument("--small-counts", default="1,2,16,32", help="numbers of links of --small (per-task costs)")
     ap.add_argument("--workers", type=int, default=2, help="worker processes of the local cluster and --jobs")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--work-dir", type=Path, default=Path("/work/scratch/D"))
@@ -230,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--workers-per-node", type=int, default=8)
     ap.add_argument("--cores-per-node", type=int, default=16)
+    ap.add_argument("--options", default="", help="more analyze options, e.g. --all")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--serve-cluster", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -260,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cluster {cluster['address']}: {W} worker processes {sorted(cluster['workers'].values())}, "
               f"1 thread each; {os.cpu_count()} cores here", flush=True)
         # warm-up: the first task of each worker imports tracekit and polars (the cold start)
-        warm = run_cli(files["small"][:W] if "small" in files else files["large"][:W], "dask", cluster, client)
+        warm = run_cli(files["small"][:W] if "small" in files else files["large"][:W], "dask", cluster, client, a.options)
         cold_first = max(warm["task_s"]) if warm["task_s"] else float("nan")
         print(f"warm-up (cold workers, {W} small traces): wall {warm['wall_s']:.2f} s, "
               f"slowest first task {cold_first:.2f} s", flush=True)
@@ -271,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                     for mode in modes:
                         if n == 1 and mode != "dask":
                             continue
-                        r = run_cli(files[name][:n], mode, cluster, client) | {"trace": name, "rep": rep}
+                        r = run_cli(files[name][:n], mode, cluster, client, a.options) | {"trace": name, "rep": rep}
                         rows.append(r)
                         print(_fmt([r]).splitlines()[-1], flush=True)
         client.close()
@@ -287,79 +280,97 @@ def main(argv: list[str] | None = None) -> int:
                 pass
     print()
     print(_fmt(rows))
+    print(f"\nload average during the runs: {min(r['load'] for r in rows):.1f}-{max(r['load'] for r in rows):.1f}")
     fig = fit_and_predict(rows, W, a, cold_first)
     if a.json:
         a.json.write_text(json.dumps({"rows": rows, "model": fig}, indent=1))
     return 0
 
 
+def _slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope of ys over xs."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
+    return my - b * mx, b
+
+
 def fit_and_predict(rows: list[dict], W: int, a, cold_first: float) -> dict:
+    """The model, its error on the --dask runs, and the prediction for a cluster.
+
+    Parameters, each from its own runs: ``t1`` one trace's compute time on a worker alone (task
+    stream, N = 1); ``tW`` the same while all W workers compute at once (N = W, one round; on
+    a node whose cores the workers share this is what a trace costs); ``F`` the fixed part
+    (the N = 1 runs: wall - t1: CLI start, imports, connecting, the summary); ``s`` the serial
+    work per task (slope over N of the client's and the scheduler's CPU). Predicted:
+    ``F + ceil(N / W) * tW + N * s``, checked on the runs with N > W (out of sample)."""
     dask = [r for r in rows if r["mode"] == "dask"]
+    kinds = sorted({r["trace"] for r in dask})
 
-    def t_alone(trace):
-        ts = [t for r in dask if r["trace"] == trace and r["n"] == 1 for t in r["task_s"]]
-        return statistics.median(ts) if ts else None
-
-    def task_cpu(trace):  # worker CPU per trace, from the N=1 runs
-        xs = [r["worker_cpu_s"] / r["n"] for r in dask if r["trace"] == trace and r["n"] == 1]
+    def med(xs):
+        xs = list(xs)
         return statistics.median(xs) if xs else None
 
-    t = {k: t_alone(k) for k in ("large", "small")}
-    small = [r for r in dask if r["trace"] == "small"]
-    if t["small"] is None or len({r["n"] for r in small}) < 2:
-        print("\n(model needs --small-counts with 1 and at least one more count)")
+    t1 = {k: med(t for r in dask if r["trace"] == k and r["n"] == 1 for t in r["task_s"]) for k in kinds}
+    tW = {k: med(t for r in dask if r["trace"] == k and r["n"] == W for t in r["task_s"]) for k in kinds}
+    F = med(r["wall_s"] - t1[r["trace"]] for r in dask if r["n"] == 1)
+    if F is None or len({r["n"] for r in dask}) < 2 or any(v is None for v in tW.values()):
+        print("\n(the model needs --dask runs with N = 1 and N = W of each trace)")
         return {}
-    F, o = fit_fixed_and_overhead(small, t["small"], W)
-    print(f"\nmodel: wall = F + ceil(N/W) x t + N x o, W = {W}; fitted on the small-trace runs: "
-          f"F = {F:.2f} s, o = {o * 1000:.1f} ms per task; t alone: large {t['large'] or float('nan'):.2f} s, "
-          f"small {t['small']:.3f} s (cold first task of a fresh worker: {cold_first:.2f} s)")
+    _, s = _slope([r["n"] for r in dask], [r["cli_cpu_s"] + r["scheduler_cpu_s"] for r in dask])
+    s = max(s, 0.0)
+    print(f"\nmodel: wall = F + ceil(N/W) x tW + N x s, W = {W}: F = {F:.2f} s (N = 1 runs), "
+          f"s = {s * 1000:.1f} ms per task (client + scheduler CPU slope); cold first task of a fresh "
+          f"worker {cold_first:.2f} s (imports)")
+    for k in kinds:
+        print(f"  {k}: t1 (alone) = {t1[k]:.2f} s, tW ({W} at once) = {tW[k]:.2f} s")
     errors = []
     print("| trace | N | measured wall s | predicted s | error |\n|---|---|---|---|---|")
     for r in dask:
-        if t[r["trace"]] is None:
+        if r["n"] <= W:
             continue
-        p = predict(r["n"], W, t[r["trace"]], F, o)
+        p = predict(r["n"], W, tW[r["trace"]], F, s)
         err = (p - r["wall_s"]) / r["wall_s"]
         errors.append({"trace": r["trace"], "n": r["n"], "measured": r["wall_s"], "predicted": p, "error": err})
         print(f"| {r['trace']} | {r['n']} | {r['wall_s']:.2f} | {p:.2f} | {err:+.0%} |")
-    # per-task times in the parallel runs against alone: the cores are shared
-    large = [r for r in dask if r["trace"] == "large"]
-    fig = {"F_s": F, "o_s": o, "t_alone_s": t, "cold_first_task_s": cold_first, "errors": errors}
-    if not large or t["large"] is None:
+    if errors:
+        abs_err = [abs(e["error"]) for e in errors]
+        print(f"error: median |{statistics.median(abs_err):.0%}|, max |{max(abs_err):.0%}| over {len(errors)} runs")
+    fig = {"F_s": F, "s_s": s, "t1_s": t1, "tW_s": tW, "cold_first_task_s": cold_first, "errors": errors}
+    if "large" not in kinds:
         return fig
-    par = [x for r in large if r["n"] >= W for x in r["task_s"]]
-    t_par = statistics.median(par) if par else t["large"]
-    cpu = task_cpu("large")
+    large = [r for r in dask if r["trace"] == "large"]
+    cpu = med(r["worker_cpu_s"] / r["n"] for r in large)
     peak = max(r["worker_peak_mib"] for r in large)
-    base = statistics.median(r["worker_base_mib"] for r in large)
-    read_mb = statistics.median(r["read_mb_per_trace"] for r in large)
+    base = med(r["worker_base_mib"] for r in large)
+    client = max(r["cli_peak_mib"] for r in large)
+    read_mb = med(r["read_mb_per_trace"] for r in large)
     size_mb = a.trace.stat().st_size / 1e6
-    print(f"\nlarge trace ({size_mb:.0f} MB): task alone {t['large']:.2f} s, in parallel ({W} workers on "
-          f"{os.cpu_count()} cores) {t_par:.2f} s, worker CPU per trace {cpu:.2f} s, read per trace "
-          f"{read_mb:.0f} MB, worker peak RSS {peak:.0f} MiB (idle {base:.0f} MiB)")
-    # prediction
+    print(f"\nlarge trace ({size_mb:.0f} MB{', ' + a.options if a.options else ''}): worker CPU per trace "
+          f"{cpu:.2f} s, read per trace {read_mb:.0f} MB (rchar), worker peak RSS {peak:.0f} MiB (idle "
+          f"{base:.0f} MiB), client peak {client:.0f} MiB")
     n, mb, nodes, wpn, cores = a.ranks, a.rank_mb, a.nodes, a.workers_per_node, a.cores_per_node
     workers = nodes * wpn
     scale = mb / size_mb
-    t_rank = max(t["large"], cpu * wpn / cores) * scale  # a worker's share of its node's cores
+    # a trace's time on a node: alone, or its share of the node's cores when the workers outnumber them
+    t_rank = max(t1["large"], cpu * wpn / cores) * scale
     rounds = math.ceil(n / workers)
-    compute = predict(n, workers, t_rank, F, o)
+    compute = F + (cold_first - t1["small" if "small" in kinds else "large"]) + rounds * t_rank + n * s
     total_gb = n * read_mb * scale / 1e3
     need_gbs = workers * read_mb * scale / 1e3 / t_rank  # every worker reading while it computes
-    print(f"\nprediction: {n} ranks x {mb:.0f} MB on {nodes} nodes x {wpn} workers ({workers}; {cores} cores "
-          f"per node): t per rank = max(alone, CPU x {wpn}/{cores}) x {mb:.0f}/{size_mb:.0f} = {t_rank:.2f} s; "
-          f"{rounds} rounds -> {compute:.1f} s (F {F:.1f} s + {rounds} x {t_rank:.2f} s + {n} x {o * 1000:.0f} ms)"
-          f" with the traces in page cache")
-    print(f"reads: {total_gb:.0f} GB in all; to stay compute-bound the shared file system must deliver "
-          f"{need_gbs:.1f} GB/s ({need_gbs / workers * 1e3:.0f} MB/s per worker); at B GB/s below that the run "
-          f"takes about F + {total_gb:.0f} GB / B (e.g. {F + total_gb / 5:.0f} s at 5 GB/s, "
-          f"{F + total_gb / 1:.0f} s at 1 GB/s)")
-    print(f"memory: {base + (peak - base):.0f} MiB peak per worker ({wpn} per node: "
-          f"{wpn * peak / 1024:.1f} GiB per node); client holds {n} results")
-    fig |= {"t_parallel_s": t_par, "worker_cpu_per_trace_s": cpu, "worker_peak_mib": peak,
-            "worker_idle_mib": base, "read_mb_per_trace": read_mb,
+    print(f"\nprediction: {n} ranks x {mb:.0f} MB on {nodes} nodes x {wpn} workers = {workers} ({cores} cores "
+          f"per node): t per rank = max(t1, CPU x {wpn}/{cores}) x {mb:.0f}/{size_mb:.0f} = {t_rank:.2f} s; "
+          f"{rounds} rounds; wall = F {F:.1f} + cold imports {cold_first - t1.get('small', t1['large']):.1f} + "
+          f"{rounds} x {t_rank:.2f} + {n} x {s * 1000:.0f} ms = {compute:.1f} s, reads not limiting")
+    print(f"reads: {total_gb:.0f} GB in all ({read_mb * scale:.0f} MB per rank); compute-bound as long as the "
+          f"shared file system delivers {need_gbs:.1f} GB/s ({need_gbs / workers * 1e3:.0f} MB/s per worker); "
+          f"below that, wall ~ F + {total_gb:.0f} GB / B: {F + total_gb / 10:.0f} s at 10 GB/s, "
+          f"{F + total_gb / 1:.0f} s at 1 GB/s")
+    print(f"memory: {peak:.0f} MiB peak per worker, {wpn} per node: {wpn * peak / 1024:.1f} GiB per node")
+    fig |= {"worker_cpu_per_trace_s": cpu, "worker_peak_mib": peak, "worker_idle_mib": base,
+            "client_peak_mib": client, "read_mb_per_trace": read_mb,
             "prediction": {"ranks": n, "rank_mb": mb, "workers": workers, "t_rank_s": t_rank, "rounds": rounds,
-                           "compute_bound_s": compute, "read_gb": total_gb, "needed_gb_s": need_gbs}}
+                           "wall_s": compute, "read_gb": total_gb, "needed_gb_s": need_gbs}}
     return fig
 
 
