@@ -567,8 +567,10 @@ def gpu_step_bytes(settings: dict, changes: dict | None = None) -> tuple[str, in
     if impl == "torch" and (wd is None or wd != 0):
         adam += 8
     name = ("torch.optim AdamW, foreach" if impl == "torch" else "DeepSpeed FusedAdam")
+    stage = settings.get("zero_optimization.stage")  # the trace's stage: an int, "1 or 2" (inferred) or unknown
+    zero = "ZeRO-1/2" if stage == "1 or 2" else f"ZeRO-{stage}" if type(stage) is int else "ZeRO"
     return impl, adam + GPU_STEP_OTHER_BYTES_PER_PARAM, (
-        f"{name} {adam} B + ZeRO-3 fp32 gradient, norm, unscale and 16-bit copy {GPU_STEP_OTHER_BYTES_PER_PARAM} B")
+        f"{name} {adam} B + {zero} fp32 gradient, norm, unscale and 16-bit copy {GPU_STEP_OTHER_BYTES_PER_PARAM} B")
 
 
 def _boundary_fp32_d2h(bwd_host: pl.DataFrame, n: int) -> float:
