@@ -127,3 +127,26 @@ def test_good_phase_map_still_accepted():
 
     assert Options(phase_map=(r"update=\p{L}+_step$", "forward=^fwd")).phase_map == (r"update=\p{L}+_step$",
                                                                                      "forward=^fwd")
+
+
+# ---------------------------------------------------------------- 5. the no-offload basis names the stage
+@pytest.mark.parametrize("stage, shown", [(2, "ZeRO-2"), (3, "ZeRO-3"), (1, "ZeRO-1"), ("1 or 2", "ZeRO-1/2"),
+                                          (None, "ZeRO")])
+def test_gpu_step_basis_names_the_stage(stage, shown):
+    from tracekit.analyze.sections.whatif import gpu_step_bytes
+
+    settings = {} if stage is None else {"zero_optimization.stage": stage}
+    impl, nbytes, basis = gpu_step_bytes(settings)
+    assert (impl, nbytes) == ("fused", 28 + 42)
+    assert basis == f"DeepSpeed FusedAdam 28 B + {shown} fp32 gradient, norm, unscale and 16-bit copy 42 B"
+
+
+def test_zero2_trace_advice_says_zero2():
+    import json
+
+    manifest = json.loads((FIXTURES / "zero2_offload_gas2_capture.json").read_text())
+    assert '"stage": 2' in json.dumps(manifest)  # the run's config: ZeRO stage 2
+    rc, out, err = run_cli("analyze", ZERO2, "--no-cache", "--json")
+    assert rc == 0, err
+    basis = [a["basis"] for a in json.loads(out)["advice"] if a.get("scenario") == "no_offload"]
+    assert basis and all("FusedAdam 28 B + ZeRO-2 fp32 gradient" in b and "ZeRO-3" not in b for b in basis), basis
