@@ -123,3 +123,37 @@ def test_throughput_bins_match_grid(rows, bin_ns):
             want = per_ns[max(r["bin_start"], 0):max(r["bin_end"], 0)].sum()
             assert r["bytes"] == pytest.approx(want, abs=1e-6)
         assert t["bytes"].sum() == pytest.approx(per_ns.sum(), abs=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops(), st.integers(1, 17), st.integers(1, 9))
+def test_timeline_chunks_and_peaks_match_grid(rows, bin_ns, chunk):
+    """The chunked Timeline (issue 13): its chunks of ``chunk`` bins, laid end to end, are the
+    bins of the per-ns grid (brute force), in rank, direction, bin order; its peaks are the
+    per-phase maxima and counts of those bins."""
+    tl = throughput.Timeline(model_of(rows), bin_ns=bin_ns)
+    parts = list(tl.chunks(rows=chunk))
+    assert all(p.height <= chunk for p in parts)
+    got = pl.concat(parts) if parts else tl.empty()
+    assert got.height == tl.height
+    want_peaks: dict = {}
+    for dd in ("D2H", "H2D"):  # the frame's order: directions sorted
+        per_ns = np.zeros(T + 1)
+        for x in rows:
+            if x[1] == dd:
+                per_ns[x[2]:x[3]] += x[4] / (x[3] - x[2])
+        t = got.filter(pl.col("direction") == dd)
+        starts = t["bin_start"].to_list()
+        assert starts == sorted(starts) and all(b - a == bin_ns for a, b in zip(starts, starts[1:]))
+        for r in t.iter_rows(named=True):
+            want = per_ns[max(r["bin_start"], 0):max(r["bin_end"], 0)].sum()
+            assert r["bytes"] == pytest.approx(want, abs=1e-6)
+            k = (r["phase"], dd)
+            n, peak = want_peaks.get(k, (0, 0.0))
+            want_peaks[k] = (n + 1, max(peak, want / bin_ns))
+    pk = tl.peaks()
+    assert {(r["phase"], r["direction"]): r["bins"] for r in pk.iter_rows(named=True)} == \
+        {k: n for k, (n, _) in want_peaks.items()}
+    for r in pk.iter_rows(named=True):
+        assert r["bin_ns"] == bin_ns
+        assert r["peak_gbps"] == pytest.approx(want_peaks[(r["phase"], r["direction"])][1], abs=1e-6)

@@ -10,10 +10,12 @@ piecewise linear and is evaluated at the bin edges (:func:`tracekit.analyze.mode
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import polars as pl
 
-from tracekit.analyze.model.intervals import spread_cumulative
+from tracekit.analyze.model.intervals import SpreadCumulative
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.transfer_common import RANK, attach_window
 from tracekit.errors import TracekitError
@@ -54,47 +56,126 @@ def throughput_timeline(
     Columns: ``global_pid, device, direction, bin_start, bin_end`` (ns), ``bytes`` (Float64,
     fractional where a copy straddles a bin edge), ``gbps``, ``window_id, iteration, phase,
     micro_step, boundary`` (phase window containing the bin start). Sorted by rank,
-    direction, bin_start.
+    direction, bin_start. The whole frame at once: :class:`Timeline` gives the same rows in
+    bounded chunks, its peaks and its JSON rows without holding them all.
 
     Raises :class:`~tracekit.errors.TracekitError` for ``bin_ns < 1`` or when the timeline
     would have more than :data:`MAX_BINS` bins, all ranks and directions together (a memory
     guard, checked before any bin is built; :func:`check_bin_count`).
     """
-    if bin_ns < 1:
-        raise TracekitError("--bin-ms must be positive")
-    c = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(list(directions)))
-    c = c.filter(pl.col("device").is_not_null())
-    spans = model.windows.group_by("global_pid").agg(lo=pl.col("start").min(), hi=pl.col("end").max())
-    ranks = []
-    for (gpid, dev), rc in c.group_by(RANK):
-        span = spans.filter(pl.col("global_pid") == gpid)
-        lo = min(int(rc["start"].min()), int(span["lo"][0]) if span.height else int(rc["start"].min()))
-        hi = max(int(rc["end"].max()), int(span["hi"][0]) if span.height else int(rc["end"].max()))
-        ranks.append((gpid, dev, rc, lo, hi))
-    check_bin_count([(lo, hi) for *_, lo, hi in ranks], bin_ns, len(directions))  # before any bin is built
-    parts = []
-    for gpid, dev, rc, lo, hi in ranks:
-        first = (lo // bin_ns) * bin_ns
-        edges = np.arange(first, hi + bin_ns, bin_ns, dtype=np.int64)
-        for d in directions:
-            dc = rc.filter(pl.col("direction") == d)
-            cum = spread_cumulative(dc["start"].to_numpy(), dc["end"].to_numpy(), dc["bytes"].to_numpy(), edges)
-            b = np.diff(cum)
-            parts.append(pl.DataFrame({
-                "global_pid": np.full(b.size, gpid, dtype=np.int64),
-                "device": np.full(b.size, dev, dtype=np.int64),
-                "direction": [d] * b.size,
-                "bin_start": edges[:-1],
-                "bin_end": edges[1:],
-                "bytes": np.maximum(b, 0.0),
-            }))
-    if not parts:
+    return Timeline(model, bin_ns, directions).frame()
+
+
+#: Bins per chunk of :meth:`Timeline.chunks` (a chunk frame of 12 columns: about 6 MB).
+CHUNK_BINS = 65_536
+
+
+class Timeline:
+    """The copy throughput timeline of :func:`throughput_timeline`, columnar and lazy (issue 13):
+    holds per rank the bin grid and each direction's prepared cumulative delivered bytes
+    (:class:`tracekit.analyze.model.intervals.SpreadCumulative`: a few arrays per copy), and
+    builds the per-bin rows only on demand, :data:`CHUNK_BINS` bins at a time, so that what is
+    held does not grow with the length of the capture. A 1 ms timeline of a long capture has
+    hundreds of thousands of bins; the terminal view needs only its peaks (:meth:`peaks`).
+
+    Raises :class:`~tracekit.errors.TracekitError` as :func:`throughput_timeline` does.
+    """
+
+    def __init__(self, model: PhaseModel, bin_ns: int = 1_000_000,
+                 directions: tuple[str, ...] = ("H2D", "D2H")) -> None:
+        if bin_ns < 1:
+            raise TracekitError("--bin-ms must be positive")
+        self.model, self.bin_ns, self.directions = model, int(bin_ns), tuple(directions)
+        c = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(list(directions)))
+        c = c.filter(pl.col("device").is_not_null())
+        spans = model.windows.group_by("global_pid").agg(lo=pl.col("start").min(), hi=pl.col("end").max())
+        ranks = []
+        for (gpid, dev), rc in c.group_by(RANK):
+            span = spans.filter(pl.col("global_pid") == gpid)
+            lo = min(int(rc["start"].min()), int(span["lo"][0]) if span.height else int(rc["start"].min()))
+            hi = max(int(rc["end"].max()), int(span["hi"][0]) if span.height else int(rc["end"].max()))
+            ranks.append((gpid, dev, rc, lo, hi))
+        check_bin_count([(lo, hi) for *_, lo, hi in ranks], bin_ns, len(directions))  # before any bin is built
+        #: per rank, in the frame's order: (global_pid, device, first bin start, bins, {direction: cumulative})
+        self.ranks: list[tuple[int, int, int, int, dict]] = []
+        for gpid, dev, rc, lo, hi in sorted(ranks, key=lambda r: (r[0], r[1])):
+            first = (lo // bin_ns) * bin_ns
+            n_bins = len(range(first, hi + bin_ns, bin_ns)) - 1
+            cums = {}
+            for d in sorted(directions):
+                dc = rc.filter(pl.col("direction") == d)
+                cums[d] = SpreadCumulative(dc["start"].to_numpy(), dc["end"].to_numpy(), dc["bytes"].to_numpy())
+            self.ranks.append((gpid, dev, first, n_bins, cums))
+
+    @property
+    def height(self) -> int:
+        """Rows of the whole timeline (bins x directions, all ranks)."""
+        return sum(n * len(c) for _, _, _, n, c in self.ranks)
+
+    def empty(self) -> pl.DataFrame:
+        """The timeline's columns, no rows."""
         schema = {"global_pid": pl.Int64, "device": pl.Int64, "direction": pl.String, "bin_start": pl.Int64,
                   "bin_end": pl.Int64, "bytes": pl.Float64, "gbps": pl.Float64}
-        return attach_window(model, pl.DataFrame(schema=schema), "bin_start")
-    out = pl.concat(parts).with_columns(gbps=pl.col("bytes") / (pl.col("bin_end") - pl.col("bin_start")))
-    out = attach_window(model, out, "bin_start")
-    return out.sort([*RANK, "direction", "bin_start"])
+        return attach_window(self.model, pl.DataFrame(schema=schema), "bin_start")
+
+    def chunks(self, global_pid: int | None = None, device: int | None = None,
+               rows: int = CHUNK_BINS) -> Iterator[pl.DataFrame]:
+        """The rows of :func:`throughput_timeline` (of one rank when ``global_pid``/``device`` are
+        given), in its order, as frames of at most ``rows`` bins each."""
+        bn = self.bin_ns
+        for gpid, dev, first, n, cums in self.ranks:
+            if (global_pid is not None and gpid != global_pid) or (device is not None and dev != device):
+                continue
+            for d, cum in cums.items():
+                for i0 in range(0, n, rows):
+                    i1 = min(n, i0 + rows)
+                    edges = first + bn * np.arange(i0, i1 + 1, dtype=np.int64)
+                    b = np.diff(cum(edges))
+                    f = pl.DataFrame({
+                        "global_pid": np.full(b.size, gpid, dtype=np.int64),
+                        "device": np.full(b.size, dev, dtype=np.int64),
+                        "direction": pl.Series([d], dtype=pl.String).new_from_index(0, b.size),
+                        "bin_start": edges[:-1],
+                        "bin_end": edges[1:],
+                        "bytes": np.maximum(b, 0.0),
+                    }).with_columns(gbps=pl.col("bytes") / (pl.col("bin_end") - pl.col("bin_start")))
+                    yield attach_window(self.model, f, "bin_start")
+
+    def frame(self) -> pl.DataFrame:
+        """The whole timeline as one frame (:func:`throughput_timeline`)."""
+        parts = list(self.chunks())
+        return pl.concat(parts) if parts else self.empty()
+
+    def rank_chunks(self, global_pid: int, device: int, phase: str | None = None,
+                    iteration: int | None = None) -> Iterator[pl.DataFrame]:
+        """The chunks of one rank narrowed to ``phase``/``iteration`` (None: all), without the
+        ``global_pid, device`` columns: what ``--json`` prints as that rank's
+        ``throughput_timeline`` rows (empty chunks left out)."""
+        for f in self.chunks(global_pid, device):
+            if phase:
+                f = f.filter(pl.col("phase") == phase)
+            if iteration is not None:
+                f = f.filter(pl.col("iteration") == iteration)
+            if f.height:
+                yield f.drop("global_pid", "device")
+
+    def peaks(self, global_pid: int | None = None, device: int | None = None, phase: str | None = None,
+              iteration: int | None = None) -> pl.DataFrame:
+        """:func:`timeline_peaks` of the timeline (of one rank, narrowed to ``phase``/``iteration``),
+        chunk by chunk: counts summed and maxima taken across the chunks' group-bys."""
+        keys = [*RANK, "phase", "direction"]
+        parts = []
+        for f in self.chunks(global_pid, device):
+            if phase:
+                f = f.filter(pl.col("phase") == phase)
+            if iteration is not None:
+                f = f.filter(pl.col("iteration") == iteration)
+            parts.append(timeline_peaks(f))
+        if not parts:
+            return timeline_peaks(self.empty())
+        return pl.concat(parts).group_by(keys).agg(
+            bins=pl.col("bins").sum(), bin_ns=pl.col("bin_ns").first(), peak_gbps=pl.col("peak_gbps").max()
+        ).sort(keys)
 
 
 def timeline_peaks(timeline: pl.DataFrame) -> pl.DataFrame:

@@ -45,9 +45,14 @@ PER_WINDOW = ("iteration", "phase", "micro_step")
 
 @dataclass
 class TransferResult:
-    """Frames of the run (name -> polars frame), notes on skipped sections, findings."""
+    """Frames of the run (name -> polars frame), notes on skipped sections, findings.
 
-    frames: dict[str, pl.DataFrame]
+    The ``timeline`` section's ``throughput_timeline`` is held as a
+    :class:`tracekit.analyze.sections.throughput.Timeline` (:attr:`timeline`) and becomes a frame of
+    :attr:`frames` only when that is read (``--out``, :attr:`tracekit.analysis.Analysis.frames`);
+    the terminal and JSON views take its peaks and rows chunk by chunk (issue 13)."""
+
+    stored: dict[str, pl.DataFrame]
     sections: tuple[str, ...]
     notes: list[str] = field(default_factory=list)
     findings: list[dict] = field(default_factory=list)
@@ -56,6 +61,15 @@ class TransferResult:
     multi_gpu: dict[str, pl.DataFrame] = field(default_factory=dict)
     #: whether the ``pcie`` section kept its samples (``pcie_series``; ``keep_samples``)
     kept_samples: bool = False
+    #: the copy throughput timeline (``timeline`` section), None when not selected
+    timeline: throughput.Timeline | None = None
+
+    @property
+    def frames(self) -> dict[str, pl.DataFrame]:
+        """Every frame by name, ``throughput_timeline`` built (whole) on first access."""
+        if self.timeline is not None and "throughput_timeline" not in self.stored:
+            self.stored["throughput_timeline"] = self.timeline.frame()
+        return self.stored
 
     def rank_sections(self, global_pid: int, device: int, phase: str | None = None,
                       iteration: int | None = None, timeline_rows: bool = True) -> dict:
@@ -64,14 +78,24 @@ class TransferResult:
 
         ``timeline_rows`` False: the ``timeline`` section holds ``throughput_peaks`` (the rows of
         :func:`tracekit.analyze.sections.throughput.timeline_peaks`: all the terminal view prints) in
-        place of the per-bin ``throughput_timeline`` rows (605 k on a 2.5 GB trace, issue 13);
-        :meth:`rank_frame_rows` gives those when the JSON needs them."""
+        place of the per-bin ``throughput_timeline`` rows (605 k on a 2.5 GB trace, issue 13),
+        computed chunk by chunk (:meth:`~tracekit.analyze.sections.throughput.Timeline.peaks`);
+        :meth:`rank_frame_rows` gives those rows when the JSON needs them."""
         out: dict[str, dict] = {}
         for sec in self.sections:
             d = {}
             for name in SECTION_FRAMES[sec]:
-                f = self.frames.get(name)
-                if f is None or name in FILE_ONLY:
+                if name in FILE_ONLY:
+                    continue
+                if name == "throughput_timeline" and self.timeline is not None and "throughput_timeline" not in self.stored:
+                    if timeline_rows:
+                        d[name] = self.rank_frame_rows(name, global_pid, device, phase, iteration)
+                    else:
+                        d["throughput_peaks"] = _rows(self.timeline.peaks(global_pid, device, phase, iteration)
+                                                      .drop("global_pid", "device"))
+                    continue
+                f = self.stored.get(name)
+                if f is None:
                     continue
                 if name == "throughput_timeline" and not timeline_rows:  # (timeline_peaks groups by rank)
                     f = self._rank_frame(f, global_pid, device, phase, iteration, keep_rank=True)
@@ -85,6 +109,11 @@ class TransferResult:
     def rank_frame_rows(self, name: str, global_pid: int, device: int, phase: str | None = None,
                         iteration: int | None = None) -> list[dict]:
         """The rows of frame ``name`` for one rank, as :meth:`rank_sections` gives them."""
+        if name == "throughput_timeline" and self.timeline is not None and name not in self.stored:
+            rows: list[dict] = []
+            for f in self.timeline.rank_chunks(global_pid, device, phase, iteration):
+                rows.extend(_rows(f))
+            return rows
         return _rows(self._rank_frame(self.frames[name], global_pid, device, phase, iteration))
 
     @staticmethod
@@ -180,8 +209,7 @@ def analyze_transfers(
         mem = REGISTRY["memory"]
         notes.append(f"GPU memory headroom unknown: {mem.tables[0]} is missing; record it with "
                      f"`nsys profile {mem.nsys_option}`")
-    if "timeline" in sel:
-        frames["throughput_timeline"] = throughput.throughput_timeline(model, bin_ns=bin_ns)
+    timeline = throughput.Timeline(model, bin_ns=bin_ns) if "timeline" in sel else None  # rows built on demand
     if "pcie" in sel:
         try:
             red = pcie_metrics.reduce_pcie(export, model, pcie_threshold, keep_samples=keep_samples)
@@ -209,8 +237,8 @@ def analyze_transfers(
     mg = analyze_multi_gpu(export, model)
     findings = build_findings({**ff, **mg}, iters, pcie_threshold)
     kept = {k: v for k, v in frames.items() if any(k in SECTION_FRAMES[s] for s in sections)}
-    return TransferResult(frames=kept, sections=tuple(sections), notes=notes, findings=findings, multi_gpu=mg,
-                          kept_samples=keep_samples)
+    return TransferResult(stored=kept, sections=tuple(sections), notes=notes, findings=findings, multi_gpu=mg,
+                          kept_samples=keep_samples, timeline=timeline)
 
 
 def _findings_frames(export: Export, model: PhaseModel, steady: PhaseModel, frames: dict[str, pl.DataFrame],
