@@ -28,18 +28,20 @@ Beyond the phases (:func:`config_and_advice`):
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Callable
-
-import numpy as np
-import polars as pl
+from typing import TYPE_CHECKING, Callable
 
 from tracekit.errors import TracekitError
-from tracekit.render import style as S
-from tracekit.render import summary
-from tracekit.render.data import ReportData
 from tracekit.textsafe import mpl as _mpl
 from tracekit.textsafe import text as _t
+
+if TYPE_CHECKING:  # pragma: no cover
+    import polars as pl
+
+    from tracekit.render.data import ReportData
+# polars, numpy, matplotlib and the analysis are imported where used: printing a stored
+# comparison (:func:`render`, :func:`regressions`) needs none of them
 
 #: metric -> (label, unit divisor, unit)
 METRICS = {
@@ -57,8 +59,8 @@ METRICS = {
 
 
 def _diff(a, b) -> dict:
-    a = None if a is None or (isinstance(a, float) and np.isnan(a)) else a
-    b = None if b is None or (isinstance(b, float) and np.isnan(b)) else b
+    a = None if a is None or (isinstance(a, float) and math.isnan(a)) else a
+    b = None if b is None or (isinstance(b, float) and math.isnan(b)) else b
     delta = None if a is None or b is None else b - a
     pct = None if delta is None or not a else 100.0 * delta / a
     r = lambda v: None if v is None else (round(v, 6) if isinstance(v, float) else v)  # noqa: E731
@@ -66,6 +68,8 @@ def _diff(a, b) -> dict:
 
 
 def _side(data: ReportData, rank: int) -> tuple[dict, pl.DataFrame, list[int]]:
+    from tracekit.render import summary
+
     rk = data.rank(rank)
     steady = data.steady_iterations(rk)
     if not steady:
@@ -203,6 +207,10 @@ def compare_data(a: ReportData, b: ReportData, rank: int = 0, ds_config_a=None, 
     (the last three from :func:`config_and_advice`, with ``measured_iteration_delta_ms`` in each
     explanation). Raises :class:`TracekitError` when a trace lacks the rank or any iteration.
     """
+    import polars as pl
+
+    from tracekit.render import summary
+
     ra, ma, sa = _side(a, rank)
     rb, mb, sb = _side(b, rank)
     pa, pb = summary.phase_means(ma, sa), summary.phase_means(mb, sb)
@@ -240,24 +248,44 @@ def compare_data(a: ReportData, b: ReportData, rank: int = 0, ds_config_a=None, 
 
 def compare_paths(a: str | Path, b: str | Path, rank: int = 0, phase_map: list[str] | None = None,
                   gas: int | None = None, step: Callable[[str], None] | None = None,
-                  ds_config_a=None, ds_config_b=None) -> dict:
-    """Open, analyse and compare two traces (:func:`compare_data`)."""
+                  ds_config_a=None, ds_config_b=None, cache: bool = False) -> dict:
+    """Open, analyse and compare two traces (:func:`compare_data`).
+
+    ``cache``: read and keep the comparison in A's cache and each trace's analysis in its own
+    (what ``tracekit compare`` does; :mod:`tracekit.render.report_cache`): the same comparison
+    again is read back as stored; another one (``--rank``, B) reads each trace's stored
+    analysis and query frames."""
+    from tracekit.render.data import ReportData
+
     step = step or (lambda _m: None)
-    da = ReportData.load(a, phase_map=phase_map, gas=gas, step=lambda m: step(f"A: {m}"))
+    tc = key = None
+    if cache:
+        from tracekit.render import report_cache
+
+        tc, key, hit = report_cache.lookup_compare(a, b, rank=rank, phase_map=phase_map, gas=gas,
+                                                   ds_config_a=ds_config_a, ds_config_b=ds_config_b)
+        if hit is not None:
+            return hit
+    da = ReportData.load(a, phase_map=phase_map, gas=gas, step=lambda m: step(f"A: {m}"), cache=cache)
     try:
-        db = ReportData.load(b, phase_map=phase_map, gas=gas, step=lambda m: step(f"B: {m}"))
+        db = ReportData.load(b, phase_map=phase_map, gas=gas, step=lambda m: step(f"B: {m}"), cache=cache)
         try:
             step("comparing")
-            return compare_data(da, db, rank, ds_config_a, ds_config_b)
+            result = compare_data(da, db, rank, ds_config_a, ds_config_b)
         finally:
             db.close()
     finally:
         da.close()
+    if tc is not None:
+        tc.put_result(key, result)
+    return result
 
 
 def frame(result: dict, section: str = "per_phase") -> pl.DataFrame:
     """A :func:`compare_data` section as a long frame: ``phase, metric, a, b, delta, pct`` (and
     ``position, a_iteration, b_iteration`` for ``per_iteration``)."""
+    import polars as pl
+
     rows = []
     for r in result[section]:
         for m, v in r["metrics"].items():
@@ -417,6 +445,11 @@ def compare_figure(result: dict, labels: tuple[str, str] = ("A", "B")):
     """Grouped bars per phase, A vs B, one panel per metric (mean per iteration), with the
     change in % above B's bar. Returns ``(figure, frame)`` with the frame of
     :func:`frame` (``per_phase``) for the plotted metrics."""
+    import numpy as np
+    import polars as pl
+
+    from tracekit.render import style as S
+
     shown = ["wall_ns", "gpu_idle_ns", "h2d_bytes", "d2h_bytes", "h2d_exposed_ns", "d2h_exposed_ns",
              "pageable_bytes", "overlap_ratio", "peak_bytes"]
     f = frame(result, "per_phase").filter(pl.col("metric").is_in(shown))

@@ -78,26 +78,37 @@ class ReportData:
         gas: int | None = None,
         step: Callable[[str], None] | None = None,
         ds_config: str | Path | None = None,
+        cache: "bool | object" = False,
     ) -> "ReportData":
         """Open ``path`` and analyze it (:meth:`tracekit.analysis.Analysis.of_export`: phases,
         breakdown, findings, advice with ``ds_config`` or the manifest beside the trace).
-        ``step(message)`` is called before each stage (for a progress display). Raises
-        :class:`~tracekit.errors.TracekitError` for a file that is not a readable nsys export or
-        has no CUDA activity."""
-        from tracekit.analysis import Analysis
+        ``step(message)`` is called before each stage (for a progress display).
+
+        ``cache``: True (or the trace's :class:`~tracekit.analyze.trace.cache.TraceCache`) reads
+        through the cache ``tracekit analyze`` keeps: the analysis is
+        :func:`tracekit.analysis.analyze` with the same options as ``analyze``'s default view
+        (its stored result when there is one), and every query of the figures goes through the
+        Parquet cache. Raises :class:`~tracekit.errors.TracekitError` for a file that is not a
+        readable nsys export or has no CUDA activity."""
+        from tracekit.analysis import Analysis, analyze
         from tracekit.options import Options, load_ds_config
 
         step = step or (lambda _m: None)
         step("opening the export")
-        export = Export.open(path)
+        export = Export.open(path, cache=cache)
         try:
-            opts = Options(phase_map=tuple(phase_map) if phase_map else None, gas=gas, cache=False,
+            opts = Options(phase_map=tuple(phase_map) if phase_map else None, gas=gas, cache=bool(cache),
                            ds_config=load_ds_config(path, ds_config))
-            a = Analysis.of_export(export, opts, step)
+            if cache:
+                step("analysis (through the cache)")
+                a = analyze(path, opts)
+                model = a.part("model")
+            else:
+                a = Analysis.of_export(export, opts, step)
+                model = a.part("model")
         except BaseException:
             export.close()
             raise
-        model = a.part("model")
         return cls(Path(path), export, model, a.part("table"), a.part("totals"), breakdown.ranks(model), analysis=a)
 
     def close(self) -> None:

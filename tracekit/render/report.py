@@ -18,7 +18,7 @@ escaped, code spans fenced to fit, control characters as visible escapes
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+import io
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -29,38 +29,10 @@ from tracekit.render import figures as F
 from tracekit.render import style as S
 from tracekit.render import summary
 from tracekit.render.data import ReportData
+from tracekit.render.report_cache import FORMATS, PERFETTO_MEMBER, ReportResult, prepare_dir, write_file  # noqa: F401
 from tracekit.textsafe import md, md_code
 from tracekit.vocab import UNITS_LINE, fmt_count, fmt_gb, fmt_gbps, fmt_mb, fmt_ms, fmt_pct, os_pid
 
-FORMATS = ("svg", "pdf")
-
-
-@dataclass
-class ReportResult:
-    """What :func:`write_report` wrote: ``out_dir``, ``files`` (paths), ``figures`` (name ->
-    png path), ``iteration`` (shown in the timeline figures), ``rank`` (dict) and ``notes``."""
-
-    out_dir: Path
-    files: list[Path] = field(default_factory=list)
-    figures: dict[str, Path] = field(default_factory=dict)
-    iteration: int | None = None
-    rank: dict | None = None
-    notes: list[str] = field(default_factory=list)
-
-
-def prepare_dir(out_dir: str | Path, with_data: bool = True) -> Path:
-    """Create ``out_dir`` (and parents, and ``data/`` with ``with_data``) when missing; raises
-    :class:`TracekitError` when it is a file or cannot be created."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise TracekitError(f"-o {out}: exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        if with_data:
-            (out / "data").mkdir(exist_ok=True)
-    except OSError as exc:
-        raise TracekitError(f"-o {out}: cannot create the directory ({exc.strerror})") from None
-    return out
 
 
 @contextlib.contextmanager
@@ -113,10 +85,11 @@ def write_report(
     phase_map: list[str] | None = None,
     gas: int | None = None,
     step: Callable[[str], None] | None = None,
-    dpi: int = S.DPI,
+    dpi: int | None = None,
     ds_config: str | Path | None = None,
     html: bool = True,
     perfetto: str | Path | None = None,
+    cache: bool = False,
 ) -> ReportResult:
     """Write the figures, their data and ``report.md`` for ``trace`` into ``out_dir``.
 
@@ -125,20 +98,44 @@ def write_report(
     or ``pdf``, written beside each PNG; ``phase_map``/``gas`` as for ``tracekit analyze``;
     ``html``: also write ``report.html`` (:mod:`tracekit.render.html`); ``perfetto``: also write
     a Chrome/Perfetto trace-event JSON there (:mod:`tracekit.render.perfetto`). The per-rank
-    figure is written only when the trace has two or more ranks.
+    figure is written only when the trace has two or more ranks; ``dpi`` of the PNGs (default
+    :data:`tracekit.render.style.DPI`). ``cache``: read and keep the
+    finished files, the analysis result and the query frames in the trace's cache (what
+    ``tracekit report`` does; :mod:`tracekit.render.report_cache`): the same report again
+    writes the stored files without drawing.
 
-    Raises :class:`TracekitError` for an unreadable trace, a missing rank or iteration, an
-    unknown format or an output path that is a file.
+    Each file is written to a temporary beside it and renamed into place (a file of the same
+    name is replaced, never written through). Raises :class:`TracekitError` for an unreadable
+    trace, a missing rank or iteration, an unknown format or an output path that is a file.
     """
     if fmt not in FORMATS:
         raise TracekitError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
     step = step or (lambda _m: None)
-    data = ReportData.load(trace, phase_map=phase_map, gas=gas, step=step, ds_config=ds_config)
+    tc = key = None
+    if cache:
+        from tracekit.render import report_cache
+
+        tc, key, hit = report_cache.lookup_report(trace, out_dir, perfetto, rank=rank, iteration=iteration, fmt=fmt,
+                                                  phase_map=phase_map, gas=gas, ds_config=ds_config, dpi=dpi,
+                                                  html=html)
+        if hit is not None:
+            return hit
+    dpi = S.DPI if dpi is None else dpi
+    data = ReportData.load(trace, phase_map=phase_map, gas=gas, step=step, ds_config=ds_config,
+                           cache=tc if tc is not None else False)
     try:
         rk = data.rank(rank)
         it = data.pick_iteration(rk, iteration)
         out = prepare_dir(out_dir)
         res = ReportResult(out_dir=out, iteration=it, rank=rk)
+        written: list[tuple[str, bytes]] = []  # (name in out, bytes): what the cache keeps
+
+        def put(name: str, payload: bytes) -> Path:
+            written.append((name, payload))
+            p = write_file(out / name, payload)
+            res.files.append(p)
+            return p
+
         frames: dict[str, pl.DataFrame] = {}
         n = len(F.FIGURES)
         for i, (name, (fn, title)) in enumerate(F.FIGURES.items(), 1):
@@ -152,26 +149,20 @@ def write_report(
             else:
                 fig, frame = fn(data, rank=rank)
             for ext in ("png", fmt):
-                p = out / f"{name}.{ext}"
-                fig.savefig(p, dpi=dpi if ext == "png" else None)
-                res.files.append(p)
+                buf = io.BytesIO()
+                fig.savefig(buf, format=ext, dpi=dpi if ext == "png" else None)
+                put(f"{name}.{ext}", buf.getvalue())
             S.close(fig)
             res.figures[name] = out / f"{name}.png"
             frames[name] = frame
-            p = out / "data" / f"{name}.csv"
-            frame.write_csv(p)
-            res.files.append(p)
+            put(f"data/{name}.csv", frame.write_csv().encode("utf-8"))
         step("key numbers and findings")
         metrics = summary.iteration_metrics(data, rk)
-        p = out / "data" / "key_numbers.csv"
-        metrics.write_csv(p)
-        res.files.append(p)
+        put("data/key_numbers.csv", metrics.write_csv().encode("utf-8"))
         findings = _findings(data, rk, res.notes)
         md = render_markdown(data, rk, it, metrics, frames, findings, fmt)
         md = _with_advice(md, data, rk, trace, ds_config, res.notes)
-        p = out / "report.md"
-        p.write_text(md, encoding="utf-8")
-        res.files.append(p)
+        put("report.md", md.encode("utf-8"))
         if html:
             step("report.html")
             from tracekit.render.html import render_html, write_advice
@@ -179,14 +170,19 @@ def write_report(
             means = summary.phase_means(metrics, data.steady_iterations(rk))
             page = render_html(data, rk, it, metrics, frames, res.figures, _captions(data, rk, it, frames, means),
                                findings, write_advice(data, res.notes), res.notes)
-            p = out / "report.html"
-            p.write_text(page, encoding="utf-8")
-            res.files.append(p)
+            put("report.html", page.encode("utf-8"))
         if perfetto is not None:
             step("Perfetto trace")
             from tracekit.render.perfetto import write_perfetto
 
-            res.files.append(write_perfetto(data, perfetto, findings=_findings(data, None, [])))
+            p = write_perfetto(data, perfetto, findings=_findings(data, None, []))
+            res.files.append(p)
+            if tc is not None:
+                written.append((PERFETTO_MEMBER, p.read_bytes()))
+        if tc is not None:
+            from tracekit.render import report_cache
+
+            report_cache.store_report(tc, key, res, written)
         return res
     finally:
         data.close()

@@ -48,16 +48,28 @@ def register(app: typer.Typer) -> None:
         perfetto: Annotated[
             Optional[Path], typer.Option("--perfetto", help="also write a Chrome/Perfetto trace-event JSON to this file")
         ] = None,
+        cache: Annotated[
+            bool, typer.Option("--cache/--no-cache", help="read and keep the report, the analysis and the query "
+                               "frames in the trace's cache (TRACE.tracekit-cache/, as analyze does)")
+        ] = True,
     ) -> None:
         """Write the figures (PNG + SVG/PDF; the per-rank one with two or more ranks), their data (CSV),
         report.md and report.html (self-contained, interactive)."""
-        from tracekit.render.report import progress, write_report
+        from tracekit.render import report_cache
 
         _check(rank, gas)
-        with progress(not as_json) as step:
-            res = write_report(trace, out, rank=rank, iteration=iteration, fmt=fmt, phase_map=phase_map, gas=gas,
-                               ds_config=ds_config,
-                               step=step, perfetto=perfetto)
+        if fmt not in report_cache.FORMATS:
+            raise TracekitError(f"--format {fmt!r}: choose {' or '.join(report_cache.FORMATS)}")
+        res = None
+        if cache:  # the same report again: the stored files, without polars or matplotlib
+            _tc, _key, res = report_cache.lookup_report(trace, out, perfetto, rank=rank, iteration=iteration, fmt=fmt,
+                                                        phase_map=phase_map, gas=gas, ds_config=ds_config)
+        if res is None:
+            from tracekit.render.report import progress, write_report
+
+            with progress(not as_json) as step:
+                res = write_report(trace, out, rank=rank, iteration=iteration, fmt=fmt, phase_map=phase_map,
+                                   gas=gas, ds_config=ds_config, step=step, perfetto=perfetto, cache=cache)
         if as_json:
             json.dump({"out_dir": str(res.out_dir), "report": str(res.out_dir / "report.md"),
                        "html": str(res.out_dir / "report.html"),
@@ -105,26 +117,40 @@ def register(app: typer.Typer) -> None:
         ds_config_b: Annotated[
             Optional[Path], typer.Option("--ds-config-b", help="B's DeepSpeed JSON config (or capture manifest); "
                                          "default: NAME.json beside B")] = None,
+        cache: Annotated[
+            bool, typer.Option("--cache/--no-cache", help="read and keep the comparison in A's cache and each "
+                               "trace's analysis and query frames in its own (as analyze does)")
+        ] = True,
     ) -> None:
         """Compare two runs per phase, update sub-phase, config key and iteration: time, bytes, overlap,
         pageable copies, memory peak, and the advice item that explains a difference."""
         from tracekit.render import compare as C
-        from tracekit.render import style as S
-        from tracekit.render.report import FORMATS, prepare_dir, progress
+        from tracekit.render.report_cache import FORMATS, prepare_dir
 
         _check(rank, gas)
         if fmt not in FORMATS:
             raise TracekitError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
         if fail_above is not None and not fail_above >= 0:
             raise TracekitError(f"--fail-above {fail_above:g}: give a percent >= 0")
-        with progress(not as_json, "tracekit compare") as step:
-            result = C.compare_paths(a, b, rank=rank, phase_map=phase_map, gas=gas, step=step,
-                                     ds_config_a=ds_config_a, ds_config_b=ds_config_b)
+        result = None
+        if cache:  # the same comparison again: as stored, without polars or matplotlib
+            from tracekit.render.report_cache import lookup_compare
+
+            _tc, _key, result = lookup_compare(a, b, rank=rank, phase_map=phase_map, gas=gas, ds_config_a=ds_config_a,
+                                               ds_config_b=ds_config_b)
+        if result is None:
+            from tracekit.render.report import progress
+
+            with progress(not as_json, "tracekit compare") as step:
+                result = C.compare_paths(a, b, rank=rank, phase_map=phase_map, gas=gas, step=step,
+                                         ds_config_a=ds_config_a, ds_config_b=ds_config_b, cache=cache)
         slow = C.regressions(result, fail_above) if fail_above is not None else []
         if fail_above is not None:
             result["regressions"] = {"fail_above_pct": fail_above, "slower": slow}
         written = []
         if out is not None:
+            from tracekit.render import style as S
+
             d = prepare_dir(out, with_data=False)
             fig, _ = C.compare_figure(result)
             for ext in ("png", fmt):

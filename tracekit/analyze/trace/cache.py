@@ -9,7 +9,10 @@ of millions of rows). The cache stores, for one trace:
   the analysis options, the trace path as given and a fingerprint of tracekit's own source
   files (``r-<sha1>.json``), so that editing tracekit never serves a stale result;
 - the terminal tables printed for such a result, per terminal width and colour system
-  (``t-<sha1>-<view>.txt``).
+  (``t-<sha1>-<view>.txt``);
+- the files of a finished ``tracekit report`` (figures, data, report.md/.html), keyed on the
+  report's options, the trace path as given and the code fingerprint (``o-<sha1>.files``), so
+  that an identical second report writes them without drawing anything.
 
 Location: a directory ``<trace>.tracekit-cache/`` beside the trace (for ``run.sqlite``:
 ``run.sqlite.tracekit-cache/``). When the trace's directory is not writable, or when the
@@ -79,7 +82,13 @@ _MANIFEST_TAG = "tracekit-cache"
 #: A temporary file untouched this long (seconds) is stale whoever wrote it.
 STALE_TMP_S = 3600
 
-_ENTRY = re.compile(r"(?:q-[0-9a-f]{40}\.parquet|r-[0-9a-f]{40}\.json|t-[0-9a-f]{40}-[0-9a-f]{16}\.txt)\Z")
+_ENTRY = re.compile(r"(?:q-[0-9a-f]{40}\.parquet|r-[0-9a-f]{40}\.json|t-[0-9a-f]{40}-[0-9a-f]{16}\.txt"
+                    r"|o-[0-9a-f]{40}\.files)\Z")
+#: a member name of an ``o-`` entry: a relative path of at most two plain components (no dot
+#: first, so never ``..`` or a hidden file), what ``tracekit report`` writes (``data/x.csv``)
+_MEMBER = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}/)?[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
+#: no control character at all (the strings of an ``o-`` entry's metadata, printed as notes)
+_CONTROL = re.compile("[\\x00-\\x1f\\x7f-\\x9f]")
 _TMP = re.compile(r"\.tmp-tk-(\d{1,10})-[0-9a-f]{16}-([A-Za-z0-9._-]{0,64})\Z")
 _TMP_V1 = re.compile(r"\.tmp-[a-z0-9_]{8}(?:\.parquet)?\Z")  # tempfile.mkstemp names of format 1
 _HOST = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64]
@@ -680,6 +689,70 @@ class TraceCache:
             self.writes += 1
         except (OSError, UnicodeError, _Rejected):
             self.errors += 1
+
+    # ------------------------------------------------------------------ output files
+    def get_files(self, key: str) -> tuple[dict, list[tuple[str, memoryview]]] | None:
+        """A cached set of output files (:meth:`put_files`) as ``(meta, [(name, bytes), ...])``,
+        or None. Besides the entry's checks, every name is a plain relative path
+        (:data:`_MEMBER`: at most ``dir/file``, no component starting with a dot), names are
+        distinct, the sizes add up to the payload, and no string of ``meta`` holds a control
+        character (notes are printed from it)."""
+        payload = self._read_entry(f"o-{key}.files")
+        if payload is None:
+            return None
+        data, off = payload.obj, len(payload.obj) - len(payload)  # the payload is data[off:]
+        nl = data.find(b"\n", off)  # the index line: {"files": [[name, size], ...], "meta": {...}}
+        out = None
+        try:
+            index = json.loads(data[off:nl].decode("ascii")) if nl >= 0 else None
+            meta, members = index["meta"], index["files"]
+            if isinstance(meta, dict) and isinstance(members, list) and not _has_control(meta):
+                pos, files, seen = nl - off + 1, [], set()
+                for name, size in members:
+                    if (not isinstance(name, str) or not _MEMBER.match(name) or name in seen
+                            or type(size) is not int or size < 0):
+                        raise ValueError(name)
+                    seen.add(name)
+                    files.append((name, payload[pos:pos + size]))
+                    pos += size
+                if pos == len(payload):
+                    out = (meta, files)
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+            out = None
+        if out is None:
+            self.errors += 1
+            self.misses += 1
+            return None
+        self.hits += 1
+        return out
+
+    def put_files(self, key: str, meta: dict, files: list[tuple[str, bytes]]) -> None:
+        """Store output files (``[(relative name, bytes)]``, names as :meth:`get_files` accepts
+        them) and a JSON-ready ``meta`` dict as one entry under ``key`` (skipped when the
+        trace changed meanwhile, or a name or ``meta`` would not read back)."""
+        if not self.enabled or not self.still_valid() or not self._prepare():
+            return
+        try:
+            if _has_control(meta) or len({n for n, _ in files}) != len(files) or not all(
+                    _MEMBER.match(n) for n, _ in files):
+                raise ValueError("names or notes that would not read back")
+            index = json.dumps({"meta": meta, "files": [[n, len(b)] for n, b in files]}, ensure_ascii=True,
+                               sort_keys=True).encode("ascii")
+            self._write_entry(f"o-{key}.files", b"".join([index, b"\n", *(b for _, b in files)]))
+            self.writes += 1
+        except (OSError, TypeError, ValueError, _Rejected):
+            self.errors += 1
+
+
+def _has_control(obj) -> bool:
+    """True when a string anywhere in ``obj`` (keys included) holds a control character."""
+    if isinstance(obj, str):
+        return bool(_CONTROL.search(obj))
+    if isinstance(obj, dict):
+        return any(_has_control(k) or _has_control(v) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return any(_has_control(v) for v in obj)
+    return False
 
 
 def _panic_exception() -> type:

@@ -1,0 +1,230 @@
+"""The stored output of ``tracekit report`` and ``tracekit compare``: an identical second run
+writes what the first one wrote, without polars, matplotlib or the trace (issue 13).
+
+- ``report``: every file the report wrote into ``--out`` (figures, their data, ``report.md``,
+  ``report.html``; and the ``--perfetto`` file) is one ``o-<sha1>.files`` entry of the trace's
+  cache (:meth:`tracekit.analyze.trace.cache.TraceCache.put_files`), keyed on the report's
+  options (:func:`report_key`), the trace path as given and tracekit's code fingerprint. A hit
+  writes the stored bytes into ``--out``: the files are byte-identical to the first run's.
+- ``compare A B``: the comparison (the dict of ``--json``) is an ``r-<sha1>.json`` entry of
+  A's cache, keyed on the options, both paths as given and B's trace identity
+  (:func:`compare_key`): a changed A clears A's cache, a changed B changes the key.
+
+A miss reads through the same cache as ``tracekit analyze`` (the stored analysis result and
+the Parquet frames of every query, :meth:`tracekit.render.data.ReportData.load`), so another
+``--rank``, ``--iteration`` or ``--format`` mostly redraws.
+
+Writing into ``--out`` (both on a hit and on a miss, :func:`write_file`): each file goes to a
+temporary of tracekit's naming in the same folder, then is renamed over ``NAME``; so a file of
+that name is replaced, never written through (a symbolic link or hard link named like a
+report file is replaced by the new file; what it pointed to is not touched), and no
+half-written report file is left under its name. Files of other names are not touched.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracekit.errors import TracekitError
+
+FORMATS = ("svg", "pdf")
+#: what a report writes into its folder (a stored entry naming anything else is a miss)
+REPORT_FILE = re.compile(r"(?:data/[0-9A-Za-z_]{1,64}\.csv|[0-9A-Za-z_]{1,64}\.(?:png|svg|pdf)"
+                         r"|report\.md|report\.html)\Z")
+#: member name of the ``--perfetto`` file in a stored report (never a report file's name)
+PERFETTO_MEMBER = "_perfetto.json"
+_HOST = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64]
+
+
+@dataclass
+class ReportResult:
+    """What :func:`tracekit.render.report.write_report` wrote: ``out_dir``, ``files`` (paths),
+    ``figures`` (name -> png path), ``iteration`` (shown in the timeline figures), ``rank``
+    (dict), ``notes``, and ``cached`` (True when the files came from the cache)."""
+
+    out_dir: Path
+    files: list[Path] = field(default_factory=list)
+    figures: dict[str, Path] = field(default_factory=dict)
+    iteration: int | None = None
+    rank: dict | None = None
+    notes: list[str] = field(default_factory=list)
+    cached: bool = False
+
+
+def prepare_dir(out_dir: str | Path, with_data: bool = True) -> Path:
+    """Create ``out_dir`` (and parents, and ``data/`` with ``with_data``) when missing; raises
+    :class:`TracekitError` when it is a file or cannot be created."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise TracekitError(f"-o {out}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if with_data:
+            (out / "data").mkdir(exist_ok=True)
+    except OSError as exc:
+        raise TracekitError(f"-o {out}: cannot create the directory ({exc.strerror})") from None
+    return out
+
+
+def write_file(path: str | Path, data) -> Path:
+    """Write ``data`` (bytes-like) as ``path``: a temporary ``.tmp-tk-<pid>-<random>-<host>``
+    created exclusively beside it (never following a link), then renamed over ``path`` (see
+    the module doc). Raises :class:`TracekitError` when it cannot be written; the temporary
+    is removed then."""
+    p = Path(path)
+    tmp = p.with_name(f".tmp-tk-{os.getpid()}-{secrets.token_hex(8)}-{_HOST}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            os.replace(tmp, p)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as exc:
+        raise TracekitError(f"{p}: cannot write it ({exc.strerror or exc})") from None
+    return p
+
+
+def _versions() -> dict:
+    """Versions of the drawing libraries (their output is stored; tracekit's code fingerprint
+    covers polars and numpy)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in ("matplotlib", "plotly"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _cache_of(trace: str | Path):
+    """The trace's :class:`~tracekit.analyze.trace.cache.TraceCache` when usable, else None."""
+    from tracekit.analyze.trace.cache import TraceCache
+
+    p = Path(trace)
+    if not p.is_file():
+        return None
+    try:
+        tc = TraceCache(p)
+    except OSError:
+        return None
+    return tc if tc.enabled else None
+
+
+def report_key(tc, trace, *, rank: int, iteration: int | None, fmt: str, phase_map, gas, ds_config: dict | None,
+               dpi: int | None, html: bool, perfetto: bool) -> str:
+    """The cache key of a report: its options (``ds_config`` as loaded: the config's content, so
+    an edited config or manifest is a miss), whether a Perfetto file is written, the drawing
+    libraries' versions, the trace path as given and tracekit's code fingerprint. The output
+    folder is not part of it (nothing written depends on it)."""
+    opts = {"command": "report", "rank": rank, "iteration": iteration, "fmt": fmt,
+            "phase_map": list(phase_map) if phase_map else None, "gas": gas, "ds_config": ds_config, "dpi": dpi,
+            "html": html, "perfetto": perfetto, "versions": _versions()}
+    return tc.result_key(opts, str(trace))
+
+
+def lookup_report(trace, out_dir, perfetto=None, *, rank: int = 0, iteration: int | None = None, fmt: str = "svg",
+                  phase_map=None, gas=None, ds_config=None, dpi: int | None = None, html: bool = True):
+    """``(cache, key, result)`` of a report of ``trace`` with these options (as
+    :func:`tracekit.render.report.write_report` takes them; ``ds_config`` a path or None):
+    ``result`` is the :class:`ReportResult` of the stored files, already written into
+    ``out_dir`` (and ``perfetto``), or None on a miss; ``cache`` and ``key`` are where the
+    report is to be stored (both None when the trace has no usable cache). Needs neither
+    polars nor matplotlib. Raises :class:`TracekitError` for a bad ``ds_config`` file and as
+    :func:`cached_report` does."""
+    from tracekit.options import load_ds_config
+
+    tc = _cache_of(trace)
+    if tc is None:
+        return None, None, None
+    key = report_key(tc, trace, rank=rank, iteration=iteration, fmt=fmt, phase_map=phase_map, gas=gas,
+                     ds_config=load_ds_config(trace, ds_config), dpi=dpi, html=html, perfetto=perfetto is not None)
+    return tc, key, cached_report(tc, key, out_dir, perfetto)
+
+
+def cached_report(tc, key: str, out_dir: str | Path, perfetto: str | Path | None = None) -> ReportResult | None:
+    """Write the report stored under ``key`` into ``out_dir`` (and its Perfetto file to
+    ``perfetto``) and return what was written; None on a miss (nothing written then), or when
+    the entry names a file a report never writes. Raises :class:`TracekitError` as
+    :func:`prepare_dir` and :func:`write_file` do."""
+    hit = tc.get_files(key) if tc is not None else None
+    if hit is None:
+        return None
+    meta, files = hit
+    names = [n for n, _ in files]
+    want_perfetto = perfetto is not None
+    if (not all(REPORT_FILE.match(n) or n == PERFETTO_MEMBER for n in names)
+            or (PERFETTO_MEMBER in names) != want_perfetto or not isinstance(meta.get("figures"), dict)
+            or not all(isinstance(v, str) and v in names for v in meta["figures"].values())):
+        return None
+    out = prepare_dir(out_dir)
+    res = ReportResult(out_dir=out, iteration=meta.get("iteration"), rank=meta.get("rank"),
+                       notes=list(meta.get("notes") or []), cached=True)
+    for name, data in files:
+        if name == PERFETTO_MEMBER:
+            continue
+        res.files.append(write_file(out / name, data))
+    if want_perfetto:
+        p = Path(perfetto)
+        if p.is_dir():
+            raise TracekitError(f"--perfetto {p}: is a directory; give a file name such as trace.json")
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TracekitError(f"--perfetto {p}: cannot write it ({exc.strerror or exc})") from None
+        res.files.append(write_file(p, dict(files)[PERFETTO_MEMBER]))
+    res.figures = {k: out / v for k, v in meta["figures"].items()}
+    return res
+
+
+def store_report(tc, key: str, res: ReportResult, files: list[tuple[str, bytes]]) -> None:
+    """Keep the report ``res`` (``files``: ``[(name relative to the output folder, bytes)]``, the
+    Perfetto file as :data:`PERFETTO_MEMBER`) under ``key`` in the trace cache ``tc``."""
+    meta = {"iteration": res.iteration, "rank": res.rank, "notes": res.notes,
+            "figures": {k: v.relative_to(res.out_dir).as_posix() for k, v in res.figures.items()}}
+    tc.put_files(key, meta, files)
+
+
+# ---------------------------------------------------------------------- compare
+def compare_key(tc, a, b, *, rank: int, phase_map, gas, ds_config_a: dict | None, ds_config_b: dict | None) -> str:
+    """The key of ``compare A B`` in A's cache ``tc``: the options (both configs as loaded),
+    both paths as given, B's trace identity and the code fingerprint."""
+    from tracekit.analyze.trace.cache import trace_identity
+
+    opts = {"command": "compare", "rank": rank, "phase_map": list(phase_map) if phase_map else None, "gas": gas,
+            "ds_config_a": ds_config_a, "ds_config_b": ds_config_b, "b": str(b), "b_identity": trace_identity(Path(b))}
+    return tc.result_key(opts, str(a))
+
+
+def lookup_compare(a, b, *, rank: int = 0, phase_map=None, gas=None, ds_config_a=None, ds_config_b=None):
+    """``(cache of A, key, result)`` of ``compare A B`` with these options (``ds_config_a/_b``
+    paths or None): ``result`` is the stored comparison dict or None; cache and key are None
+    when A has no usable cache or B cannot be stat-ed. Needs neither polars nor matplotlib."""
+    from tracekit.options import load_ds_config
+
+    tc = _cache_of(a)
+    if tc is None or not Path(b).is_file():
+        return None, None, None
+    try:
+        key = compare_key(tc, a, b, rank=rank, phase_map=phase_map, gas=gas,
+                          ds_config_a=load_ds_config(a, ds_config_a), ds_config_b=load_ds_config(b, ds_config_b))
+    except OSError:
+        return None, None, None
+    return tc, key, tc.get_result(key)
