@@ -157,3 +157,29 @@ def test_timeline_chunks_and_peaks_match_grid(rows, bin_ns, chunk):
     for r in pk.iter_rows(named=True):
         assert r["bin_ns"] == bin_ns
         assert r["peak_gbps"] == pytest.approx(want_peaks[(r["phase"], r["direction"])][1], abs=1e-6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops())
+def test_overlap_levels_match_grid(rows):
+    """overlap_levels (issue 13: the unions once, summed upward where the finer groups' copies
+    are disjoint, else computed directly) against the per-ns grid, for each grouping: per window
+    (= per phase here), per phase, whole rank. Copies of the forward window running on past
+    t=30 overlap backward copies, so the whole-rank row takes the direct path in some examples."""
+    levels = {"window": ("iteration", "phase", "micro_step"), "phase": ("phase",), "total": ()}
+    got = overlap.overlap_levels(model_of(rows), levels)
+    assert list(got) == list(levels)
+    k = depth(rows, lambda r: r[0] == "kernel") > 0
+    for name, f in got.items():
+        for r in f.iter_rows(named=True):
+            mine = [x for x in rows if name == "total" or (x[6] == 0) == (r["phase"] == "forward")]
+            h = depth(mine, lambda x: x[1] == "H2D") > 0
+            d = depth(mine, lambda x: x[1] == "D2H") > 0
+            assert (r["h2d_busy_ns"], r["h2d_overlap_ns"]) == (h.sum(), (h & k).sum())
+            assert (r["d2h_busy_ns"], r["d2h_overlap_ns"]) == (d.sum(), (d & k).sum())
+            assert r["bidir_ns"] == (h & d).sum()
+            assert r["copy_exposed_ns"] == ((h | d) & ~k).sum()
+            assert r["h2d_count"] == sum(1 for x in mine if x[1] == "H2D")
+            assert r["d2h_bytes"] == sum(x[4] for x in mine if x[1] == "D2H")
+        windows = {x[6] for x in rows if x[0] == "memcpy"}
+        assert f.height == (min(1, len(windows)) if name == "total" else len(windows))

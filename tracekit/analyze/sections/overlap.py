@@ -24,7 +24,7 @@ import polars as pl
 from tracekit.analyze.model.communication import kernel_frames
 from tracekit.analyze.model.intervals import covered_length, grouped_at_least, grouped_union, union
 from tracekit.analyze.model.phases import PhaseModel
-from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, check_by, host_copies, ratio, sort_groups
+from tracekit.analyze.sections.transfer_common import BY_COLUMNS, PHASE_KEYS, RANK, check_by, host_copies, ratio, sort_groups
 
 COLUMNS = [
     "h2d_count", "h2d_bytes", "h2d_busy_ns", "h2d_overlap_ns", "h2d_exposed_ns", "h2d_overlap_ratio",
@@ -69,10 +69,77 @@ def overlap(model: PhaseModel, by=PHASE_KEYS) -> pl.DataFrame:
     Raises :class:`~tracekit.errors.TracekitError` for an unknown ``by`` column.
     """
     by = check_by(by)
+    return _finish(_sums(model, by)[0], by)
+
+
+#: the columns of :func:`_sums` that add up over groups whose copy unions are disjoint
+_ADDITIVE = [
+    *(f"{d}_{m}" for d in ("h2d", "d2h") for m in ("count", "bytes")),
+    *(f"{d}_{m}" for d in ("h2d", "d2h", "copy") for m in ("busy_ns", "overlap_ns", "comm_overlap_ns")),
+    "bidir_ns",
+]
+
+
+def overlap_levels(model: PhaseModel, levels: dict[str, tuple]) -> dict[str, pl.DataFrame]:
+    """:func:`overlap` for several groupings at once: ``{name: by}`` -> ``{name: frame}``, each
+    frame exactly what ``overlap(model, by)`` returns, in the order of ``levels``.
+
+    Computed once (issue 13): the interval unions are built per group of the finest grouping
+    (all the ``by`` columns together), and a coarser grouping is the sum of its finer groups
+    whenever the copy unions (both directions) of the finer groups inside each coarser group
+    are disjoint, which is what phase windows that tile time give: then every busy, overlap,
+    bidirectional and communication length adds up exactly (integer ns), as do counts and
+    bytes. A coarser group where they are not disjoint (a copy attributed to one group still
+    running while another group's copy runs) is computed directly instead. Raises
+    :class:`~tracekit.errors.TracekitError` for an unknown ``by`` column.
+    """
+    want = {name: check_by(by) for name, by in levels.items()}
+    cols = {b for by in want.values() for b in by}
+    base = [b for b in BY_COLUMNS if b in cols]
+    kern: dict = {}
+    done = {tuple(base): _sums(model, base, kern)}  # by -> (sums, copy union pieces)
+    out: dict[str, pl.DataFrame] = {}
+    for name, by in sorted(want.items(), key=lambda kv: -len(kv[1])):  # finest first
+        sums = None
+        for fine in sorted((k for k in done if set(by) <= set(k)), key=len):  # the coarsest finer one first
+            if list(fine) == by:
+                sums = done[fine][0]
+                break
+            if _disjoint_within(done[fine][1], [*RANK, *by]):
+                sums = _rollup(done[fine][0], by)
+                break
+        if sums is None:
+            done[tuple(by)] = _sums(model, by, kern)
+            sums = done[tuple(by)][0]
+        out[name] = _finish(sums, by)
+    return {name: out[name] for name in levels}
+
+
+def _disjoint_within(pieces: pl.DataFrame, keys: list[str]) -> bool:
+    """Whether the intervals of ``pieces`` (disjoint within each of its own groups) are also
+    disjoint within each group of ``keys`` (touching allowed)."""
+    if pieces.height == 0:
+        return True
+    f = pieces.select(*keys, "start", "end").sort([*keys, "start"])
+    prev = pl.col("end").cum_max().shift(1).over(keys) if keys else pl.col("end").cum_max().shift(1)
+    return not f.select((pl.col("start") < prev).any()).item()
+
+
+def _rollup(sums: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """Sums of a finer grouping summed to the groups ``by`` (the copy unions being disjoint)."""
+    return sums.group_by([*RANK, *by]).agg(pl.col(_ADDITIVE).sum())
+
+
+def _sums(model: PhaseModel, by: list[str], kern: dict | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The additive columns of :func:`overlap` per rank and group ``by`` (unsorted), and the
+    union pieces of each group's copies of both directions (``RANK, by, start, end``)."""
     keys = [*RANK, *by]
     c = host_copies(model)
-    kernels = _kernel_unions(model)
-    comm_kernels = _kernel_unions(model, comm=True)
+    kern = {} if kern is None else kern
+    if not kern:
+        kern["compute"] = _kernel_unions(model)
+        kern["comm"] = _kernel_unions(model, comm=True)
+    kernels, comm_kernels = kern["compute"], kern["comm"]
     out = c.group_by(keys).agg(
         **{f"{d.lower()}_count": (pl.col("direction") == d).sum().cast(pl.Int64) for d in ("H2D", "D2H")},
         **{f"{d.lower()}_bytes": pl.col("bytes").filter(pl.col("direction") == d).sum() for d in ("H2D", "D2H")},
@@ -94,6 +161,12 @@ def overlap(model: PhaseModel, by=PHASE_KEYS) -> pl.DataFrame:
                    on=keys, how="left", nulls_equal=True)
     fill = [f"{d}_{m}" for d in ("h2d", "d2h", "copy") for m in ("busy_ns", "overlap_ns", "comm_overlap_ns")] + ["bidir_ns"]
     out = out.with_columns(**{f: pl.col(f).fill_null(0).cast(pl.Int64) for f in fill})
+    return out, pieces["copy"].select(*keys, "start", "end")
+
+
+def _finish(out: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """The frame of :func:`overlap` from the additive sums: exposed times, ratios, sorted."""
+    keys = [*RANK, *by]
     out = out.with_columns(
         **{f"{d}_exposed_ns": pl.col(f"{d}_busy_ns") - pl.col(f"{d}_overlap_ns") for d in ("h2d", "d2h", "copy")},
         h2d_overlap_ratio=ratio("h2d_overlap_ns", "h2d_busy_ns"),

@@ -173,11 +173,10 @@ def analyze_transfers(
     frames: dict[str, pl.DataFrame] = {}
     notes: list[str] = []
     sel = set(sections)
-    frames["overlap_phase"] = overlap.overlap(model, by=("phase",))
+    levels = {"overlap_phase": ("phase",)}
     if "overlap" in sel:
-        frames["overlap"] = overlap.overlap(model, by=PER_WINDOW)
-        frames["overlap_sub_phase"] = overlap.overlap(model, by=("iteration", "phase", "sub_phase"))
-        frames["overlap_total"] = overlap.overlap(model, by=())
+        levels.update(overlap=PER_WINDOW, overlap_sub_phase=("iteration", "phase", "sub_phase"), overlap_total=())
+    frames.update(overlap.overlap_levels(model, levels))  # the unions once, summed upward
     windows = contention.contention_windows(model)
     frames["contention_phase"] = contention.contention_summary(model, by=("phase",), windows=windows)
     if "contention" in sel:
