@@ -73,32 +73,63 @@ def window_metrics(model: PhaseModel) -> pl.DataFrame:
     return model.cache["window_metrics"]
 
 
+#: the busy times of :data:`METRICS` (union lengths), by the category code of :func:`_busy_category`
+BUSY = ("kernel_busy_ns", "comm_busy_ns", "h2d_busy_ns", "d2h_busy_ns")
+
+
+def _busy_category(has_comm: bool) -> pl.Expr:
+    """Per op: the index in :data:`BUSY` of the busy time it counts in (compute kernels,
+    communication kernels, H2D and D2H memcpys), null for the others (memsets, other copies)."""
+    is_k = pl.col("kind") == "kernel"
+    comm = comm_expr() if has_comm else pl.lit(False)
+    memcpy = pl.col("kind") == "memcpy"
+    return (pl.when(is_k & ~comm).then(0).when(is_k & comm).then(1)
+            .when(memcpy & (pl.col("direction") == "H2D")).then(2)
+            .when(memcpy & (pl.col("direction") == "D2H")).then(3)
+            .otherwise(None).cast(pl.Int8))
+
+
+def _union_lengths(ops: pl.LazyFrame, by: list[str]) -> pl.LazyFrame:
+    """Per group of ``by``: ``busy_ns`` (Int64), the length in ns of the union of the [start, end)
+    intervals of its ops (empty ones ignored), as part of a lazy query: one aggregation per group,
+    no window function. In start order, an interval opens a new merged piece when it starts
+    after every earlier end (touching intervals merge); a piece ends at the running maximum of
+    the ends just before the next piece opens, and the union is the sum of the pieces."""
+    f = ops.select(*by, "start", "end").filter(pl.col("end") > pl.col("start"))
+    order = pl.col("start").arg_sort()
+    s = pl.col("start").gather(order)
+    run_end = pl.col("end").gather(order).cum_max()
+    first = (s > run_end.shift(1)).fill_null(True)
+    last = first.shift(-1).fill_null(True)
+    return f.group_by(by).agg(busy_ns=(run_end.filter(last) - s.filter(first)).sum().cast(pl.Int64))
+
+
+def _join_busy(out: pl.LazyFrame, ops: pl.LazyFrame, by: list[str], nulls_equal: bool) -> pl.LazyFrame:
+    """``out`` with the four :data:`BUSY` columns (ns; 0 for a group without such ops): union
+    lengths per group of ``by`` of ``ops`` (which has ``cat``, :func:`_busy_category`)."""
+    u = _union_lengths(ops.filter(pl.col("cat").is_not_null()), [*by, "cat"])
+    for i, label in enumerate(BUSY):
+        part = u.filter(pl.col("cat") == i).select(*by, pl.col("busy_ns").alias(label))
+        out = out.join(part, on=by, how="left", nulls_equal=nulls_equal).with_columns(pl.col(label).fill_null(0))
+    return out
+
+
 def _window_metrics(model: PhaseModel) -> pl.DataFrame:
     win = rank_windows(model)
-    ops = model.ops.filter(pl.col("window_id").is_not_null())
-    k, comm = kernel_frames(ops)
-    per = [
-        grouped_union_length(k, ["window_id", "device"]).rename({"busy_ns": "kernel_busy_ns"}),
-        k.group_by("window_id", "device").agg(kernel_count=pl.len()),
-        grouped_union_length(comm, ["window_id", "device"]).rename({"busy_ns": "comm_busy_ns"}),
-        comm.group_by("window_id", "device").agg(comm_count=pl.len()),
-    ]
-    for d in ("H2D", "D2H"):
-        c = ops.filter((pl.col("kind") == "memcpy") & (pl.col("direction") == d))
-        lo = d.lower()
-        per.append(grouped_union_length(c, ["window_id", "device"]).rename({"busy_ns": f"{lo}_busy_ns"}))
-        per.append(
-            c.group_by("window_id", "device").agg(
-                pl.col("bytes").sum().alias(f"{lo}_bytes"), pl.len().alias(f"{lo}_count")
-            )
-        )
-    per.append(
-        ops.filter(pl.col("kind") == "memset").group_by("window_id", "device").agg(memset_bytes=pl.col("bytes").sum())
+    has_comm = "comm" in model.ops.columns
+    ops = model.ops.lazy().filter(pl.col("window_id").is_not_null()).with_columns(cat=_busy_category(has_comm))
+    by = ["window_id", "device"]
+    counts = ops.group_by(by).agg(
+        kernel_count=(pl.col("cat") == 0).sum(),
+        comm_count=(pl.col("cat") == 1).sum(),
+        h2d_bytes=pl.col("bytes").filter(pl.col("cat") == 2).sum(),
+        h2d_count=(pl.col("cat") == 2).sum(),
+        d2h_bytes=pl.col("bytes").filter(pl.col("cat") == 3).sum(),
+        d2h_count=(pl.col("cat") == 3).sum(),
+        memset_bytes=pl.col("bytes").filter(pl.col("kind") == "memset").sum(),
     )
-    out = win
-    for p in per:
-        out = out.join(p, on=["window_id", "device"], how="left")
-    out = out.with_columns(wall_ns=pl.col("end") - pl.col("start"))
+    out = _join_busy(win.lazy().join(counts, on=by, how="left"), ops, by, nulls_equal=False)
+    out = out.with_columns(wall_ns=pl.col("end") - pl.col("start")).collect()
     # GPU idle: executing ops of the rank, whatever window launched them
     idle = []
     active = compute_ops(model.ops)  # communication kernels are not activity
@@ -109,12 +140,18 @@ def _window_metrics(model: PhaseModel) -> pl.DataFrame:
     out = out.join(pl.concat(idle), on=["window_id", "device"], how="left") if idle else out
     out = out.with_columns(gpu_idle_ns=pl.col("wall_ns") - pl.col("gpu_busy_ns").fill_null(0))
     fill = {m: pl.col(m).fill_null(0).cast(pl.Int64) for m in METRICS}
-    return out.with_columns(**fill).drop("gpu_busy_ns").sort("global_pid", "device", "start")
+    return out.with_columns(**fill).drop("gpu_busy_ns").sort("global_pid", "device", "start").select(
+        *win.columns, *[c for c in _WM_ORDER], "gpu_idle_ns")
+
+
+#: the metric columns of :func:`window_metrics` after the window columns, in their order
+_WM_ORDER = ("kernel_busy_ns", "kernel_count", "comm_busy_ns", "comm_count", "h2d_busy_ns", "h2d_bytes", "h2d_count",
+             "d2h_busy_ns", "d2h_bytes", "d2h_count", "memset_bytes", "wall_ns")
 
 
 def _aggregate(model: PhaseModel, wm: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     """Sum window metrics over ``by``, recomputing unions over the merged windows."""
-    sums = wm.group_by(by).agg(
+    sums = wm.lazy().group_by(by).agg(
         start_ns=pl.col("start").min(),
         end_ns=pl.col("end").max(),
         wall_ns=pl.col("wall_ns").sum(),
@@ -123,23 +160,14 @@ def _aggregate(model: PhaseModel, wm: pl.DataFrame, by: list[str]) -> pl.DataFra
         complete=pl.col("complete").all(),
         unclosed=pl.col("unclosed").any() if "unclosed" in wm.columns else pl.lit(False),
         windows=pl.len(),
-        **{m: pl.col(m).sum() for m in METRICS if m not in ("wall_ns", "kernel_busy_ns", "comm_busy_ns", "h2d_busy_ns",
-                                                            "d2h_busy_ns")},
+        **{m: pl.col(m).sum() for m in METRICS if m not in ("wall_ns", *BUSY)},
     )
     # busy times of several windows: union over all ops of the group (kernels of two windows may overlap)
-    keys = wm.select("window_id", *[b for b in by if b != "window_id"]).unique()
-    ops = model.ops.select("window_id", "device", "kind", "direction", "start", "end",
-                           comm=comm_expr() if "comm" in model.ops.columns else pl.lit(False))
+    keys = wm.lazy().select("window_id", *[b for b in by if b != "window_id"]).unique()
+    ops = model.ops.lazy().select("window_id", "device", "kind", "direction", "start", "end",
+                                  cat=_busy_category("comm" in model.ops.columns))
     ops = ops.join(keys, on=["window_id", "device"])
-    for label, filt in (
-        ("kernel_busy_ns", (pl.col("kind") == "kernel") & ~pl.col("comm")),
-        ("comm_busy_ns", (pl.col("kind") == "kernel") & pl.col("comm")),
-        ("h2d_busy_ns", (pl.col("kind") == "memcpy") & (pl.col("direction") == "H2D")),
-        ("d2h_busy_ns", (pl.col("kind") == "memcpy") & (pl.col("direction") == "D2H")),
-    ):
-        u = grouped_union_length(ops.filter(filt), by).rename({"busy_ns": label})
-        sums = sums.join(u, on=by, how="left", nulls_equal=True).with_columns(pl.col(label).fill_null(0))
-    return sums
+    return _join_busy(sums, ops, by, nulls_equal=True).collect()
 
 
 def phase_table(model: PhaseModel) -> pl.DataFrame:
@@ -151,11 +179,15 @@ def phase_table(model: PhaseModel) -> pl.DataFrame:
     iteration. ``complete`` is false for an iteration without an update or with a window whose
     NVTX range never closed; ``unclosed`` marks such a window (its wall time ends at the
     process's last activity, :func:`tracekit.analyze.model.phases.set_aside_unclosed`). Sorted by
-    rank, then time.
+    rank, then time. Computed once per model and kept on it (the result, the advice, the
+    opportunities and the multi-GPU sections all read it).
     """
-    wm = window_metrics(model)
-    t = _aggregate(model, wm, KEYS)
-    return _finish(t).sort("global_pid", "device", "start_ns")
+    cached = model.cache.get("phase_table")
+    if cached is None:
+        wm = window_metrics(model)
+        cached = model.cache["phase_table"] = _finish(_aggregate(model, wm, KEYS)).sort("global_pid", "device",
+                                                                                        "start_ns")
+    return cached
 
 
 def totals(model: PhaseModel) -> pl.DataFrame:

@@ -1,0 +1,50 @@
+"""The union lengths of the phase breakdown (:func:`tracekit.analyze.sections.breakdown._union_lengths`,
+one aggregation per group) against a brute-force count of covered nanoseconds."""
+
+from __future__ import annotations
+
+import random
+
+import polars as pl
+
+from tracekit.analyze.sections import breakdown
+
+
+def _brute(rows, by_count: int) -> dict:
+    """{group key: number of integer ns t with some interval of the group covering [t, t+1)}."""
+    cover: dict = {}
+    for r in rows:
+        key, s, e = r[:by_count], r[by_count], r[by_count + 1]
+        cover.setdefault(key, set()).update(range(s, e))
+    return {k: len(v) for k, v in cover.items() if v}
+
+
+def _lengths(rows, by: list[str]) -> dict:
+    f = pl.DataFrame(rows, schema={**{b: pl.Int64 for b in by}, "start": pl.Int64, "end": pl.Int64}, orient="row")
+    out = breakdown._union_lengths(f.lazy(), by).collect()
+    assert out.schema["busy_ns"] == pl.Int64
+    return {tuple(r[:-1]): r[-1] for r in out.select(*by, "busy_ns").iter_rows()}
+
+
+def test_hand_made_union():
+    """Overlap, containment, touching intervals, an empty and a reversed one, equal starts, a
+    null key of its own."""
+    rows = [
+        (1, 0, 10), (1, 5, 12), (1, 12, 15),  # overlap, then touching: one piece [0, 15) = 15
+        (1, 20, 30), (1, 22, 25),             # containment: 10
+        (1, 40, 40), (1, 50, 45),             # empty and reversed: nothing
+        (2, 7, 9), (2, 7, 20), (2, 7, 8),     # equal starts: [7, 20) = 13
+        (None, 3, 4), (None, 100, 103),       # null key: its own group, 1 + 3
+    ]
+    assert _lengths(rows, ["g"]) == {(1,): 25, (2,): 13, (None,): 4}
+    assert _lengths(rows, ["g"]) == _brute(rows, 1)
+
+
+def test_random_unions_match_brute_force():
+    rng = random.Random(13)
+    for trial in range(40):
+        rows = []
+        for _ in range(rng.randint(1, 60)):
+            s = rng.randint(0, 200)
+            rows.append((rng.randint(0, 3), rng.choice([None, 0, 1]), s, s + rng.randint(-5, 40)))
+        assert _lengths(rows, ["a", "b"]) == _brute(rows, 2), trial
