@@ -150,3 +150,88 @@ def test_zero2_trace_advice_says_zero2():
     assert rc == 0, err
     basis = [a["basis"] for a in json.loads(out)["advice"] if a.get("scenario") == "no_offload"]
     assert basis and all("FusedAdam 28 B + ZeRO-2 fp32 gradient" in b and "ZeRO-3" not in b for b in basis), basis
+
+
+# ---------------------------------------------------------------- 4. tables at 80 columns
+def test_config_text_is_json_like():
+    from tracekit.render.config import config_text
+
+    assert [config_text(v) for v in (None, False, True, 0, 500_000_000, 1.0, "cpu", {"a": True, "b": None}, [1, 2])] \
+        == ["not set", "false", "true", "0", "500,000,000", "1.0", "cpu", '{"a": true, "b": null}', "[1, 2]"]
+
+
+def test_fold_key_by_hand():
+    from tracekit.render.config import fold_key, key_width
+
+    k = "zero_optimization.offload_optimizer.device"
+    assert fold_key(k, 80) == k
+    assert fold_key(k, 30) == "zero_optimization.\noffload_optimizer.device"
+    assert fold_key(k, 20) == "zero_optimization.\noffload_optimizer.\ndevice"
+    assert fold_key(k, 5) == "zero_optimization.\noffload_optimizer.\ndevice"  # a part is never cut
+    assert fold_key("train_micro_batch_size_per_gpu", 10) == "train_micro_batch_size_per_gpu"
+    keys = [k, "train_micro_batch_size_per_gpu", "precision"]
+    assert key_width(keys, 60) == len(k)  # fits: no fold
+    assert key_width(keys, 25) == len("train_micro_batch_size_per_gpu")  # at least the longest part
+    assert key_width(keys, 33) == 33
+
+
+def _key_cells(out: str, title: str = "DeepSpeed settings that matter for offload") -> tuple[list[str], int]:
+    """The keys of the settings table in ``out``, joined again from their lines (a line of the
+    key column continues the key above when that one ended with a dot), and the widest line."""
+    lines = out.splitlines()
+    i = next(n for n, ln in enumerate(lines) if ln.startswith(title))
+    head = next(n for n in range(i, len(lines)) if lines[n].lstrip().startswith("key "))
+    end_key = lines[head].index(" value") - 1
+    keys: list[str] = []
+    for ln in lines[head + 2:]:
+        if not ln.strip():
+            break
+        cell = ln[1:end_key].strip()
+        if cell and keys and keys[-1].endswith("."):
+            keys[-1] += cell
+        elif cell:
+            keys.append(cell)
+    widest = max(len(ln) for ln in lines[i:head + 2 + len(keys) * 3])
+    return keys, widest
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_settings_table_folds_keys_at_dots_only(width):
+    import io
+
+    from rich.console import Console
+
+    from tracekit.analysis import analyze
+    from tracekit.render.config import settings_table
+
+    rows = analyze(ZERO2, cache=False).to_json()["config"]["settings"]
+    assert any(len(r["key"]) > 45 for r in rows)
+    c = Console(file=io.StringIO(), width=width, color_system=None)
+    c.print("DeepSpeed settings that matter for offload")  # (the title line _key_cells looks for)
+    with c.capture() as cap:
+        c.print(settings_table(rows, width))
+    out = cap.get()
+    keys, _ = _key_cells(out)
+    assert keys == [r["key"] for r in rows]  # whole keys, split at dots only, none cut
+    assert max(len(ln) for ln in out.splitlines()) <= width
+    assert "…" not in out
+    values = {r["key"]: r["value"] for r in rows}
+    assert values["zero_optimization.offload_optimizer.pin_memory"] is True
+    lines = out.splitlines()
+    n = next(n for n, ln in enumerate(lines) if "offload_optimizer.pin_memory" in ln)
+    row = lines[n] if lines[n].startswith(" zero_optimization.offload") else lines[n - 1]  # its first line
+    assert " true " in row and "True" not in out and "None" not in out
+
+
+def test_analyze_80_columns_keeps_keys_whole():
+    rc, out80, err = run_cli("analyze", ZERO2, "--no-cache", env=_env(COLUMNS="80"))
+    assert rc == 0, err
+    keys, widest = _key_cells(out80)
+    assert "zero_optimization.offload_optimizer.device" in keys and widest <= 80
+    assert max(len(ln) for ln in out80.splitlines()) <= 80
+
+
+def _env(**extra):
+    import os
+
+    return {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, **extra}

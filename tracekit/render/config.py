@@ -208,3 +208,91 @@ def trace_config(data) -> RunConfig:
                 break
         data._cache["run_config"] = run_config(data.path, names)
     return data._cache["run_config"]
+
+
+# ---------------------------------------------------------------------- the settings tables
+#: Narrowest the "from"/"how" column is squeezed to before the keys fold (at their dots).
+FROM_MIN_WIDTH = 26
+
+
+def config_text(value) -> str:
+    """A DeepSpeed setting's value as the terminal tables show it, JSON-like: ``true`` /
+    ``false``, ``not set`` for None, integers with thousands separators (``500,000,000``),
+    lists and dicts as JSON, other values as ``str``."""
+    if value is None:
+        return "not set"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def fold_key(key: str, width: int) -> str:
+    """``key`` folded onto lines of at most ``width`` characters, only after a dot
+    (``zero_optimization.`` / ``offload_optimizer.device``); a part between dots longer than
+    ``width`` stays whole on its line. Joining the lines gives ``key`` back."""
+    parts = re.findall(r"[^.]+\.?|\.", key) or [key]
+    lines = [""]
+    for p in parts:
+        if lines[-1] and len(lines[-1]) + len(p) > width:
+            lines.append(p)
+        else:
+            lines[-1] += p
+    return "\n".join(lines)
+
+
+def key_width(keys: list[str], budget: int) -> int:
+    """Width of a key column that gets ``budget`` characters: the longest key when it fits,
+    else ``budget`` but at least the longest part between dots (see :func:`fold_key`)."""
+    longest = max((len(k) for k in keys), default=0)
+    if longest <= budget:
+        return longest
+    part = max((len(p) for k in keys for p in re.findall(r"[^.]+\.?|\.", k)), default=0)
+    return max(budget, part)
+
+
+def _table_overhead(n_columns: int) -> int:
+    """Characters a house-style table (:func:`tracekit.render.terminal.new_table`) adds around
+    ``n_columns`` cells: edges and padding, measured by rich itself."""
+    from rich.console import Console
+
+    from tracekit.render.terminal import new_table
+
+    t = new_table("")
+    for _ in range(n_columns):
+        t.add_column("")
+    t.add_row(*["x"] * n_columns)
+    c = Console(width=1000, file=None, record=False, color_system=None)
+    with c.capture() as cap:
+        c.print(t)
+    return max(len(line) for line in cap.get().splitlines()) - n_columns
+
+
+def settings_table(rows: list[dict], width: int):
+    """The ``analyze`` table of the DeepSpeed settings (``rows``: ``key, value, source, how`` as
+    in the result's ``config.settings``) laid out for ``width`` columns: values JSON-like
+    (:func:`config_text`), the "from" column folds first, a key folds only at its dots and
+    only when the "from" column would be narrower than :data:`FROM_MIN_WIDTH` otherwise."""
+    from rich.text import Text
+
+    from tracekit.render.terminal import new_table
+    from tracekit.textsafe import clean, text as _t
+
+    keys = [clean(r["key"]) for r in rows]
+    values = [config_text(r["value"]) for r in rows]
+    froms = [r["how"] if r["source"] != "trace" else f"inferred: {r['how']}" for r in rows]
+    short_value = max((len(v) for v in values if len(v) <= 16), default=5)
+    word = max((len(w) for f in froms for w in f.split()), default=0)  # "from" keeps its longest word whole
+    from_min = min(max((len(f) for f in froms), default=0), max(FROM_MIN_WIDTH, min(word, 40)))
+    room = width - _table_overhead(3) - max(short_value, len("value")) - from_min
+    kw = key_width(keys, room)
+    t = new_table("DeepSpeed settings that matter for offload")
+    t.add_column("key", no_wrap=True, min_width=kw, max_width=kw)
+    t.add_column("value", overflow="fold", min_width=min(short_value, 16))
+    t.add_column("from", overflow="fold")
+    for k, v, f in zip(keys, values, froms):
+        t.add_row(Text("\n").join(_t(line) for line in fold_key(k, kw).split("\n")), _t(v), _t(f))
+    return t

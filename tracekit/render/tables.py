@@ -209,16 +209,10 @@ def render_config_and_advice(console: Console, result: dict) -> None:
         if cfg.get("note"):
             console.print(_t(f"note: {cfg['note']}"))
         rows = cfg.get("settings") or []
-        if rows:
-            t = new_table("DeepSpeed settings that matter for offload")
-            for c in ("key", "value", "from"):
-                t.add_column(c, overflow="fold")
-            for r in rows:
-                v = r["value"]
-                v = str(v).lower() if isinstance(v, bool) else (f"{v:,}" if isinstance(v, int) else str(v))
-                src = r["how"] if r["source"] != "trace" else f"inferred: {r['how']}"
-                t.add_row(_t(r["key"]), _t(v), _t(src))
-            console.print(t)
+        if rows:  # keys fold at their dots only, the "from" column first
+            from tracekit.render.config import settings_table
+
+            console.print(settings_table(rows, console.width))
     items = result.get("advice") or []
     if items:
         multi = len({(a["pid"], a["device"]) for a in items}) > 1
