@@ -416,10 +416,22 @@ def _render_config(result: dict, console) -> None:
     if diff:
         t = Table(title="config keys that differ (source: config, default, trace)", title_justify="left",
                   header_style="bold")
-        for c in ("key", "A", "B"):
-            t.add_column(c)
-        for c in diff:
-            t.add_row(*map(_t, (c["key"], f"{c['a']} ({c['a_source']})", f"{c['b']} ({c['b_source']})")))
+        from rich.text import Text
+
+        from tracekit.render.config import config_text, fold_key, key_width
+
+        def cell(v, src) -> str:  # JSON-like values (false, not set), the source when known
+            return config_text(v) + (f" ({src})" if src else "")
+
+        cells = [(cell(c["a"], c["a_source"]), cell(c["b"], c["b_source"])) for c in diff]
+        short = max((len(x) for ab in cells for x in ab if len(x) <= 20), default=6)
+        kw = key_width([c["key"] for c in diff], console.width - 10 - 2 * short)  # keys fold at dots only
+        kw = max(len(x) for c in diff for x in fold_key(c["key"], kw).split("\n"))
+        t.add_column("key", no_wrap=True, min_width=kw, max_width=kw)
+        for c in ("A", "B"):
+            t.add_column(c, overflow="fold")
+        for c, (a, b) in zip(diff, cells):
+            t.add_row(Text("\n").join(_t(x) for x in fold_key(c["key"], kw).split("\n")), _t(a), _t(b))
         console.print(t)
     elif result.get("config"):
         console.print(_t("config: no key of the shown settings differs between A and B"))
