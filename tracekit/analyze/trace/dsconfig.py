@@ -171,7 +171,7 @@ def config_value(cfg: dict, key: str, ds_version: str | None = None) -> tuple[ob
         v = _get(cfg, key.replace("stage3_", ""))
     if v is not None:
         if key == "zero_optimization.zenflow" and isinstance(v, dict):
-            v = ", ".join(f"{k}={x}" for k, x in v.items())
+            v = ", ".join(f"{k}={x if isinstance(x, str) else json.dumps(x)}" for k, x in v.items())  # true, not True
         return v, "config"
     offload_dev = _get(cfg, "zero_optimization.offload_optimizer.device")
     if key == "zero_optimization.offload_optimizer.pin_memory":
