@@ -235,3 +235,40 @@ def _env(**extra):
     import os
 
     return {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, **extra}
+
+
+# ---------------------------------------------------------------- 6. compare's config-key table
+def test_compare_config_keys_at_80_columns():
+    import json
+
+    base, noff = FIXTURES / "advice_pair_base.sqlite", FIXTURES / "advice_pair_nooffload.sqlite"
+    cfg_a = json.loads((FIXTURES / "advice_pair_base.json").read_text())
+    assert '"pin_memory": false' in json.dumps(cfg_a)  # A sets pin_memory false; B (no offload) has none
+    rc, out, err = run_cli("compare", base, noff, env=_env(COLUMNS="80"))
+    assert rc == 0, err
+    lines = out.splitlines()
+    i = next(n for n, ln in enumerate(lines) if ln.startswith("config keys that differ"))
+    body = lines[i:next(n for n in range(i, len(lines)) if lines[n].startswith("└"))]
+    assert max(len(ln) for ln in body) <= 80
+    cells = [[c.strip() for c in ln.strip("│").split("│")] for ln in body if ln.startswith("│")]
+    keys: list[list] = []
+    for k, a, b in cells:  # a key's continuation line has empty A and B cells
+        if keys and keys[-1][0].endswith(".") and not a and not b:
+            keys[-1][0] += k
+        else:
+            keys.append([k, a, b])
+    rows = {k: (a, b) for k, a, b in keys}
+    assert rows["zero_optimization.offload_optimizer.device"] == ("cpu (config)", "none (default)")
+    assert rows["zero_optimization.offload_optimizer.pin_memory"] == ("false (config)", "not set")
+    assert rows["optimizer.params.torch_adam"] == ("false (default)", "true (config)")
+    text = "\n".join(body)
+    assert not any(w in text for w in ("None", "False", "True", "…"))
+
+
+def test_zenflow_value_is_json_like():
+    from tracekit.analyze.trace.dsconfig import config_value
+
+    v, src = config_value({"zero_optimization": {"zenflow": {"topk_ratio": 0.1, "select_strategy": "step",
+                                                             "overlap_step": True, "x": None}}},
+                          "zero_optimization.zenflow")
+    assert (v, src) == ("topk_ratio=0.1, select_strategy=step, overlap_step=true, x=null", "config")
