@@ -168,7 +168,22 @@ class Analysis:
         """Exactly the text ``tracekit analyze --json`` prints (rows one per line)."""
         from tracekit.analyze.trace.cache import format_json
 
-        return format_json(self.to_json())
+        replaced = self._fill_timeline(self._parts.get("timeline_deferred"), columnar=True)
+        try:
+            return format_json(self._result)
+        finally:
+            self._restore_peaks(replaced)
+
+    def write_json(self, fh) -> None:
+        """Write :meth:`json_text` to the text file ``fh`` piece by piece (the timeline's rows
+        encoded column by column, chunk by chunk: the whole text is never held, issue 13)."""
+        from tracekit.analyze.trace.cache import write_json_to
+
+        replaced = self._fill_timeline(self._parts.get("timeline_deferred"), columnar=True)
+        try:
+            write_json_to(self._result, fh)
+        finally:
+            self._restore_peaks(replaced)
 
     def _view(self) -> dict:
         """The result as the terminal tables read it: each rank's ``transfers.timeline`` may
@@ -176,30 +191,36 @@ class Analysis:
         of the per-bin ``throughput_timeline`` rows, which only the JSON needs (issue 13)."""
         return self._result
 
-    def _fill_timeline(self, deferred) -> list:
+    def _fill_timeline(self, deferred, columnar: bool = False) -> list:
         """Put the ``throughput_timeline`` rows in place of ``throughput_peaks`` in each
-        ``(timeline dict, global_pid, device)`` of ``deferred``; returns what was replaced."""
+        ``(timeline dict, global_pid, device)`` of ``deferred``; returns what was replaced.
+        ``columnar``: the rows as :class:`tracekit.analyze.sections.transfers.JsonRows` (text built
+        column by column when written; put the peaks back with :meth:`_restore_peaks`)."""
         if not deferred:
             return []
         tr = self._parts["transfers"]
+        rows = tr.rank_json_rows if columnar else tr.rank_frame_rows
         replaced = []
         for d, gpid, dev in deferred:
             peaks = d.pop("throughput_peaks")
-            d["throughput_timeline"] = tr.rank_frame_rows("throughput_timeline", gpid, dev, self.options.phase,
-                                                          self.options.iteration)
+            d["throughput_timeline"] = rows("throughput_timeline", gpid, dev, self.options.phase, self.options.iteration)
             replaced.append((d, peaks))
         return replaced
+
+    @staticmethod
+    def _restore_peaks(replaced: list) -> None:
+        for d, peaks in replaced:
+            del d["throughput_timeline"]
+            d["throughput_peaks"] = peaks
 
     def _put_result(self, tc, key: str) -> None:
         """Store the whole JSON result in the result cache ``tc`` under ``key``, the timeline rows
         built for it and let go afterwards (the terminal view keeps only the peaks)."""
-        replaced = self._fill_timeline(self._parts.get("timeline_deferred"))
+        replaced = self._fill_timeline(self._parts.get("timeline_deferred"), columnar=True)
         try:
             tc.put_result(key, self._result)
         finally:
-            for d, peaks in replaced:
-                del d["throughput_timeline"]
-                d["throughput_peaks"] = peaks
+            self._restore_peaks(replaced)
 
     @property
     def notes(self) -> list[str]:

@@ -52,7 +52,7 @@ def _print(a, fmt: str, wide: bool, store: bool) -> None:
     """Print :class:`tracekit.analysis.Analysis` ``a`` on stdout in ``fmt``; keep the text of a
     table view in the cache (``store``)."""
     if fmt == "json":
-        sys.stdout.write(a.json_text())  # rows one per line; fast on large results
+        a.write_json(sys.stdout)  # rows one per line, written piece by piece
         return
     from tracekit.render import many as render_many
 

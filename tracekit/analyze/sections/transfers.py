@@ -116,6 +116,16 @@ class TransferResult:
             return rows
         return _rows(self._rank_frame(self.frames[name], global_pid, device, phase, iteration))
 
+    def rank_json_rows(self, name: str, global_pid: int, device: int, phase: str | None = None,
+                       iteration: int | None = None) -> "JsonRows":
+        """The rows :meth:`rank_frame_rows` gives, as :class:`JsonRows`: their JSON text built
+        column by column, chunk by chunk for the timeline (nothing per row or value in Python)."""
+        if name == "throughput_timeline" and self.timeline is not None and name not in self.stored:
+            tl = self.timeline
+            return JsonRows(lambda: tl.rank_chunks(global_pid, device, phase, iteration))
+        f = self._rank_frame(self.frames[name], global_pid, device, phase, iteration)
+        return JsonRows(lambda: iter([f]))
+
     @staticmethod
     def _rank_frame(f: pl.DataFrame, global_pid: int, device: int, phase: str | None,
                     iteration: int | None, keep_rank: bool = False) -> pl.DataFrame:
@@ -147,6 +157,89 @@ def _rows(f: pl.DataFrame) -> list[dict]:
         cols.append(vals)
     names = f.columns
     return [dict(zip(names, r)) for r in zip(*cols)]
+
+
+class JsonRows(list):
+    """Rows of frames, written to JSON column by column (issue 13): what :func:`_rows` gives as
+    dicts, as text. ``frames()`` gives the frames (a fresh iterator each call: the timeline's
+    chunks, :meth:`tracekit.analyze.sections.throughput.Timeline.rank_chunks`).
+
+    A ``list`` only so that :func:`tracekit.analyze.trace.cache.format_json` lays its parent out
+    as a container; the list itself stays empty: the writer asks :meth:`json_blocks` for the
+    text, and :meth:`rows` builds the dicts where a caller needs them."""
+
+    def __init__(self, frames) -> None:
+        super().__init__()
+        self.frames = frames
+
+    def rows(self) -> list[dict]:
+        """The rows as :func:`_rows` builds them (dicts, one per row)."""
+        out: list[dict] = []
+        for f in self.frames():
+            out.extend(_rows(f))
+        return out
+
+    def json_blocks(self, sep: str):
+        """Yield the rows' JSON text, each block the rows of one frame joined by ``sep``; every
+        row is exactly ``json.dumps(row)`` of its :func:`_rows` dict (keys in column order,
+        ``", "`` and ``": "`` separators, ASCII). Empty frames yield nothing."""
+        for f in self.frames():
+            if f.height:
+                yield json_row_text(f, sep)
+
+
+def _float_texts(name: str, s: pl.Series) -> pl.Series:
+    """JSON text of each value of a float column as :func:`_rows` writes it (rounded to 6
+    decimals, an integral ns/bytes/count value as an int, NaN/inf/null as null): Python's
+    rounding and repr applied once per distinct value (bit pattern), gathered back in polars."""
+    import json
+
+    import numpy as np
+
+    nulls = s.is_null()
+    a = s.cast(pl.Float64).fill_null(0.0).to_numpy()
+    bits, inv = np.unique(a.view(np.int64), return_inverse=True)
+    integral = name.endswith(INTEGRAL_SUFFIXES)
+    texts = []
+    for v in bits.view(np.float64).tolist():
+        if integral:
+            v = json_number(name, v)
+        else:
+            v = None if v != v or v in _INF else round(v, 6)
+        texts.append(json.dumps(v))
+    out = pl.Series(name, texts, dtype=pl.String).gather(inv.ravel())
+    return pl.select(pl.when(nulls).then(pl.lit("null")).otherwise(out).alias(name)).to_series()
+
+
+def json_row_text(f: pl.DataFrame, sep: str = ", ") -> str:
+    """The rows of ``f`` as JSON objects joined by ``sep``, each exactly ``json.dumps`` of its
+    :func:`_rows` dict, built by one columnar pass: integers and booleans cast in polars,
+    strings and floats encoded once per distinct value (``json.dumps``) and gathered, the
+    pieces concatenated by ``concat_str``. Columns of other types (lists, structs, dates) go
+    through :func:`_rows` and the C encoder instead."""
+    import json
+
+    pieces: list = []
+    cols: dict[str, pl.Series] = {}
+    for i, (name, dtype) in enumerate(f.schema.items()):
+        pieces.append(pl.lit(("{" if i == 0 else ", ") + json.dumps(name) + ": "))
+        s = f[name]
+        if dtype == pl.Boolean:
+            t = pl.select(pl.when(s.is_null()).then(pl.lit("null")).when(s).then(pl.lit("true"))
+                          .otherwise(pl.lit("false")).alias(name)).to_series()
+        elif dtype.is_integer():
+            t = s.cast(pl.String).fill_null("null")
+        elif dtype.is_float():
+            t = _float_texts(name, s)
+        elif dtype == pl.String:
+            u = s.drop_nulls().unique()
+            t = s.replace_strict(u, [json.dumps(v) for v in u.to_list()], return_dtype=pl.String).fill_null("null")
+        else:
+            return sep.join(json.dumps(r) for r in _rows(f))
+        cols[f"_c{i}"] = t
+        pieces.append(pl.col(f"_c{i}"))
+    pieces.append(pl.lit("}"))
+    return pl.DataFrame(cols).select(pl.concat_str(pieces).str.join(sep)).item()
 
 
 def analyze_transfers(

@@ -772,7 +772,38 @@ def format_json(obj, indent: int = 1, strict: bool = False) -> str:
 
     ``strict``: raise TypeError for a dict key that is not a string (JSON would turn it into
     one, so the text would not read back as ``obj``), as the result cache needs.
+
+    A list with a ``json_blocks(sep)`` method (:class:`tracekit.analyze.sections.transfers.JsonRows`:
+    table rows encoded column by column) is written from the blocks of row text it yields, in
+    the layout of a list of rows.
     """
+    parts: list[str] = []
+    _encode_json(obj, indent, strict, parts.append)
+    return "".join(parts)
+
+
+def write_json_to(obj, fh, indent: int = 1, strict: bool = False, buffer_chars: int = 1 << 20) -> None:
+    """Write :func:`format_json`'s text of ``obj`` to the text file ``fh`` piece by piece, about
+    ``buffer_chars`` characters at a time, never holding the whole text (a long timeline's rows
+    are tens of MB of it)."""
+    parts: list[str] = []
+    size = 0
+
+    def out(t: str) -> None:
+        nonlocal size
+        parts.append(t)
+        size += len(t)
+        if size >= buffer_chars:
+            fh.write("".join(parts))
+            parts.clear()
+            size = 0
+
+    _encode_json(obj, indent, strict, out)
+    fh.write("".join(parts))
+
+
+def _encode_json(obj, indent: int, strict: bool, out) -> None:
+    """The text of :func:`format_json`, passed piece by piece to ``out(str)``."""
     from json.encoder import c_make_encoder, encode_basestring_ascii
 
     if c_make_encoder is not None:  # the C encoder, built once (JSONEncoder.encode builds one per call)
@@ -786,7 +817,6 @@ def format_json(obj, indent: int = 1, strict: bool = False) -> str:
             return "".join(_c(o, 0))
     else:  # pragma: no cover - Pythons without the C accelerator
         dumps = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": ")).encode
-    parts: list[str] = []
 
     def nested(o) -> bool:
         if isinstance(o, dict):
@@ -796,6 +826,15 @@ def format_json(obj, indent: int = 1, strict: bool = False) -> str:
         return False
 
     def enc(o, level: int) -> None:
+        blocks = getattr(o, "json_blocks", None) if isinstance(o, list) else None
+        if blocks is not None:  # rows encoded column by column, laid out as a list of rows
+            pad = "\n" + " " * (indent * (level + 1))
+            n = 0
+            for b in blocks("," + pad):
+                out(("," if n else "[") + pad + b)
+                n += 1
+            out("\n" + " " * (indent * level) + "]" if n else "[]")
+            return
         if strict and isinstance(o, dict) and not all(type(k) is str for k in o):
             raise TypeError(f"non-string keys in {list(o)[:5]}")
         if not nested(o):
@@ -803,25 +842,24 @@ def format_json(obj, indent: int = 1, strict: bool = False) -> str:
                 for v in o:  # a flat list may hold flat dicts (table rows)
                     if isinstance(v, dict) and not all(type(k) is str for k in v):
                         raise TypeError(f"non-string keys in {list(v)[:5]}")
-            parts.append(dumps(o))
+            out(dumps(o))
             return
         pad = "\n" + " " * (indent * (level + 1))
         if isinstance(o, dict):
-            parts.append("{")
+            out("{")
             for i, (k, v) in enumerate(o.items()):
-                parts.append(("," if i else "") + pad + dumps(str(k)) + ": ")
+                out(("," if i else "") + pad + dumps(str(k)) + ": ")
                 enc(v, level + 1)
-            parts.append("\n" + " " * (indent * level) + "}")
+            out("\n" + " " * (indent * level) + "}")
         else:
-            parts.append("[")
+            out("[")
             for i, v in enumerate(o):
-                parts.append(("," if i else "") + pad)
+                out(("," if i else "") + pad)
                 enc(v, level + 1)
-            parts.append("\n" + " " * (indent * level) + "]")
+            out("\n" + " " * (indent * level) + "]")
 
     enc(obj, 0)
-    parts.append("\n")
-    return "".join(parts)
+    out("\n")
 
 
 def remove_cache(trace: str | Path) -> bool:
