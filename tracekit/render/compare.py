@@ -266,6 +266,11 @@ def compare_paths(a: str | Path, b: str | Path, rank: int = 0, phase_map: list[s
                                                    ds_config_a=ds_config_a, ds_config_b=ds_config_b)
         if hit is not None:
             return hit
+        if tc is not None:
+            try:
+                check = report_cache.compare_check(b)
+            except OSError:
+                tc = None
     da = ReportData.load(a, phase_map=phase_map, gas=gas, step=lambda m: step(f"A: {m}"), cache=cache)
     try:
         db = ReportData.load(b, phase_map=phase_map, gas=gas, step=lambda m: step(f"B: {m}"), cache=cache)
@@ -277,7 +282,7 @@ def compare_paths(a: str | Path, b: str | Path, rank: int = 0, phase_map: list[s
     finally:
         da.close()
     if tc is not None:
-        tc.put_result(key, result)
+        report_cache.store_compare(tc, key, b, check, result)
     return result
 
 

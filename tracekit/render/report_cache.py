@@ -3,12 +3,15 @@ writes what the first one wrote, without polars, matplotlib or the trace (issue 
 
 - ``report``: every file the report wrote into ``--out`` (figures, their data, ``report.md``,
   ``report.html``; and the ``--perfetto`` file) is one ``o-<sha1>.files`` entry of the trace's
-  cache (:meth:`tracekit.analyze.trace.cache.TraceCache.put_files`), keyed on the report's
-  options (:func:`report_key`), the trace path as given and tracekit's code fingerprint. A hit
-  writes the stored bytes into ``--out``: the files are byte-identical to the first run's.
+  cache (:meth:`tracekit.analyze.trace.cache.TraceCache.put_files`), named by the report's
+  options (:func:`report_key`) and the trace path as given; it also holds tracekit's code
+  fingerprint, and one of another version is a miss (and is replaced: a development checkout
+  does not pile up one 9 MB entry per edit). A hit writes the stored bytes into ``--out``: the
+  files are byte-identical to the first run's.
 - ``compare A B``: the comparison (the dict of ``--json``) is an ``r-<sha1>.json`` entry of
-  A's cache, keyed on the options, both paths as given and B's trace identity
-  (:func:`compare_key`): a changed A clears A's cache, a changed B changes the key.
+  A's cache, named by the options and both paths as given, holding the code fingerprint and
+  B's trace identity (:func:`compare_key`): a changed A clears A's cache, a changed B or
+  tracekit is a miss and the entry is replaced.
 
 A miss reads through the same cache as ``tracekit analyze`` (the stored analysis result and
 the Parquet frames of every query, :meth:`tracekit.render.data.ReportData.load`), so another
@@ -132,12 +135,13 @@ def report_key(tc, trace, *, rank: int, iteration: int | None, fmt: str, phase_m
                dpi: int | None, html: bool, perfetto: bool) -> str:
     """The cache key of a report: its options (``ds_config`` as loaded: the config's content, so
     an edited config or manifest is a miss), whether a Perfetto file is written, the drawing
-    libraries' versions, the trace path as given and tracekit's code fingerprint. The output
-    folder is not part of it (nothing written depends on it)."""
+    libraries' versions and the trace path as given (the code fingerprint is checked inside
+    the entry: :func:`cached_report`). The output folder is not part of it (nothing written
+    depends on it)."""
     opts = {"command": "report", "rank": rank, "iteration": iteration, "fmt": fmt,
             "phase_map": list(phase_map) if phase_map else None, "gas": gas, "ds_config": ds_config, "dpi": dpi,
             "html": html, "perfetto": perfetto, "versions": _versions()}
-    return tc.result_key(opts, str(trace))
+    return tc.output_key(opts, str(trace))
 
 
 def lookup_report(trace, out_dir, perfetto=None, *, rank: int = 0, iteration: int | None = None, fmt: str = "svg",
@@ -149,11 +153,13 @@ def lookup_report(trace, out_dir, perfetto=None, *, rank: int = 0, iteration: in
     report is to be stored (both None when the trace has no usable cache). Needs neither
     polars nor matplotlib. Raises :class:`TracekitError` for a bad ``ds_config`` file and as
     :func:`cached_report` does."""
+    from tracekit.analyze.trace.cache import code_fingerprint
     from tracekit.options import load_ds_config
 
     tc = _cache_of(trace)
     if tc is None:
         return None, None, None
+    code_fingerprint()  # taken now, before anything is computed (stored with the files)
     key = report_key(tc, trace, rank=rank, iteration=iteration, fmt=fmt, phase_map=phase_map, gas=gas,
                      ds_config=load_ds_config(trace, ds_config), dpi=dpi, html=html, perfetto=perfetto is not None)
     return tc, key, cached_report(tc, key, out_dir, perfetto)
@@ -167,10 +173,12 @@ def cached_report(tc, key: str, out_dir: str | Path, perfetto: str | Path | None
     hit = tc.get_files(key) if tc is not None else None
     if hit is None:
         return None
+    from tracekit.analyze.trace.cache import code_fingerprint
+
     meta, files = hit
     names = [n for n, _ in files]
     want_perfetto = perfetto is not None
-    if (not all(REPORT_FILE.match(n) or n == PERFETTO_MEMBER for n in names)
+    if (meta.get("code") != code_fingerprint() or not all(REPORT_FILE.match(n) or n == PERFETTO_MEMBER for n in names)
             or (PERFETTO_MEMBER in names) != want_perfetto or not isinstance(meta.get("figures"), dict)
             or not all(isinstance(v, str) and v in names for v in meta["figures"].values())):
         return None
@@ -197,20 +205,28 @@ def cached_report(tc, key: str, out_dir: str | Path, perfetto: str | Path | None
 def store_report(tc, key: str, res: ReportResult, files: list[tuple[str, bytes]]) -> None:
     """Keep the report ``res`` (``files``: ``[(name relative to the output folder, bytes)]``, the
     Perfetto file as :data:`PERFETTO_MEMBER`) under ``key`` in the trace cache ``tc``."""
-    meta = {"iteration": res.iteration, "rank": res.rank, "notes": res.notes,
+    from tracekit.analyze.trace.cache import code_fingerprint
+
+    meta = {"code": code_fingerprint(), "iteration": res.iteration, "rank": res.rank, "notes": res.notes,
             "figures": {k: v.relative_to(res.out_dir).as_posix() for k, v in res.figures.items()}}
     tc.put_files(key, meta, files)
 
 
 # ---------------------------------------------------------------------- compare
 def compare_key(tc, a, b, *, rank: int, phase_map, gas, ds_config_a: dict | None, ds_config_b: dict | None) -> str:
-    """The key of ``compare A B`` in A's cache ``tc``: the options (both configs as loaded),
-    both paths as given, B's trace identity and the code fingerprint."""
-    from tracekit.analyze.trace.cache import trace_identity
-
+    """The name of ``compare A B``'s entry in A's cache ``tc``: the options (both configs as
+    loaded) and both paths as given (:func:`compare_check` is stored inside)."""
     opts = {"command": "compare", "rank": rank, "phase_map": list(phase_map) if phase_map else None, "gas": gas,
-            "ds_config_a": ds_config_a, "ds_config_b": ds_config_b, "b": str(b), "b_identity": trace_identity(Path(b))}
-    return tc.result_key(opts, str(a))
+            "ds_config_a": ds_config_a, "ds_config_b": ds_config_b, "b": str(b)}
+    return tc.output_key(opts, str(a))
+
+
+def compare_check(b) -> dict:
+    """What a stored comparison must have been computed from besides its key: tracekit's code
+    fingerprint and B's trace identity. Raises OSError when B cannot be stat-ed."""
+    from tracekit.analyze.trace.cache import code_fingerprint, trace_identity
+
+    return {"code": code_fingerprint(), "b_identity": trace_identity(Path(b))}
 
 
 def lookup_compare(a, b, *, rank: int = 0, phase_map=None, gas=None, ds_config_a=None, ds_config_b=None):
@@ -225,6 +241,21 @@ def lookup_compare(a, b, *, rank: int = 0, phase_map=None, gas=None, ds_config_a
     try:
         key = compare_key(tc, a, b, rank=rank, phase_map=phase_map, gas=gas,
                           ds_config_a=load_ds_config(a, ds_config_a), ds_config_b=load_ds_config(b, ds_config_b))
+        check = compare_check(b)
     except OSError:
         return None, None, None
-    return tc, key, tc.get_result(key)
+    stored = tc.get_result(key)
+    if not isinstance(stored, dict) or stored.get("check") != check or not isinstance(stored.get("compare"), dict):
+        return tc, key, None
+    return tc, key, stored["compare"]
+
+
+def store_compare(tc, key: str, b, check: dict, result: dict) -> None:
+    """Keep the comparison ``result`` under ``key`` in A's cache ``tc`` with ``check`` (the
+    :func:`compare_check` taken before B was read; not stored when B changed meanwhile)."""
+    try:
+        if compare_check(b) != check:
+            return
+    except OSError:
+        return
+    tc.put_result(key, {"check": check, "compare": result})

@@ -625,6 +625,14 @@ class TraceCache:
         result names it) and :func:`code_fingerprint`."""
         return _digest(options, trace, code_fingerprint())
 
+    @staticmethod
+    def output_key(options: dict, trace: str = "") -> str:
+        """Entry key of a stored output (a report's files, a comparison): sha1 of the options and
+        the trace path as given, without :func:`code_fingerprint`, so that a new version of
+        tracekit replaces the entry instead of adding one beside it; the caller stores the
+        fingerprint in the entry and treats another one as a miss."""
+        return _digest(options, trace)
+
     def get_result_text(self, key: str) -> str | None:
         """A cached analysis result as its JSON text (the layout of :func:`format_json`), or None.
         The text passed the entry's checks and holds printable ASCII and newlines only."""
