@@ -204,3 +204,28 @@ def test_roles_per_row_equal_the_regex_per_row(zero3_cut):
     assert got == want
     assert {r for r in want if r} >= {"cpu_adam", "overflow_check", "grad_norm", "copy_back", "swap", "cpu_wait",
                                       "unscale"}
+
+
+def test_bandwidth_nearest_bucket_hand_made():
+    """``bandwidth``: the bucket of the copy size when measured, else the nearest measured one
+    (the smaller of two equally near), only rows of that direction and host kind with bytes and
+    a rate (hand-made frame; buckets are log2 of the size: 2**20 B is bucket 20)."""
+    import polars as pl
+
+    from tracekit.analyze.sections.whatif import bandwidth
+
+    bw = pl.DataFrame({
+        "direction": ["H2D", "H2D", "H2D", "H2D", "D2H", "H2D"],
+        "host_kind": ["pinned", "pinned", "pinned", "pageable", "pinned", "pinned"],
+        "bucket": [18, 22, 26, 20, 20, 20],
+        "bytes": [10, 30, 50, 70, 90, 0],
+        "ns": [1, 1, 1, 1, 1, 1],
+        "gbps": [1.0, 3.0, 5.0, 7.0, 9.0, None],
+    })
+    pieces = {"bandwidth": bw}
+    assert bandwidth(pieces, "H2D", "pinned", 2 ** 22)[0] == 3.0           # its own bucket
+    assert bandwidth(pieces, "H2D", "pinned", 2 ** 20)[0] == 1.0           # 18 and 22 equally near: 18
+    g, why = bandwidth(pieces, "H2D", "pinned", 2 ** 25)                    # nearest: 26
+    assert (g, why) == (5.0, "pinned H2D copies of 64 MiB-128 MiB in this trace")
+    assert bandwidth(pieces, "D2H", "pinned", 1)[0] == 9.0                  # the only D2H pinned row
+    assert bandwidth(pieces, "D2H", "pageable", 2 ** 20) == (None, "no pageable D2H copy in the trace")

@@ -34,10 +34,16 @@ BYTES_PER_PARAM = 16
 
 
 def _peaks(export: Export, model: PhaseModel, by) -> pl.DataFrame | None:
-    try:
-        return memory_peaks(export, model, by=by)
-    except MissingDataError:
-        return None
+    """:func:`tracekit.analyze.sections.memory.memory_peaks` of ``model`` by ``by`` (None when the
+    trace has no memory usage events), computed once per model and ``by`` (the opportunities
+    and the what-if model ask for the same ones)."""
+    key = ("memory_peaks", tuple(by))
+    if key not in model.cache:
+        try:
+            model.cache[key] = memory_peaks(export, model, by=by)
+        except MissingDataError:
+            model.cache[key] = None
+    return model.cache[key]
 
 
 def gradient_round_trips(model: PhaseModel) -> pl.DataFrame:

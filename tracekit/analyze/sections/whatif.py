@@ -32,7 +32,6 @@ from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.intervals import covered_length, union
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.transfer_common import host_copies
-from tracekit.errors import MissingDataError
 
 #: Steps of DeepSpeed's optimizer step, by NVTX range name (any domain: DeepSpeed's own ranges
 #: and tracekit's capture ranges). Time in none of them (inside the update window) is
@@ -271,12 +270,10 @@ def _device_info(export: Export) -> dict:
 
 
 def _free_memory(export: Export, model: PhaseModel) -> pl.DataFrame | None:
-    from tracekit.analyze.sections.memory import memory_peaks
+    from tracekit.analyze.sections.opportunities import _peaks  # kept on the model, shared
 
-    try:
-        return memory_peaks(export, model, by=("phase",)).filter(pl.col("phase").is_in(["forward", "backward", "update"]))
-    except MissingDataError:
-        return None
+    peaks = _peaks(export, model, ("phase",))
+    return None if peaks is None else peaks.filter(pl.col("phase").is_in(["forward", "backward", "update"]))
 
 
 def trace_facts(pieces: dict) -> dict:
@@ -308,14 +305,16 @@ def bandwidth(pieces: dict, direction: str, kind: str, nbytes: float) -> tuple[f
     """GB/s of ``kind`` (pinned/pageable) copies of ``direction`` in the trace, for a copy of
     ``nbytes``: bytes / summed duration in its power-of-two size bucket, or the nearest bucket
     holding such copies; ``(None, why)`` when the trace has none."""
-    bw = pieces["bandwidth"].filter((pl.col("direction") == direction) & (pl.col("host_kind") == kind)
-                                    & pl.col("gbps").is_not_null() & (pl.col("bytes") > 0))
-    if bw.height == 0:
+    f = pieces["bandwidth"]  # a few rows (one per direction, host kind and size bucket): read in Python
+    rows = [(bucket, gbps) for d, k, bucket, nb, gbps in
+            zip(f["direction"], f["host_kind"], f["bucket"], f["bytes"], f["gbps"])
+            if d == direction and k == kind and gbps is not None and nb is not None and nb > 0]
+    if not rows:
         return None, f"no {kind} {direction} copy in the trace"
     b = int(size_bucket(np.array([max(int(nbytes), 1)]))[0])
-    row = bw.with_columns(d=(pl.col("bucket") - b).abs()).sort("d", "bucket").row(0, named=True)
-    k = int(row["bucket"])
-    return float(row["gbps"]), f"{kind} {direction} copies of {_size(2 ** k)}-{_size(2 ** (k + 1))} in this trace"
+    k, gbps = min(rows, key=lambda r: (abs(r[0] - b), r[0]))  # the nearest bucket, the smaller on a tie
+    k = int(k)
+    return float(gbps), f"{kind} {direction} copies of {_size(2 ** k)}-{_size(2 ** (k + 1))} in this trace"
 
 
 def _size(b: int) -> str:
