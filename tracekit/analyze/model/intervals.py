@@ -128,13 +128,13 @@ def grouped_union_length(frame, by: list[str], start: str = "start", end: str = 
 
     if frame.height == 0:
         return frame.select(by).head(0).with_columns(busy_ns=pl.lit(0, pl.Int64))
-    f = frame.select([*by, start, end]).filter(pl.col(end) > pl.col(start)).sort([*by, start])
+    f = frame.lazy().select([*by, start, end]).filter(pl.col(end) > pl.col(start)).sort([*by, start])
     f = f.with_columns(run_end=pl.col(end).cum_max().over(by))
     f = f.with_columns(
         new=(pl.col(start) > pl.col("run_end").shift(1).over(by)).fill_null(True)
     ).with_columns(piece=pl.col("new").cast(pl.Int64).cum_sum().over(by))
     pieces = f.group_by([*by, "piece"]).agg(s=pl.col(start).min(), e=pl.col(end).max())
-    return pieces.group_by(by).agg(busy_ns=(pl.col("e") - pl.col("s")).sum().cast(pl.Int64))
+    return pieces.group_by(by).agg(busy_ns=(pl.col("e") - pl.col("s")).sum().cast(pl.Int64)).collect()  # one query
 
 
 # ---------------------------------------------------------------------- sweeps (transfer analyses)
@@ -259,6 +259,7 @@ def grouped_union(frame, by: list[str], start: str = "start", end: str = "end"):
     f = frame.select([*by, start, end]).filter(pl.col(end) > pl.col(start)).sort([*by, start])
     if f.height == 0:
         return f.rename({start: "start", end: "end"}) if start != "start" or end != "end" else f
+    f = f.lazy()  # the rest as one query
     if by:
         f = f.with_columns(run_end=pl.col(end).cum_max().over(by))
         f = f.with_columns(new=(pl.col(start) > pl.col("run_end").shift(1).over(by)).fill_null(True))
@@ -268,7 +269,7 @@ def grouped_union(frame, by: list[str], start: str = "start", end: str = "end"):
         f = f.with_columns(new=(pl.col(start) > pl.col("run_end").shift(1)).fill_null(True))
         f = f.with_columns(piece=pl.col("new").cast(pl.Int64).cum_sum())
     pieces = f.group_by([*by, "piece"]).agg(start=pl.col(start).min(), end=pl.col("run_end").max())
-    return pieces.sort([*by, "start"]).select([*by, "start", "end"])
+    return pieces.sort([*by, "start"]).select([*by, "start", "end"]).collect()
 
 
 def grouped_at_least(frame, by: list[str], k: int, start: str = "start", end: str = "end"):

@@ -37,16 +37,21 @@ def host_copies(model: PhaseModel) -> pl.DataFrame:
     """Host<->device memcpys (H2D, D2H) of the model with ``host_kind`` (pageable, pinned, ...:
     the source kind of an H2D, the destination kind of a D2H), ``duration_ns`` and ``gbps``
     (bytes / duration; null for a 0 ns copy), plus the attribution columns of ``model.ops``.
-    Copies with a null device are dropped."""
-    c = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(HOST_DIRECTIONS))
+    Copies with a null device are dropped. Computed once per model and kept on it (8 sections
+    read it)."""
+    cached = model.cache.get("host_copies")
+    if cached is not None:
+        return cached
+    c = model.ops.lazy().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(HOST_DIRECTIONS))
     c = c.filter(pl.col("device").is_not_null())
-    return c.with_columns(
+    model.cache["host_copies"] = c.with_columns(
         host_kind=pl.when(pl.col("direction") == "H2D").then(pl.col("src_kind")).otherwise(pl.col("dst_kind")),
         duration_ns=pl.col("end") - pl.col("start"),
     ).with_columns(
         gbps=pl.when(pl.col("duration_ns") > 0).then(pl.col("bytes") / pl.col("duration_ns")).otherwise(None),
         sub_phase=pl.col("sub_phase").fill_null("(none)"),
-    )
+    ).collect()
+    return model.cache["host_copies"]
 
 
 def ranks_of(model: PhaseModel) -> pl.DataFrame:
