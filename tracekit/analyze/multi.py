@@ -198,6 +198,9 @@ def _outcome(call) -> dict | TracekitError:
 #: what a trace's failure says when the worker process analyzing it (or another one of the
 #: pool, which takes the pool down with it) died
 WORKER_DIED = "a worker process died while analyzing it (killed or aborted, often out of memory)"
+#: the same for a worker of a Dask cluster (``KilledWorker``)
+DASK_WORKER_DIED = ("a worker of the Dask cluster died while analyzing it (killed or aborted, often out of "
+                    "memory); give the workers more memory (dask worker --memory-limit) or fewer threads each")
 
 
 def _run_processes(paths: list[Path], opts, cache: bool, jobs: int) -> list[dict | TracekitError]:
@@ -229,7 +232,40 @@ def _run_processes(paths: list[Path], opts, cache: bool, jobs: int) -> list[dict
         return out
 
 
-def _run_dask(address: str, paths: list[Path], opts, cache: bool) -> list[dict]:
+def _analyze_on_dask_worker(path: str, options, cache: bool) -> dict:
+    """:func:`_analyze_one_checked` on a Dask worker: a trace the client sees but the worker
+    does not (no shared file system, another mount point) is named as such, with the host."""
+    if not os.path.exists(path):
+        import socket
+
+        raise TracekitError(
+            f"{path}: no such file on the Dask worker on {socket.gethostname()} (workers must see "
+            "the traces at the same absolute paths as the client: a shared file system)"
+        )
+    return _analyze_one_checked(path, options, cache)
+
+
+def _dask_outcome(path: Path, future) -> dict | TracekitError:
+    """The result of one trace's Dask task, or the TracekitError saying why there is none: the
+    analysis failed (its own one-line error), the worker died while running it (Dask's
+    ``KilledWorker``, after the scheduler's ``allowed-failures`` retries), the worker cannot
+    import tracekit, or the task was lost (exit code 1)."""
+    try:
+        return future.result()
+    except TracekitError as exc:
+        return exc
+    except Exception as exc:  # raised on the worker or by the scheduler; never stops the others
+        name = type(exc).__name__
+        first = (str(exc).splitlines() or [""])[0]
+        if name == "KilledWorker":
+            return TracekitError(f"{path}: {DASK_WORKER_DIED}", exit_code=1)
+        if isinstance(exc, ImportError):
+            return TracekitError(f"{path}: the Dask worker cannot import {exc.name or first} (install "
+                                 "tracekit[dask], the client's version, on every worker)", exit_code=1)
+        return TracekitError(f"{path}: the Dask task failed ({name}: {first})", exit_code=1)
+
+
+def _run_dask(address: str, paths: list[Path], opts, cache: bool) -> list[dict | TracekitError]:
     try:
         from distributed import Client
     except ImportError:
@@ -252,14 +288,19 @@ def _run_dask(address: str, paths: list[Path], opts, cache: bool) -> list[dict]:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TracekitError(f"--dask {address}: cannot reach the Dask scheduler ({reason})") from None
     try:
+        try:  # a scheduler without workers would hold the tasks forever
+            client.wait_for_workers(1, timeout=timeout)
+        except Exception:
+            raise TracekitError(f"--dask {address}: the Dask scheduler has no workers (waited "
+                                f"{timeout:g} s; start them with dask worker {address})") from None
         futures = client.map(
-            _analyze_one_checked,
+            _analyze_on_dask_worker,
             [str(p.resolve()) for p in paths],
             options=opts,
             cache=cache,
             pure=False,
         )
-        results = [_outcome(f.result) for f in futures]
+        results = [_dask_outcome(p, f) for p, f in zip(paths, futures)]
     finally:
         client.close()
     for p, r in zip(paths, results):
