@@ -34,7 +34,7 @@ Usage::
         [--small tests/fixtures/ds_zero3_offload_iter1-2.sqlite] [--small-counts 1,16,32]
         [--workers 2] [--repeat 1] [--work-dir /work/scratch/D] [--skip jobs1] [--options --all]
         [--ranks 512 --rank-mb 600 --nodes 16 --workers-per-node 8 --cores-per-node 16]
-        [--json OUT.json]
+        [--json OUT.json] [--pythonpath DIR]
 
 The links are removed at the end (``--keep`` keeps them).
 """
@@ -56,6 +56,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACEKIT = [sys.executable, "-m", "tracekit.cli"]
+#: where the CLI and the cluster's workers import tracekit from (``--pythonpath``)
+TREE = {"cwd": ROOT, "env": None}
 MiB = 1 << 20
 
 
@@ -144,7 +146,7 @@ def run_cli(files: list[Path], mode: str, cluster: dict | None, client=None, opt
     with PeakRSS(worker_pids) as peak:
         t0 = time.perf_counter()
         proc = subprocess.Popen([*TRACEKIT, "analyze", *map(str, files), "--no-cache", *options.split(), *extra],
-                                stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
+                                stdout=subprocess.DEVNULL, stderr=err, **TREE)
         _, status, ru = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -224,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores-per-node", type=int, default=16)
     ap.add_argument("--options", default="", help="more analyze options, e.g. --all")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--pythonpath", type=Path, help="run the tracekit found there (e.g. `git archive HEAD | "
+                    "tar -x -C DIR`, a tree other sessions do not edit meanwhile)")
     ap.add_argument("--serve-cluster", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.serve_cluster:
@@ -231,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from distributed import Client
 
+    if a.pythonpath:
+        TREE.update(cwd=a.pythonpath.resolve(), env=os.environ | {"PYTHONPATH": str(a.pythonpath.resolve())})
     W = a.workers
     skip = {s.strip().replace("jobsW", f"jobs{W}") for s in a.skip.split(",") if s.strip()}
     modes = [m for m in ("dask", f"jobs{W}", "jobs1") if m not in skip]
@@ -243,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             folder = a.work_dir / name
             made.append(folder)
             files[name] = _links(src, folder, max(counts))
-    server = subprocess.Popen([sys.executable, __file__, "--serve-cluster", str(W)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-cluster", str(W)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, **TREE)
     try:
         cluster = json.loads(server.stdout.readline())
         cluster["workers"] = {k: int(v) for k, v in cluster["workers"].items()}
