@@ -173,25 +173,40 @@ def set_aside(export: Export, ops: pl.DataFrame, kind: str) -> pl.DataFrame:
     return tagged.filter(pl.col("_reason").is_null()).drop("_reason") if dropped else ops
 
 
+_RUNTIME_SCHEMA = {
+    "correlation_id": pl.Int64,
+    "api_start": pl.Int64,
+    "api_end": pl.Int64,
+    "api_name_id": pl.Int64,
+    "launch_tid": pl.Int64,
+}
+
+
+def _runtime_query(export: Export) -> tuple[str, tuple, dict] | None:
+    """``(sql, params, schema)`` of the runtime rows :func:`load_runtime` reads; None when the
+    table lacks the columns to join on."""
+    cols = set(export.columns("CUPTI_ACTIVITY_KIND_RUNTIME"))
+    if not {"correlationId", "globalTid", "start"} <= cols:
+        return None
+    name = "nameId" if "nameId" in cols else "NULL"
+    return (f"""SELECT correlationId, start, "end", {name}, globalTid
+            FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId > 0""", (), _RUNTIME_SCHEMA)
+
+
+def prefetch_runtime(export: Export) -> bool:
+    """Start reading the rows of :func:`load_runtime` in a background thread (the largest table
+    the phase model reads after NVTX_EVENTS), so that the scan overlaps the other reads."""
+    q = _runtime_query(export)
+    return q is not None and export.prefetch(*q)
+
+
 def load_runtime(export: Export) -> pl.DataFrame:
     """CUDA runtime calls that have a correlation id: ``global_pid, correlation_id, api_start,
     api_end, api_name_id, launch_tid`` (ns). Calls with correlation id 0 launch nothing."""
-    cols = set(export.columns("CUPTI_ACTIVITY_KIND_RUNTIME"))
-    schema = {
-        "correlation_id": pl.Int64,
-        "api_start": pl.Int64,
-        "api_end": pl.Int64,
-        "api_name_id": pl.Int64,
-        "launch_tid": pl.Int64,
-    }
-    if not {"correlationId", "globalTid", "start"} <= cols:
-        return pl.DataFrame(schema=schema | {"global_pid": pl.Int64})
-    name = "nameId" if "nameId" in cols else "NULL"
-    rt = export.query(
-        f"""SELECT correlationId, start, "end", {name}, globalTid
-            FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId > 0""",
-        schema=schema,
-    )
+    q = _runtime_query(export)
+    if q is None:
+        return pl.DataFrame(schema=_RUNTIME_SCHEMA | {"global_pid": pl.Int64})
+    rt = export.query(*q)
     rt = rt.with_columns(global_pid=global_pid(pl.col("launch_tid")))
     # correlation ids are unique per process; keep the first should an export repeat one
     return rt.unique(subset=["global_pid", "correlation_id"], keep="first", maintain_order=False)

@@ -42,9 +42,52 @@ def load_ranges(export: Export, capture_end: int | None = None) -> pl.DataFrame:
     Returns a frame with :data:`RANGE_COLUMNS`, sorted by (global_tid, start, -end) so that a
     parent range precedes its children. ``capture_end`` (ns) closes unclosed ranges; by default
     the capture's stop time (``ANALYSIS_DETAILS.stopTime``), else the latest NVTX timestamp.
+    A frame of at most 200,000 rows is kept with the export for the next call (the phase model
+    and the what-if model both read it).
     """
+    from tracekit.analyze.trace.export import _MEMO_MAX_ROWS
+
+    key = ("nvtx.load_ranges", capture_end)
+    if key in export._memo:
+        return export._memo[key]
+    out = _load_ranges(export, capture_end)
+    if out.height <= _MEMO_MAX_ROWS:
+        export._memo[key] = out
+    return out
+
+
+def _ranges_query(export: Export) -> tuple[str, tuple, dict] | None:
+    """``(sql, params, schema)`` of the NVTX rows :func:`load_ranges` reads; None without the table."""
     cols = set(export.columns("NVTX_EVENTS"))
     if not cols:
+        return None
+    text_id = "textId" if "textId" in cols else "NULL"
+    end_tid = "endGlobalTid" if "endGlobalTid" in cols else "NULL"
+    domain_id = "domainId" if "domainId" in cols else "0"
+    return (
+        f"""SELECT rowid AS range_id, start, "end", eventType AS event_type, globalTid AS global_tid,
+                   {end_tid} AS end_tid, {domain_id} AS domain_id, text, {text_id} AS text_id
+            FROM NVTX_EVENTS WHERE eventType IN (?, ?, ?)""",
+        (enums.NVTX_PUSH_POP, enums.NVTX_START_END, enums.NVTX_DOMAIN_CREATE),
+        {
+            "range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
+            "global_tid": pl.Int64, "end_tid": pl.Int64, "domain_id": pl.Int64,
+            "text": pl.String, "text_id": pl.Int64,
+        },
+    )
+
+
+def prefetch_ranges(export: Export) -> bool:
+    """Start reading the NVTX rows of :func:`load_ranges` in a background thread
+    (:meth:`tracekit.analyze.trace.export.Export.prefetch`), so that the scan overlaps other
+    reads; False when there is nothing to start."""
+    q = _ranges_query(export)
+    return q is not None and ("nvtx.load_ranges", None) not in export._memo and export.prefetch(*q)
+
+
+def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
+    q = _ranges_query(export)
+    if q is None:
         return pl.DataFrame(
             schema={
                 "range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
@@ -52,20 +95,7 @@ def load_ranges(export: Export, capture_end: int | None = None) -> pl.DataFrame:
                 "name": pl.String, "unclosed": pl.Boolean, "cross_thread": pl.Boolean,
             }
         )
-    text_id = "textId" if "textId" in cols else "NULL"
-    end_tid = "endGlobalTid" if "endGlobalTid" in cols else "NULL"
-    domain_id = "domainId" if "domainId" in cols else "0"
-    raw = export.query(
-        f"""SELECT rowid AS range_id, start, "end", eventType AS event_type, globalTid AS global_tid,
-                   {end_tid} AS end_tid, {domain_id} AS domain_id, text, {text_id} AS text_id
-            FROM NVTX_EVENTS WHERE eventType IN (?, ?, ?)""",
-        (enums.NVTX_PUSH_POP, enums.NVTX_START_END, enums.NVTX_DOMAIN_CREATE),
-        schema={
-            "range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
-            "global_tid": pl.Int64, "end_tid": pl.Int64, "domain_id": pl.Int64,
-            "text": pl.String, "text_id": pl.Int64,
-        },
-    )
+    raw = export.query(*q)
     domains = raw.filter(pl.col("event_type") == enums.NVTX_DOMAIN_CREATE)
     domain_names = {int(d): t for d, t in zip(domains["domain_id"], domains["text"]) if d is not None}
     ranges = raw.filter(pl.col("event_type") != enums.NVTX_DOMAIN_CREATE)

@@ -320,6 +320,11 @@ def build(
         export.require("CUPTI_ACTIVITY_KIND_KERNEL", "phase attribution")
     export.require("NVTX_EVENTS", "finding training phases (forward, backward, update)")
     pmap = parse_phase_map(phase_map)
+    # the two large scans in background threads (SQLite releases the GIL) while the GPU tables load
+    nvtx.prefetch_ranges(export)
+    from tracekit.analyze.model.gpu_ops import prefetch_runtime
+
+    prefetch_runtime(export)
     ops = load_gpu_ops(export)
     ranges = set_aside_unclosed(export, nvtx.load_ranges(export), ops)
     anomalies = nvtx.anomalies(export, ranges)

@@ -494,7 +494,7 @@ class Export:
         A later :meth:`query` with the same ``sql``, ``params`` and ``schema`` waits for that
         read instead of starting its own, so the scan overlaps the analysis work done
         meanwhile (SQLite and the Arrow reader release the GIL). Returns False, starting
-        nothing, when the query is already cached or pending. A prefetch never consumed
+        nothing, when the query is already cached, answered in this run or pending. A prefetch never consumed
         costs one scan and is dropped.
 
         With ``parts`` > 1, ``table`` and a ``schema``, a query of the form ``SELECT ... FROM
@@ -508,7 +508,7 @@ class Export:
         from concurrent.futures import Future
 
         pkey = _prefetch_key(sql, params, schema)
-        if pkey in self._pending:
+        if pkey in self._pending or pkey in self._memo:
             return False
         if self.cache is not None and self.cache.has_frame(self.cache.query_key(sql, params, schema)):
             return False
