@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Records one capture per DeepSpeed offload engine on one GPU (issue 15 proof; docs/capture.md):
 # SuperOffload, ZenFlow, ZeRO-3 offload_param, NVMe optimizer offload, the HF Trainer, and the
-# advice pair `nooffload` (550 M model, docs/advice.md). Run from a tree holding .device/
-# (wheels, libdw, libaio debs, a copy of tracekit in .device/tk). Writes to $OUT.
+# advice pair `nooffload` (550 M model, docs/advice.md); `superoffload_noclip` is `superoffload`
+# with `gradient_clipping: 0.0`, the changed run of the advice pair superoffload_no_clipping
+# (`superoffload` keeps DeepSpeed's default, 1.0 since 0.19.3); `superoffload_rb` and
+# `superoffload_noclip_rb` are that pair with `reduce_bucket_size` 1e7 (SO_STEPS: their steps). Run from a tree holding .device/
+# (wheels, libdw, libaio debs, a copy of tracekit in .device/tk). Writes to $OUT: engines.log,
+# manifests.tar (each run's manifest and training output, appended right after its capture) and
+# NAME.sqlite.xz, compressed one after the other once the last capture is done (compressing
+# while a capture runs loads the host and slows the captured run's CPU phases).
 set -u -o pipefail
 OUT=${OUT:-$PWD/out}; W=${WORK:-/tmp/engines}; mkdir -p "$OUT" "$W"
 LOG="$OUT/engines.log"
@@ -17,11 +23,12 @@ python3 -c "import torch, deepspeed, transformers; print('torch', torch.__versio
 python3 -c "import accelerate; print('accelerate', accelerate.__version__)"
 time python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
 } >>"$LOG" 2>&1
-PIDS=""
+DONE=""
 # DeepSpeed 0.19.8's op builder cannot parse arch names such as 9.0a in TORCH_CUDA_ARCH_LIST
 # (ValueError in compute_capability_args when it JIT-builds async_io for NVMe offload)
 export TORCH_CUDA_ARCH_LIST=$(python3 -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
 ONLY=${ONLY:-superoffload zenflow nooffload offload_param nvme hf_trainer}
+SO_STEPS=${SO_STEPS:-5}
 cap() {  # name timeout config script [args...]
   local name=$1 t=$2 cfg=$3 script=$4; shift 4
   case " $ONLY " in *" $name "*) ;; *) return;; esac
@@ -33,10 +40,28 @@ cap() {  # name timeout config script [args...]
   grep -v '^\[20\|\] \[\|%  *\]' "$W/$name.out" | tail -40 >>"$LOG"
   echo "$name exit=$rc at $SECONDS s" >>"$LOG"
   [ -f "$W/$name.json" ] && tar -rf "$OUT/manifests.tar" -C "$W" "$name.json" "$name.out"
-  [ -f "$W/$name.sqlite" ] && { xz -T2 -6 -c "$W/$name.sqlite" > "$OUT/$name.sqlite.xz" & PIDS="$PIDS $!"; }
+  [ -f "$W/$name.sqlite" ] && DONE="$DONE $name"
 }
 TK=.device/tk/examples
-cap superoffload 150 $TK/ds_superoffload.json $TK/train_llama.py --steps 5
+cap superoffload 150 $TK/ds_superoffload.json $TK/train_llama.py --steps $SO_STEPS
+# derived SuperOffload configs: NAME CLIP [REDUCE_BUCKET]; _rb: reduce_bucket_size 1e7 (= sub_group_size),
+# so partition_grads runs during backward, not once at its end (the default bucket, 5e8, holds every gradient)
+mkso() {
+  python3 - $TK/ds_superoffload.json "$W/$1.ds.json" "$2" "${3:--}" <<'PY'
+import json, sys
+cfg = json.load(open(sys.argv[1]))
+cfg["gradient_clipping"] = float(sys.argv[3])  # 0.0: SuperOffload steps finished sub-groups during the boundary backward
+if sys.argv[4] != "-":
+    cfg["zero_optimization"]["reduce_bucket_size"] = int(float(sys.argv[4]))
+json.dump(cfg, open(sys.argv[2], "w"), indent=1)
+PY
+}
+mkso superoffload_noclip 0.0
+cap superoffload_noclip 150 "$W/superoffload_noclip.ds.json" $TK/train_llama.py --steps $SO_STEPS
+mkso superoffload_rb 1.0 1e7
+cap superoffload_rb 150 "$W/superoffload_rb.ds.json" $TK/train_llama.py --steps $SO_STEPS
+mkso superoffload_noclip_rb 0.0 1e7
+cap superoffload_noclip_rb 150 "$W/superoffload_noclip_rb.ds.json" $TK/train_llama.py --steps $SO_STEPS
 cap zenflow 150 $TK/ds_zenflow.json $TK/train_llama.py --steps 8
 python3 - "$W/nooffload.ds.json" <<'PY'
 import json, sys
@@ -52,5 +77,9 @@ cap offload_param 120 $TK/ds_zero3_offload_param.json $TK/train_llama.py --steps
 mkdir -p /tmp/tracekit-nvme
 cap nvme 150 $TK/ds_zero3_nvme.json $TK/train_llama.py --steps 4
 cap hf_trainer 120 $TK/ds_zero3_offload.json $TK/train_hf_trainer.py --steps 4
-for p in $PIDS; do wait $p; done
+# compress after the last capture, one export at a time, in the foreground
+for name in $DONE; do
+  echo "[$SECONDS s] xz $name.sqlite" >>"$LOG"
+  xz -T4 -6 -c "$W/$name.sqlite" > "$OUT/$name.sqlite.xz" 2>>"$LOG" || echo "xz $name failed" >>"$LOG"
+done
 ls -la "$OUT" >>"$LOG"
