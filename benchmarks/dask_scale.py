@@ -342,41 +342,66 @@ def fit_and_predict(rows: list[dict], W: int, a, cold_first: float) -> dict:
     if errors:
         abs_err = [abs(e["error"]) for e in errors]
         print(f"error: median |{statistics.median(abs_err):.0%}|, max |{max(abs_err):.0%}| over {len(errors)} runs")
-    fig = {"F_s": F, "s_s": s, "t1_s": t1, "tW_s": tW, "cold_first_task_s": cold_first, "errors": errors}
+    # the same in CPU seconds (client + scheduler + workers), which the load of other work on the
+    # machine changes much less: cpu(N) = Fc + N * c, least squares per trace kind over all its
+    # --dask runs (c: the CPU of one more trace, everywhere); in sample, so its error is the scatter
+    fits = {k: _slope([r["n"] for r in dask if r["trace"] == k], [r["cpu_s"] for r in dask if r["trace"] == k])
+            for k in kinds}
+    c = {k: fits[k][1] for k in kinds}
+    Fc = med(fits[k][0] for k in kinds)
+    cpu_err = []
+    print(f"CPU model: cpu = Fc + N x c (least squares, in sample): Fc = {Fc:.2f} s; c: "
+          + ", ".join(f"{k} {c[k]:.2f} s" for k in kinds))
+    print("| trace | N | measured CPU s | predicted s | error |\n|---|---|---|---|---|")
+    for r in dask:
+        p = fits[r["trace"]][0] + r["n"] * c[r["trace"]]
+        cpu_err.append({"trace": r["trace"], "n": r["n"], "measured": r["cpu_s"], "predicted": p,
+                        "error": (p - r["cpu_s"]) / r["cpu_s"]})
+        print(f"| {r['trace']} | {r['n']} | {r['cpu_s']:.2f} | {p:.2f} | {cpu_err[-1]['error']:+.0%} |")
+    if cpu_err:
+        abs_err = [abs(e["error"]) for e in cpu_err]
+        print(f"error: median |{statistics.median(abs_err):.0%}|, max |{max(abs_err):.0%}| over {len(cpu_err)} runs")
+    fig = {"F_s": F, "s_s": s, "t1_s": t1, "tW_s": tW, "cold_first_task_s": cold_first, "errors": errors,
+           "Fc_s": Fc, "c_s": c, "cpu_errors": cpu_err}
     if "large" not in kinds:
         return fig
     large = [r for r in dask if r["trace"] == "large"]
-    cpu = med(r["worker_cpu_s"] / r["n"] for r in large)
+    cpu = c["large"] - s  # a worker's CPU per trace
     peak = max(r["worker_peak_mib"] for r in large)
     base = med(r["worker_base_mib"] for r in large)
     client = max(r["cli_peak_mib"] for r in large)
     read_mb = med(r["read_mb_per_trace"] for r in large)
     size_mb = a.trace.stat().st_size / 1e6
-    print(f"\nlarge trace ({size_mb:.0f} MB{', ' + a.options if a.options else ''}): worker CPU per trace "
+    print(f"\nlarge trace ({size_mb:.0f} MB{', ' + a.options if a.options else ''}): worker CPU per trace (c - s) "
           f"{cpu:.2f} s, read per trace {read_mb:.0f} MB (rchar), worker peak RSS {peak:.0f} MiB (idle "
           f"{base:.0f} MiB), client peak {client:.0f} MiB")
     n, mb, nodes, wpn, cores = a.ranks, a.rank_mb, a.nodes, a.workers_per_node, a.cores_per_node
     workers = nodes * wpn
     scale = mb / size_mb
-    # a trace's time on a node: alone, or its share of the node's cores when the workers outnumber them
-    t_rank = max(t1["large"], cpu * wpn / cores) * scale
+    # a trace's time on a worker of a dedicated node: its CPU time (one thread: 1 read thread in a
+    # worker process), stretched when the node's workers outnumber its cores
+    t_rank = cpu * max(1.0, wpn / cores) * scale
     rounds = math.ceil(n / workers)
-    compute = F + (cold_first - t1["small" if "small" in kinds else "large"]) + rounds * t_rank + n * s
+    cold = max(0.0, cold_first - t1["small" if "small" in kinds else "large"])
+    compute = Fc + cold + rounds * t_rank + n * s
+    t_here = tW["large"] * scale  # pessimistic: a trace's time as measured here, cores shared with others
+    compute_here = F + cold + rounds * t_here + n * s
     total_gb = n * read_mb * scale / 1e3
     need_gbs = workers * read_mb * scale / 1e3 / t_rank  # every worker reading while it computes
     print(f"\nprediction: {n} ranks x {mb:.0f} MB on {nodes} nodes x {wpn} workers = {workers} ({cores} cores "
-          f"per node): t per rank = max(t1, CPU x {wpn}/{cores}) x {mb:.0f}/{size_mb:.0f} = {t_rank:.2f} s; "
-          f"{rounds} rounds; wall = F {F:.1f} + cold imports {cold_first - t1.get('small', t1['large']):.1f} + "
-          f"{rounds} x {t_rank:.2f} + {n} x {s * 1000:.0f} ms = {compute:.1f} s, reads not limiting")
+          f"per node): t per rank = CPU x max(1, {wpn}/{cores}) x {mb:.0f}/{size_mb:.0f} = {t_rank:.2f} s; "
+          f"{rounds} rounds; wall = Fc {Fc:.1f} + cold imports {cold:.1f} + "
+          f"{rounds} x {t_rank:.2f} + {n} x {s * 1000:.0f} ms = {compute:.1f} s, reads not limiting; with "
+          f"the times measured here instead (F, tW: workers sharing loaded cores): {compute_here:.1f} s")
     print(f"reads: {total_gb:.0f} GB in all ({read_mb * scale:.0f} MB per rank); compute-bound as long as the "
           f"shared file system delivers {need_gbs:.1f} GB/s ({need_gbs / workers * 1e3:.0f} MB/s per worker); "
-          f"below that, wall ~ F + {total_gb:.0f} GB / B: {F + total_gb / 10:.0f} s at 10 GB/s, "
-          f"{F + total_gb / 1:.0f} s at 1 GB/s")
+          f"below that, wall ~ Fc + {total_gb:.0f} GB / B: {Fc + total_gb / 10:.0f} s at 10 GB/s, "
+          f"{Fc + total_gb / 1:.0f} s at 1 GB/s")
     print(f"memory: {peak:.0f} MiB peak per worker, {wpn} per node: {wpn * peak / 1024:.1f} GiB per node")
     fig |= {"worker_cpu_per_trace_s": cpu, "worker_peak_mib": peak, "worker_idle_mib": base,
             "client_peak_mib": client, "read_mb_per_trace": read_mb,
             "prediction": {"ranks": n, "rank_mb": mb, "workers": workers, "t_rank_s": t_rank, "rounds": rounds,
-                           "wall_s": compute, "read_gb": total_gb, "needed_gb_s": need_gbs}}
+                           "wall_s": compute, "wall_here_s": compute_here, "read_gb": total_gb, "needed_gb_s": need_gbs}}
     return fig
 
 
