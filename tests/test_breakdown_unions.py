@@ -48,3 +48,11 @@ def test_random_unions_match_brute_force():
             s = rng.randint(0, 200)
             rows.append((rng.randint(0, 3), rng.choice([None, 0, 1]), s, s + rng.randint(-5, 40)))
         assert _lengths(rows, ["a", "b"]) == _brute(rows, 2), trial
+
+
+def test_empty_input_after_a_filter():
+    """No interval left once the frame is filtered (a trace without backward copies): no
+    group, typed columns (polars would type a gather of the empty groups as null)."""
+    f = pl.DataFrame({"g": [1, 2], "phase": ["forward", "update"], "x": [None, None], "start": [0, 5], "end": [3, 9]})
+    out = breakdown._union_lengths(f.lazy().filter(pl.col("phase") == "backward"), ["g"]).collect()
+    assert out.height == 0 and out.schema == pl.Schema({"g": pl.Int64, "busy_ns": pl.Int64})

@@ -105,10 +105,12 @@ def comm_expr() -> pl.Expr:
 def kernel_frames(ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(compute kernels, communication kernels) of an ops frame; without a ``comm`` column all
     kernels are compute."""
-    k = ops.filter(pl.col("kind") == "kernel")
-    if "comm" not in k.columns:
+    if "comm" not in ops.columns:
+        k = ops.filter(pl.col("kind") == "kernel")
         return k, k.head(0)
-    return k.filter(~comm_expr()), k.filter(comm_expr())
+    k = ops.lazy().filter(pl.col("kind") == "kernel")
+    compute, comm = pl.collect_all([k.filter(~comm_expr()), k.filter(comm_expr())])  # one polars call
+    return compute, comm
 
 
 def compute_ops(ops: pl.DataFrame) -> pl.DataFrame:

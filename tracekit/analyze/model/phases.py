@@ -491,7 +491,8 @@ def _tile(phase_windows: pl.DataFrame, span: pl.DataFrame) -> pl.DataFrame:
         "start": pl.Int64, "end": pl.Int64, "range_index": pl.Int64,
     }
     pw = phase_windows.cast(schema) if phase_windows.height else pl.DataFrame(schema=schema)
-    pw = pw.sort(["global_pid", "start"])
+    pw = pw.lazy().sort(["global_pid", "start"])  # the rest as one polars query
+    span = span.lazy()
     gaps = pw.with_columns(
         g_start=pl.col("end").shift(1).over("global_pid"),
         prev_it=pl.col("iteration").shift(1).over("global_pid"),
@@ -534,7 +535,7 @@ def _tile(phase_windows: pl.DataFrame, span: pl.DataFrame) -> pl.DataFrame:
     windows = pl.concat([pw, gaps.cast(schema), outside.cast(schema)]).sort(["global_pid", "start"])
     return windows.with_row_index("window_id").with_columns(pl.col("window_id").cast(pl.Int64)).select(
         WINDOW_COLUMNS
-    )
+    ).collect()
 
 
 def _nested(ranges: pl.DataFrame, source: dict[int, str]) -> pl.DataFrame:

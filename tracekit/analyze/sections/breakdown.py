@@ -51,11 +51,14 @@ KEYS = ["global_pid", "device", "iteration", "phase", "micro_step"]
 
 def ranks(model: PhaseModel) -> pl.DataFrame:
     """Ranks of the trace: ``global_pid, pid, device`` for each process/device with GPU work,
-    sorted by pid then device."""
-    r = model.ops.select("global_pid", "device").unique().drop_nulls()
-    return r.with_columns(pid=os_pid(pl.col("global_pid"))).sort("pid", "device").select(
-        "global_pid", "pid", "device"
-    )
+    sorted by pid then device. Computed once per model and kept on it."""
+    cached = model.cache.get("ranks")
+    if cached is None:
+        r = model.ops.lazy().select("global_pid", "device").unique().drop_nulls()
+        cached = model.cache["ranks"] = r.with_columns(pid=os_pid(pl.col("global_pid"))).sort("pid", "device").select(
+            "global_pid", "pid", "device"
+        ).collect()
+    return cached
 
 
 def rank_windows(model: PhaseModel) -> pl.DataFrame:
@@ -91,14 +94,16 @@ def _busy_category(has_comm: bool) -> pl.Expr:
 
 def _union_lengths(ops: pl.LazyFrame, by: list[str]) -> pl.LazyFrame:
     """Per group of ``by``: ``busy_ns`` (Int64), the length in ns of the union of the [start, end)
-    intervals of its ops (empty ones ignored), as part of a lazy query: one aggregation per group,
-    no window function. In start order, an interval opens a new merged piece when it starts
+    intervals of ``ops`` (empty ones ignored; no row for a group without any), as part of a lazy
+    query: one aggregation per group, no window function. In start order, an interval opens a new merged piece when it starts
     after every earlier end (touching intervals merge); a piece ends at the running maximum of
     the ends just before the next piece opens, and the union is the sum of the pieces."""
     f = ops.select(*by, "start", "end").filter(pl.col("end") > pl.col("start"))
-    order = pl.col("start").arg_sort()
-    s = pl.col("start").gather(order)
-    run_end = pl.col("end").gather(order).cum_max()
+    # (sort_by, not gather(arg_sort): on an empty input polars 2.1 types the gather as null).
+    # The order among equal starts does not matter: such an interval never opens a piece, and
+    # the running end where the start value changes is the same in every such order
+    s = pl.col("start").sort()
+    run_end = pl.col("end").sort_by("start").cum_max()
     first = (s > run_end.shift(1)).fill_null(True)
     last = first.shift(-1).fill_null(True)
     return f.group_by(by).agg(busy_ns=(run_end.filter(last) - s.filter(first)).sum().cast(pl.Int64))

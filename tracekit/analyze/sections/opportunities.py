@@ -24,7 +24,6 @@ import polars as pl
 
 from tracekit.analyze.sections import breakdown
 from tracekit.analyze.trace.export import Export
-from tracekit.analyze.model.intervals import grouped_union
 from tracekit.analyze.sections.memory import memory_peaks
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.transfer_common import RANK, host_copies
@@ -55,8 +54,10 @@ def gradient_round_trips(model: PhaseModel) -> pl.DataFrame:
     copies starting after the micro-step's first H2D). Rows with ``boundary == False`` are
     the avoidable round trips of definition 1.
     """
+    from tracekit.analyze.sections.breakdown import _union_lengths
+
     keys = [*RANK, "iteration", "micro_step", "boundary"]
-    c = host_copies(model).filter((pl.col("phase") == "backward") & pl.col("iteration").is_not_null())
+    c = host_copies(model).lazy().filter((pl.col("phase") == "backward") & pl.col("iteration").is_not_null())
     first_h2d = c.filter(pl.col("direction") == "H2D").group_by(keys).agg(first_h2d=pl.col("start").min())
     c = c.join(first_h2d, on=keys, how="left", nulls_equal=True)
     out = c.group_by(keys).agg(
@@ -65,15 +66,15 @@ def gradient_round_trips(model: PhaseModel) -> pl.DataFrame:
         d2h_after_h2d_bytes=pl.col("bytes").filter((pl.col("direction") == "D2H") &
                                                    (pl.col("start") > pl.col("first_h2d"))).sum(),
     )
+    # union lengths (ns) per micro-step: each direction, and both (one lazy query with the rest)
     for d in ("H2D", "D2H"):
-        u = grouped_union(c.filter(pl.col("direction") == d), keys).group_by(keys).agg(
-            **{f"{d.lower()}_ns": (pl.col("end") - pl.col("start")).sum()})
+        u = _union_lengths(c.filter(pl.col("direction") == d), keys).rename({"busy_ns": f"{d.lower()}_ns"})
         out = out.join(u, on=keys, how="left", nulls_equal=True)
-    u = grouped_union(c, keys).group_by(keys).agg(round_trip_ns=(pl.col("end") - pl.col("start")).sum())
+    u = _union_lengths(c, keys).rename({"busy_ns": "round_trip_ns"})
     out = out.join(u, on=keys, how="left", nulls_equal=True)
     out = out.with_columns(**{k: pl.col(k).fill_null(0).cast(pl.Int64) for k in ("h2d_ns", "d2h_ns", "round_trip_ns")})
     return out.sort(keys).select(*keys, "h2d_count", "h2d_bytes", "h2d_ns", "d2h_count", "d2h_bytes", "d2h_ns",
-                                 "round_trip_ns", "d2h_after_h2d_bytes")
+                                 "round_trip_ns", "d2h_after_h2d_bytes").collect()
 
 
 def gradient_round_trip_summary(export: Export, model: PhaseModel, trips: pl.DataFrame | None = None) -> pl.DataFrame:
