@@ -35,6 +35,7 @@ Usage::
         [--workers 2] [--repeat 1] [--work-dir /work/scratch/D] [--skip jobs1] [--options --all]
         [--ranks 512 --rank-mb 600 --nodes 16 --workers-per-node 8 --cores-per-node 16]
         [--json OUT.json] [--pythonpath DIR]
+    python benchmarks/dask_scale.py --from-json OUT.json   # the tables and the model again
 
 The links are removed at the end (``--keep`` keeps them).
 """
@@ -228,8 +229,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--pythonpath", type=Path, help="run the tracekit found there (e.g. `git archive HEAD | "
                     "tar -x -C DIR`, a tree other sessions do not edit meanwhile)")
+    ap.add_argument("--from-json", type=Path, help="print the tables and the model of a run saved with --json")
     ap.add_argument("--serve-cluster", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.from_json:
+        saved = json.loads(a.from_json.read_text())
+        a.options = saved.get("options", a.options)
+        print(_fmt(saved["rows"]))
+        print(f"\nload average during the runs: {min(r['load'] for r in saved['rows']):.1f}-"
+              f"{max(r['load'] for r in saved['rows']):.1f}")
+        fit_and_predict(saved["rows"], saved.get("workers", a.workers), a, saved["cold_first_task_s"])
+        return 0
     if a.serve_cluster:
         serve_cluster(a.serve_cluster)
         return 0
@@ -289,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nload average during the runs: {min(r['load'] for r in rows):.1f}-{max(r['load'] for r in rows):.1f}")
     fig = fit_and_predict(rows, W, a, cold_first)
     if a.json:
-        a.json.write_text(json.dumps({"rows": rows, "model": fig}, indent=1))
+        a.json.write_text(json.dumps({"rows": rows, "model": fig, "workers": W, "options": a.options,
+                                      "cold_first_task_s": cold_first}, indent=1))
     return 0
 
 
@@ -323,10 +334,12 @@ def fit_and_predict(rows: list[dict], W: int, a, cold_first: float) -> dict:
     if F is None or len({r["n"] for r in dask}) < 2 or any(v is None for v in tW.values()):
         print("\n(the model needs --dask runs with N = 1 and N = W of each trace)")
         return {}
-    _, s = _slope([r["n"] for r in dask], [r["cli_cpu_s"] + r["scheduler_cpu_s"] for r in dask])
-    s = max(s, 0.0)
+    _, s_client = _slope([r["n"] for r in dask], [r["cli_cpu_s"] for r in dask])
+    _, s_sched = _slope([r["n"] for r in dask], [r["scheduler_cpu_s"] for r in dask])
+    s = max(s_client, 0.0) + max(s_sched, 0.0)  # the scheduler's process also hosts the nannies: an upper bound
     print(f"\nmodel: wall = F + ceil(N/W) x tW + N x s, W = {W}: F = {F:.2f} s (N = 1 runs), "
-          f"s = {s * 1000:.1f} ms per task (client + scheduler CPU slope); cold first task of a fresh "
+          f"s = {s * 1000:.1f} ms per task (CPU slopes over N: client {s_client * 1000:.1f} + scheduler "
+          f"{s_sched * 1000:.1f}); cold first task of a fresh "
           f"worker {cold_first:.2f} s (imports)")
     for k in kinds:
         print(f"  {k}: t1 (alone) = {t1[k]:.2f} s, tW ({W} at once) = {tW[k]:.2f} s")
@@ -361,7 +374,7 @@ def fit_and_predict(rows: list[dict], W: int, a, cold_first: float) -> dict:
     if cpu_err:
         abs_err = [abs(e["error"]) for e in cpu_err]
         print(f"error: median |{statistics.median(abs_err):.0%}|, max |{max(abs_err):.0%}| over {len(cpu_err)} runs")
-    fig = {"F_s": F, "s_s": s, "t1_s": t1, "tW_s": tW, "cold_first_task_s": cold_first, "errors": errors,
+    fig = {"F_s": F, "s_s": s, "s_client_s": s_client, "s_scheduler_s": s_sched, "t1_s": t1, "tW_s": tW, "cold_first_task_s": cold_first, "errors": errors,
            "Fc_s": Fc, "c_s": c, "cpu_errors": cpu_err}
     if "large" not in kinds:
         return fig
@@ -391,15 +404,19 @@ def fit_and_predict(rows: list[dict], W: int, a, cold_first: float) -> dict:
     print(f"\nprediction: {n} ranks x {mb:.0f} MB on {nodes} nodes x {wpn} workers = {workers} ({cores} cores "
           f"per node): t per rank = CPU x max(1, {wpn}/{cores}) x {mb:.0f}/{size_mb:.0f} = {t_rank:.2f} s; "
           f"{rounds} rounds; wall = Fc {Fc:.1f} + cold imports {cold:.1f} + "
-          f"{rounds} x {t_rank:.2f} + {n} x {s * 1000:.0f} ms = {compute:.1f} s, reads not limiting; with "
+          f"{rounds} x {t_rank:.2f} + {n} x {s * 1000:.0f} ms = {compute:.1f} s if the reads keep up; with "
           f"the times measured here instead (F, tW: workers sharing loaded cores): {compute_here:.1f} s")
     print(f"reads: {total_gb:.0f} GB in all ({read_mb * scale:.0f} MB per rank); compute-bound as long as the "
           f"shared file system delivers {need_gbs:.1f} GB/s ({need_gbs / workers * 1e3:.0f} MB/s per worker); "
-          f"below that, wall ~ Fc + {total_gb:.0f} GB / B: {Fc + total_gb / 10:.0f} s at 10 GB/s, "
-          f"{Fc + total_gb / 1:.0f} s at 1 GB/s")
-    print(f"memory: {peak:.0f} MiB peak per worker, {wpn} per node: {wpn * peak / 1024:.1f} GiB per node")
+          f"at B GB/s, wall ~ Fc + cold + max({rounds} x t, {total_gb:.0f} GB / B) + N x s: "
+          + ", ".join(f"{Fc + cold + max(rounds * t_rank, total_gb / b) + n * s:.0f} s at {b} GB/s" for b in (10, 1)))
+    c0, c1 = _slope([r["n"] for r in large], [r["cli_peak_mib"] for r in large])
+    print(f"memory: {peak:.0f} MiB peak per worker, {wpn} per node: {wpn * peak / 1024:.1f} GiB per node; "
+          f"the client holds every result until the summary: peak {c0:.0f} MiB + {c1:.1f} MiB per trace "
+          f"(least squares over N) -> {(c0 + n * c1) / 1024:.1f} GiB for {n} ranks")
     fig |= {"worker_cpu_per_trace_s": cpu, "worker_peak_mib": peak, "worker_idle_mib": base,
             "client_peak_mib": client, "read_mb_per_trace": read_mb,
+            "client_mib_fit": [c0, c1],
             "prediction": {"ranks": n, "rank_mb": mb, "workers": workers, "t_rank_s": t_rank, "rounds": rounds,
                            "wall_s": compute, "wall_here_s": compute_here, "read_gb": total_gb, "needed_gb_s": need_gbs}}
     return fig
