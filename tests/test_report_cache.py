@@ -58,11 +58,21 @@ def entries(trace: Path, prefix: str) -> list[Path]:
     return sorted((trace.parent / (trace.name + ".tracekit-cache")).glob(f"{prefix}-*"))
 
 
+def report_entries(trace: Path) -> list[Path]:
+    """The stored reports of ``trace`` (``o-`` entries but those of single figures)."""
+    out = []
+    for p in entries(trace, "o"):
+        index = json.loads(p.read_bytes().split(b"\n", 2)[1])  # line 1: the TKC2 header; line 2: the index
+        if "figure" not in index["meta"]:
+            out.append(p)
+    return out
+
+
 def test_second_report_is_stored_files(trace, tmp_path):
     rc, out1, err1, mods1 = probe(tmp_path, "report", trace, "-o", tmp_path / "r1")
     assert rc == 0, err1
     assert {"polars", "matplotlib"} <= mods1  # the first run draws
-    (entry,) = entries(trace, "o")
+    (entry,) = report_entries(trace)
     rc, out2, err2, mods2 = probe(tmp_path, "report", trace, "-o", tmp_path / "r2")
     assert rc == 0, err2
     assert mods2 == set()  # nothing drawn, nothing computed
@@ -78,7 +88,7 @@ def test_second_report_is_stored_files(trace, tmp_path):
     for name in ("report.md", "data/key_numbers.csv", "data/1_iteration_breakdown.csv",
                  "data/2_iteration_timeline.csv", "data/3_copy_sizes.csv"):
         assert second[name] == fresh[name], name
-    assert entries(trace, "o") == [entry]  # --no-cache wrote nothing
+    assert report_entries(trace) == [entry]  # --no-cache wrote nothing
 
 
 def test_report_json_on_a_hit(trace, tmp_path):
@@ -93,11 +103,11 @@ def test_report_json_on_a_hit(trace, tmp_path):
 
 def test_changed_trace_or_options_are_a_miss(trace, tmp_path):
     assert probe(tmp_path, "report", trace, "-o", tmp_path / "r")[0] == 0
-    (old,) = entries(trace, "o")
+    (old,) = report_entries(trace)
     for extra in (["--iteration", "2"], ["--format", "pdf"], ["--rank", "0", "--gas", "2"]):
         rc, _, err, mods = probe(tmp_path, "report", trace, "-o", tmp_path / "x", *extra)
         assert rc == 0 and "matplotlib" in mods, (extra, err)
-    assert len(entries(trace, "o")) == 4
+    assert len(report_entries(trace)) == 4
     assert (tmp_path / "x" / "1_iteration_breakdown.pdf").exists()
     # a manifest (DeepSpeed config) appearing beside the trace changes what the advice says
     cfg = FIXTURES / "advice_pair_pin.json"
@@ -114,7 +124,7 @@ def test_changed_trace_or_options_are_a_miss(trace, tmp_path):
     assert old.exists()  # same key again, written anew for the new identity
     header = json.loads(old.read_bytes().split(b"\n", 1)[0][5:])
     assert header["identity"] == TraceCache(trace)._id_digest
-    assert len(entries(trace, "o")) == 1
+    assert len(report_entries(trace)) == 1
 
 
 def test_other_iteration_reads_no_query_from_sqlite(trace, tmp_path, monkeypatch):
@@ -133,10 +143,25 @@ def test_other_iteration_reads_no_query_from_sqlite(trace, tmp_path, monkeypatch
         return real(self, sql, params, schema)
 
     monkeypatch.setattr(Export, "_read", counted)
+    import tracekit.render.report as R
+
+    drawn = []
+    real_save = R._savefig
+    monkeypatch.setattr(R, "_savefig", lambda fig, ext, dpi: drawn.append(ext) or real_save(fig, ext, dpi))
     res = write_report(trace, tmp_path / "b", iteration=2, cache=True)
     assert not res.cached and res.iteration == 2
     assert reads == []  # the analysis result and every query frame came from the cache
+    assert drawn == ["png", "svg"] * 2  # only the two figures of one iteration are drawn again
     assert "iteration shown in time (figures 2 and 5): 2" in (tmp_path / "b" / "report.md").read_text()
+    monkeypatch.setattr(Export, "_read", real)
+    write_report(trace, tmp_path / "fresh", iteration=2)  # no cache at all
+    mixed, fresh = files_of(tmp_path / "b"), files_of(tmp_path / "fresh")
+    assert sorted(mixed) == sorted(fresh)
+    for name in fresh:  # the stored figures' frames give the same captions, tables and page
+        if not name.endswith(".svg"):  # (an SVG holds the time it was drawn)
+            assert mixed[name] == fresh[name], name
+    reads.clear()
+    monkeypatch.setattr(Export, "_read", counted)
     again = write_report(trace, tmp_path / "c", iteration=2, cache=True)
     assert again.cached and files_of(tmp_path / "c") == files_of(tmp_path / "b")
     assert reads == []
@@ -144,7 +169,7 @@ def test_other_iteration_reads_no_query_from_sqlite(trace, tmp_path, monkeypatch
     from tracekit.analyze.trace import cache as cache_mod
 
     before = entries(trace, "o")
-    assert len(before) == 2
+    assert len(before) == 2 + 5 + 2  # two reports, the five figures of iteration 1, two of iteration 2
     monkeypatch.setattr(cache_mod, "_code_fingerprint", "0" * 16)
     other = write_report(trace, tmp_path / "d", iteration=2, cache=True)
     assert not other.cached and entries(trace, "o") == before
@@ -185,7 +210,7 @@ def test_out_files_replaced_never_written_through(trace, tmp_path):
 
 def _forge(trace: Path, meta: dict, files: list[tuple[str, bytes]]) -> None:
     """Replace the stored report of ``trace`` by an entry with a valid header and checksum."""
-    (entry,) = entries(trace, "o")
+    (entry,) = report_entries(trace)
     tc = TraceCache(trace)
     index = json.dumps({"meta": meta, "files": [[n, len(b)] for n, b in files]}).encode()
     tc._write_entry(entry.name, index + b"\n" + b"".join(b for _, b in files))
@@ -211,7 +236,7 @@ def test_forged_entries_are_a_miss(trace, tmp_path):
         assert not (out / "evil.sh").exists() and not (out / ".bashrc").exists()
         assert (out / "1_iteration_breakdown.png").read_bytes()[:4] == b"\x89PNG"
     # a truncated entry (a full disk) is a miss as well
-    (entry,) = entries(trace, "o")
+    (entry,) = report_entries(trace)
     entry.write_bytes(entry.read_bytes()[:1000])
     rc, _, err, mods = probe(tmp_path, "report", trace, "-o", tmp_path / "t")
     assert rc == 0 and "matplotlib" in mods, err

@@ -29,7 +29,8 @@ from tracekit.render import figures as F
 from tracekit.render import style as S
 from tracekit.render import summary
 from tracekit.render.data import ReportData
-from tracekit.render.report_cache import FORMATS, PERFETTO_MEMBER, ReportResult, prepare_dir, write_file  # noqa: F401
+from tracekit.render.report_cache import (  # noqa: F401 (FORMATS, ReportResult, prepare_dir: this module's API)
+    FORMATS, PERFETTO_MEMBER, TIMED, ReportResult, prepare_dir, write_file)
 from tracekit.textsafe import md, md_code
 from tracekit.vocab import UNITS_LINE, fmt_count, fmt_gb, fmt_gbps, fmt_mb, fmt_ms, fmt_pct, os_pid
 
@@ -138,24 +139,39 @@ def write_report(
 
         frames: dict[str, pl.DataFrame] = {}
         n = len(F.FIGURES)
+        if tc is not None:
+            from tracekit.options import load_ds_config
+            from tracekit.render import report_cache
+
+            ds_loaded = load_ds_config(trace, ds_config)
         for i, (name, (fn, title)) in enumerate(F.FIGURES.items(), 1):
             step(f"figure {i}/{n}: {title.lower()}")
             if name == "6_ranks" and data.ranks.height < 2:
                 continue  # one rank: nothing to compare
-            if name == "6_ranks":
-                fig, frame = fn(data)
-            elif name in ("2_iteration_timeline", "5_overlap_contention"):
-                fig, frame = fn(data, rank=rank, iteration=it)
+            fkey = got = None
+            if tc is not None:  # drawn before for this rank (and iteration, for the timed ones)?
+                fkey = report_cache.figure_key(tc, trace, name, rank=rank, iteration=it, fmt=fmt, phase_map=phase_map,
+                                               gas=gas, ds_config=ds_loaded, dpi=dpi)
+                got = report_cache.cached_figure(tc, fkey, name, fmt)
+            if got is not None:
+                png, vector, csv, frame = got
             else:
-                fig, frame = fn(data, rank=rank)
-            for ext in ("png", fmt):
-                buf = io.BytesIO()
-                fig.savefig(buf, format=ext, dpi=dpi if ext == "png" else None)
-                put(f"{name}.{ext}", buf.getvalue())
-            S.close(fig)
+                if name == "6_ranks":
+                    fig, frame = fn(data)
+                elif name in TIMED:
+                    fig, frame = fn(data, rank=rank, iteration=it)
+                else:
+                    fig, frame = fn(data, rank=rank)
+                png, vector = (_savefig(fig, ext, dpi if ext == "png" else None) for ext in ("png", fmt))
+                S.close(fig)
+                csv = frame.write_csv().encode("utf-8")
+                if fkey is not None:
+                    report_cache.store_figure(tc, fkey, name, fmt, png, vector, csv, frame)
+            put(f"{name}.png", png)
+            put(f"{name}.{fmt}", vector)
             res.figures[name] = out / f"{name}.png"
             frames[name] = frame
-            put(f"data/{name}.csv", frame.write_csv().encode("utf-8"))
+            put(f"data/{name}.csv", csv)
         step("key numbers and findings")
         metrics = summary.iteration_metrics(data, rk)
         put("data/key_numbers.csv", metrics.write_csv().encode("utf-8"))
@@ -186,6 +202,13 @@ def write_report(
         return res
     finally:
         data.close()
+
+
+def _savefig(fig, ext: str, dpi: int | None) -> bytes:
+    """``fig`` as ``ext`` (png, svg, pdf) bytes."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format=ext, dpi=dpi)
+    return buf.getvalue()
 
 
 def _findings(data: ReportData, rk: dict | None, notes: list[str]) -> list[dict]:

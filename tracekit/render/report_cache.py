@@ -131,6 +131,28 @@ def _cache_of(trace: str | Path):
     return tc if tc.enabled else None
 
 
+def beside(trace) -> dict:
+    """sha1 of each capture manifest that may lie beside ``trace`` (the names
+    :func:`tracekit.analyze.trace.dsconfig.manifest_for` and
+    :func:`tracekit.render.config.manifest_candidates` try): figure titles, ``report.html``'s
+    configuration and the advice read them, so one appearing, changing or going is a miss."""
+    import hashlib
+
+    from tracekit.render.config import manifest_candidates
+
+    t = Path(trace)
+    names = {*manifest_candidates(t), t.with_suffix(".json"), t.with_name(t.stem + "_capture.json")}
+    if t.stem.endswith("_cut"):
+        names.add(t.with_name(t.stem[:-4] + "_capture.json"))
+    out = {}
+    for p in sorted(names):
+        try:
+            out[p.name] = hashlib.sha1(p.read_bytes()).hexdigest() if p.is_file() else None
+        except OSError:
+            out[p.name] = "unreadable"
+    return out
+
+
 def report_key(tc, trace, *, rank: int, iteration: int | None, fmt: str, phase_map, gas, ds_config: dict | None,
                dpi: int | None, html: bool, perfetto: bool) -> str:
     """The cache key of a report: its options (``ds_config`` as loaded: the config's content, so
@@ -140,8 +162,62 @@ def report_key(tc, trace, *, rank: int, iteration: int | None, fmt: str, phase_m
     depends on it)."""
     opts = {"command": "report", "rank": rank, "iteration": iteration, "fmt": fmt,
             "phase_map": list(phase_map) if phase_map else None, "gas": gas, "ds_config": ds_config, "dpi": dpi,
-            "html": html, "perfetto": perfetto, "versions": _versions()}
+            "html": html, "perfetto": perfetto, "versions": _versions(), "beside": beside(trace)}
     return tc.output_key(opts, str(trace))
+
+
+#: figures drawn for one iteration (the others depend on the rank only)
+TIMED = ("2_iteration_timeline", "5_overlap_contention")
+
+
+def figure_key(tc, trace, name: str, *, rank: int, iteration: int, fmt: str, phase_map, gas, ds_config: dict | None,
+               dpi: int) -> str:
+    """The key of one figure of a report (its PNG, vector file, CSV and frame): what it is drawn
+    from (``iteration`` only for :data:`TIMED` figures), so that a report with another
+    ``--iteration`` redraws only those."""
+    opts = {"command": "report-figure", "figure": name, "rank": rank, "iteration": iteration if name in TIMED else None,
+            "fmt": fmt, "phase_map": list(phase_map) if phase_map else None, "gas": gas, "ds_config": ds_config,
+            "dpi": dpi, "versions": _versions(), "beside": beside(trace)}
+    return tc.output_key(opts, str(trace))
+
+
+def cached_figure(tc, key: str, name: str, fmt: str):
+    """``(png, vector, csv, frame)`` of a figure stored by :func:`store_figure`, or None (also
+    when its frame does not read back: a Rust panic of polars included)."""
+    from tracekit.analyze.trace.cache import _panic_exception, code_fingerprint
+
+    hit = tc.get_files(key) if tc is not None else None
+    if hit is None or hit[0].get("code") != code_fingerprint():
+        return None
+    files = dict(hit[1])
+    want = (f"{name}.png", f"{name}.{fmt}", f"data/{name}.csv", "frame.parquet")
+    if sorted(files) != sorted(want):
+        return None
+    import io
+
+    import polars as pl
+
+    try:
+        frame = pl.read_parquet(io.BytesIO(files["frame.parquet"]))
+    except (Exception, _panic_exception()):
+        return None
+    return bytes(files[want[0]]), bytes(files[want[1]]), bytes(files[want[2]]), frame
+
+
+def store_figure(tc, key: str, name: str, fmt: str, png: bytes, vector: bytes, csv: bytes, frame) -> None:
+    """Keep one drawn figure (see :func:`figure_key`) in the trace cache ``tc``."""
+    import io
+
+    from tracekit.analyze.trace.cache import code_fingerprint
+
+    buf = io.BytesIO()
+    try:
+        frame.write_parquet(buf, compression="zstd", compression_level=1, statistics=False)
+    except Exception:
+        return
+    tc.put_files(key, {"code": code_fingerprint(), "figure": name},
+                 [(f"{name}.png", png), (f"{name}.{fmt}", vector), (f"data/{name}.csv", csv),
+                  ("frame.parquet", buf.getvalue())])
 
 
 def lookup_report(trace, out_dir, perfetto=None, *, rank: int = 0, iteration: int | None = None, fmt: str = "svg",
@@ -217,7 +293,8 @@ def compare_key(tc, a, b, *, rank: int, phase_map, gas, ds_config_a: dict | None
     """The name of ``compare A B``'s entry in A's cache ``tc``: the options (both configs as
     loaded) and both paths as given (:func:`compare_check` is stored inside)."""
     opts = {"command": "compare", "rank": rank, "phase_map": list(phase_map) if phase_map else None, "gas": gas,
-            "ds_config_a": ds_config_a, "ds_config_b": ds_config_b, "b": str(b)}
+            "ds_config_a": ds_config_a, "ds_config_b": ds_config_b, "b": str(b), "beside_a": beside(a),
+            "beside_b": beside(b)}
     return tc.output_key(opts, str(a))
 
 
