@@ -18,7 +18,8 @@ def _want_value(name, v):
     if isinstance(v, float):
         if math.isnan(v) or math.isinf(v):
             return None
-        if v.is_integer() and name.endswith(("_ns", "_bytes", "count", "_pid", "samples", "windows")) and abs(v) < 2**53:
+        integral = name.endswith(("_ns", "_bytes", "count", "_pid", "samples", "windows"))
+        if v.is_integer() and integral and abs(v) < 2**53:
             return int(v)
         return round(v, 6)
     return v

@@ -203,7 +203,8 @@ class Analysis:
         replaced = []
         for d, gpid, dev in deferred:
             peaks = d.pop("throughput_peaks")
-            d["throughput_timeline"] = rows("throughput_timeline", gpid, dev, self.options.phase, self.options.iteration)
+            d["throughput_timeline"] = rows("throughput_timeline", gpid, dev, self.options.phase,
+                                            self.options.iteration)
             replaced.append((d, peaks))
         return replaced
 

@@ -87,7 +87,7 @@ class TransferResult:
             for name in SECTION_FRAMES[sec]:
                 if name in FILE_ONLY:
                     continue
-                if name == "throughput_timeline" and self.timeline is not None and "throughput_timeline" not in self.stored:
+                if name == "throughput_timeline" and self.timeline is not None and name not in self.stored:
                     if timeline_rows:
                         d[name] = self.rank_frame_rows(name, global_pid, device, phase, iteration)
                     else:
