@@ -79,9 +79,9 @@ def memory_peaks(export: Export, model: PhaseModel, by=PHASE_KEYS, kinds: tuple[
     by = check_by(by)
     if "sub_phase" in by:
         by = [b for b in by if b != "sub_phase"]  # sub-phases are per thread; peaks are per window
-    tl = memory_timeline(export, None, kinds)
+    tl = memory_timeline(export, None, kinds).lazy()  # the rest as one polars query
     ranks = tl.select(RANK).unique()
-    win = model.windows.join(ranks, on="global_pid").select(
+    win = model.windows.lazy().join(ranks, on="global_pid").select(
         *RANK, "window_id", "iteration", "phase", "micro_step", "boundary", "start", "end"
     )
     # level at each window start: last event at or before it
@@ -102,8 +102,8 @@ def memory_peaks(export: Export, model: PhaseModel, by=PHASE_KEYS, kinds: tuple[
     )
     out = w.group_by([*RANK, *by]).agg(peak_bytes=pl.col("peak").max(), min_bytes=pl.col("low").min(),
                                        start_ns=pl.col("start").min())
-    out = out.join(device_memory(export), on="device", how="left").with_columns(
+    out = out.join(device_memory(export).lazy(), on="device", how="left").with_columns(
         headroom_bytes=pl.col("total_memory") - pl.col("peak_bytes")
     )
     return out.sort([*RANK, "start_ns"]).select(*RANK, *by, "start_ns", "peak_bytes", "min_bytes",
-                                                "total_memory", "headroom_bytes")
+                                                "total_memory", "headroom_bytes").collect()

@@ -142,8 +142,9 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         steady = _steady(complete)
         n = len(steady)
         ts = t.filter(pl.col("iteration").is_in(steady))
-        phase_ns = {p: float(g["wall_ns"].sum()) / n for (p,), g in ts.group_by(["phase"])}
-        kernel_ns = {p: float(g["kernel_busy_ns"].sum()) / n for (p,), g in ts.group_by(["phase"])}
+        sums = ts.group_by("phase").agg(pl.col("wall_ns").sum(), pl.col("kernel_busy_ns").sum())
+        phase_ns = {p: float(w) / n for p, w, _ in sums.iter_rows()}
+        kernel_ns = {p: float(k) / n for p, _, k in sums.iter_rows()}
         micro = ts.filter(pl.col("phase") == "backward").group_by("iteration").len()["len"]
         ops = model.ops.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
         kern = ops.filter(pl.col("kind") == "kernel")
@@ -154,12 +155,14 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
                                    & pl.col("iteration").is_in(steady))
         rr = ranges.filter(pl.col("global_pid") == gp).with_columns(role=role_expr)
         rr = rr.filter(pl.col("role").is_not_null())
+        by_role = rr.partition_by("role", as_dict=True)  # one polars call, not one per role
+        no_role = rr.head(0)
         roles = {}
         uw_s, uw_e = upd["start"].to_numpy(), upd["end"].to_numpy()
         update_total = float((uw_e - uw_s).sum()) / n if n else 0.0
         role_iv = {}
         for role in ROLES:
-            g = rr.filter(pl.col("role") == role)
+            g = by_role.get((role,), no_role)
             s, e = g["start"].to_numpy(), g["end"].to_numpy()
             inside = np.zeros(len(s), dtype=bool)
             for a, b in zip(uw_s, uw_e):
