@@ -23,6 +23,11 @@ import signal
 import subprocess
 import sys
 
+try:  # imported now, at start-up: under a tight limit loading it later, when the memory ran out, fails
+    import resource
+except ImportError:  # not on POSIX
+    resource = None
+
 #: set in the child, so that it runs the command itself
 CHILD_ENV = "TRACEKIT_MEMLIMIT_CHILD"
 #: commands that read traces and run in a child under a limit
@@ -38,9 +43,7 @@ _TRACE_LINES = (b"stack backtrace:", b"note: ", b"skipping backtrace printing", 
 def current_limit() -> tuple[str, int] | None:
     """``(description, bytes)`` of the smallest finite soft limit among the address-space
     (``RLIMIT_AS``) and data-segment (``RLIMIT_DATA``) limits of this process, or None."""
-    try:
-        import resource
-    except ImportError:  # not on POSIX
+    if resource is None:
         return None
     found = []
     for name, what in (("RLIMIT_AS", "address-space limit (ulimit -v, prlimit --as)"),
