@@ -144,8 +144,9 @@ def analyze_many(
     Args:
         options: :class:`tracekit.analyze.result.Options` (or a dict of its fields), the same
             for every trace.
-        jobs: worker processes (default: CPU count, at most one per trace); 1 runs in this
-            process. Ignored with ``dask``.
+        jobs: worker processes (default: :func:`default_jobs`, what the cores, the memory and
+            the number of traces allow); 1 runs in this process. The workers share one budget
+            of threads (:func:`worker_threads`). Ignored with ``dask``.
         dask: address of a running Dask scheduler (``tcp://host:8786``); the per-trace work
             runs there.
         cache: use the per-trace Parquet / result cache.
@@ -167,7 +168,7 @@ def analyze_many(
     if dask:
         outcomes = _run_dask(dask, paths, opts, cache)
     else:
-        n = min(jobs or os.cpu_count() or 1, len(paths))
+        n = min(jobs, len(paths)) if jobs else default_jobs(paths)
         if n <= 1:
             outcomes = [_outcome(lambda p=p: _analyze_one_checked(str(p), opts, cache)) for p in paths]
         else:
@@ -203,15 +204,96 @@ DASK_WORKER_DIED = ("a worker of the Dask cluster died while analyzing it (kille
                     "memory); give the workers more memory (dask worker --memory-limit) or fewer threads each")
 
 
-def _run_processes(paths: list[Path], opts, cache: bool, jobs: int) -> list[dict | TracekitError]:
+#: Peak resident memory of one trace's analysis, estimated from its size: a fixed part plus a
+#: share of the file's bytes. Measured on the shared 624 MB ZeRO-3 trace and its 4x copy
+#: (docs/performance.md, issue 13): 206-255 MiB at 624 MB, 317-347 MiB at 2.5 GB, with or
+#: without ``--all``/``--json``; the estimate (440 MiB at 624 MB) stays above every measured run.
+PEAK_FIXED_BYTES = 128 << 20
+PEAK_PER_TRACE_BYTE = 0.5
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, else the CPU count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory new processes can take now: ``MemAvailable`` of ``/proc/meminfo``,
+    or less when this process's cgroup (v2 ``memory.max`` - ``memory.current``) allows less;
+    None where neither can be read."""
+    found = []
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/proc/self/cgroup") as fh:
+            rel = next((ln.strip().split(":", 2)[2] for ln in fh if ln.startswith("0::")), None)
+        if rel is not None:
+            base = Path("/sys/fs/cgroup") / rel.lstrip("/")
+            limit = (base / "memory.max").read_text().strip()
+            if limit != "max":
+                found.append(max(0, int(limit) - int((base / "memory.current").read_text().strip())))
+    except (OSError, ValueError, StopIteration):
+        pass
+    return min(found) if found else None
+
+
+def default_jobs(paths: list[Path], cores: int | None = None, memory: int | None = -1) -> int:
+    """Worker processes for ``paths`` when ``--jobs`` is not given: at most one per trace, one
+    per usable core (:func:`usable_cores`), and as many as the available memory
+    (:func:`available_memory`, ``memory`` bytes when given; None = unknown, no bound) holds at
+    the estimated peak of the largest trace (``PEAK_FIXED_BYTES + PEAK_PER_TRACE_BYTE x file
+    size``); at least 1."""
+    cores = cores or usable_cores()
+    n = min(cores, len(paths))
+    memory = available_memory() if memory == -1 else memory
+    if memory is not None and paths:
+        largest = max((p.stat().st_size for p in paths if p.exists()), default=0)
+        peak = PEAK_FIXED_BYTES + PEAK_PER_TRACE_BYTE * largest
+        n = min(n, int(memory // peak))
+    return max(1, n)
+
+
+def worker_threads(jobs: int, cores: int | None = None) -> dict[str, str]:
+    """The environment that gives ``jobs`` worker processes one budget of threads: each gets
+    ``cores // jobs`` (at least 1) for polars' pool (``POLARS_MAX_THREADS``) and at most 2 of
+    them for reading GPU_METRICS (``TRACEKIT_READ_THREADS``), so that workers x threads stays
+    within the cores. Values the user set in the environment are kept."""
+    each = max(1, (cores or usable_cores()) // max(1, jobs))
+    want = {"POLARS_MAX_THREADS": str(each), "TRACEKIT_READ_THREADS": str(min(2, each))}
+    return {k: os.environ.get(k, v) for k, v in want.items()}
+
+
+def _run_processes(paths: list[Path], opts, cache: bool, jobs: int, work=None) -> list[dict | TracekitError]:
+    """``work(path, opts, cache)`` (default :func:`_analyze_one_checked`) for every path in ``jobs``
+    spawned worker processes sharing :func:`worker_threads`; a failure is that path's TracekitError."""
+    work = work or _analyze_one_checked
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    # spawn, not fork: polars' thread pool does not survive a fork
+    # spawn, not fork: polars' thread pool does not survive a fork. The workers inherit the
+    # thread budget from the environment at spawn time (during the submits below).
     ctx = multiprocessing.get_context("spawn")
+    budget = worker_threads(jobs)
+    saved = {k: os.environ.get(k) for k in budget}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        futures = [pool.submit(_analyze_one_checked, str(p), opts, cache) for p in paths]
+        os.environ.update(budget)
+        try:
+            futures = [pool.submit(work, str(p), opts, cache) for p in paths]
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         out: list[dict | TracekitError] = []
         try:
             for p, f in zip(paths, futures):
