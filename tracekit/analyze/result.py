@@ -143,26 +143,32 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
 
     ids = rank_index(tr.multi_gpu)  # ranks listed by distributed rank (issue 12)
     deferred = []
+    # the phase rows of every rank and iteration in one pass: by iteration, merged gaps ("other") last
+    per_rank: dict = {}
+    for row in table.filter(pl.col("iteration").is_not_null()).sort(
+            "global_pid", "device", "iteration", pl.col("phase") == "other", "start_ns").iter_rows(named=True):
+        per_rank.setdefault((row["global_pid"], row["device"]), {}).setdefault(row["iteration"], []).append(row)
+    tot_rows: dict = {}
+    for row in tot.iter_rows(named=True):
+        tot_rows.setdefault((row["global_pid"], row["device"]), []).append(row)
     for r in sorted(breakdown.ranks(model).iter_rows(named=True),
                     key=lambda r: (ids.get((r["global_pid"], r["device"]), {}).get("rank", 1 << 30), r["pid"])):
-        rt = table.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"]))
         iterations = []
-        for (idx,), it in rt.filter(pl.col("iteration").is_not_null()).group_by(["iteration"], maintain_order=True):
-            it = it.sort(pl.col("phase") == "other", "start_ns")  # merged gaps ("other") last
+        for idx, it in per_rank.get((r["global_pid"], r["device"]), {}).items():
             iterations.append(
                 {
                     "index": int(idx),
-                    "complete": bool(it["complete"].all()),
-                    "unclosed": bool(it["unclosed"].any()),
-                    "phases": [_clean({k: row[k] for k in PHASE_ROW_KEYS}) for row in it.iter_rows(named=True)],
+                    "complete": not any(row["complete"] is False for row in it),  # polars' all(): nulls skipped
+                    "unclosed": any(row["unclosed"] is True for row in it),
+                    "phases": [_clean({k: row[k] for k in PHASE_ROW_KEYS}) for row in it],
                     "cpu_update": cpu_update.iteration_json(cu, r["global_pid"], r["device"], int(idx)),
                 }
             )
         iterations.sort(key=lambda d: d["index"])
-        rtot = tot.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"]))
+        rtot = tot_rows.get((r["global_pid"], r["device"]), [])
         totals = {
             row["phase"]: _clean({k: row[k] for k in TOTAL_KEYS})
-            for row in sorted(rtot.iter_rows(named=True), key=lambda d: phase_rank(d["phase"]))
+            for row in sorted(rtot, key=lambda d: phase_rank(d["phase"]))
         }
         entry = {"pid": int(r["pid"]), "device": int(r["device"]), **ids.get((r["global_pid"], r["device"]), {}),
                  "iterations": iterations, "totals": totals}
