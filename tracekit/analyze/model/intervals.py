@@ -121,20 +121,20 @@ def grouped_union_length(frame, by: list[str], start: str = "start", end: str = 
     """Union length per group of a polars frame of intervals.
 
     Returns a polars frame with the ``by`` columns and ``busy_ns`` (Int64): the length of the
-    union of the [start, end) intervals in each group. Vectorized: sort, running maximum of
-    ends within the group, and a cumulative count of gaps that opens a new merged interval.
+    union of the [start, end) intervals in each group. One aggregation per group: in start
+    order, the running maximum of the ends; a merged interval opens where a start is past it.
     """
     import polars as pl
 
     if frame.height == 0:
         return frame.select(by).head(0).with_columns(busy_ns=pl.lit(0, pl.Int64))
-    f = frame.lazy().select([*by, start, end]).filter(pl.col(end) > pl.col(start)).sort([*by, start])
-    f = f.with_columns(run_end=pl.col(end).cum_max().over(by))
-    f = f.with_columns(
-        new=(pl.col(start) > pl.col("run_end").shift(1).over(by)).fill_null(True)
-    ).with_columns(piece=pl.col("new").cast(pl.Int64).cum_sum().over(by))
-    pieces = f.group_by([*by, "piece"]).agg(s=pl.col(start).min(), e=pl.col(end).max())
-    return pieces.group_by(by).agg(busy_ns=(pl.col("e") - pl.col("s")).sum().cast(pl.Int64)).collect()  # one query
+    f = frame.lazy().select([*by, start, end]).filter(pl.col(end) > pl.col(start))
+    # one aggregation per group (the pieces of grouped_union, summed)
+    st = pl.col(start).sort()
+    run_end = pl.col(end).sort_by(start).cum_max()
+    first = (st > run_end.shift(1)).fill_null(True)
+    last = first.shift(-1).fill_null(True)
+    return f.group_by(by).agg(busy_ns=(run_end.filter(last) - st.filter(first)).sum().cast(pl.Int64)).collect()
 
 
 # ---------------------------------------------------------------------- sweeps (transfer analyses)
@@ -261,9 +261,14 @@ def grouped_union(frame, by: list[str], start: str = "start", end: str = "end"):
         return f.rename({start: "start", end: "end"}) if start != "start" or end != "end" else f
     f = f.lazy()  # the rest as one query
     if by:
-        f = f.with_columns(run_end=pl.col(end).cum_max().over(by))
-        f = f.with_columns(new=(pl.col(start) > pl.col("run_end").shift(1).over(by)).fill_null(True))
-        f = f.with_columns(piece=pl.col("new").cast(pl.Int64).cum_sum().over(by))
+        # per group, in start order: a piece opens where the start is past every earlier end and
+        # ends at the running maximum of the ends just before the next one opens (one
+        # aggregation, no window functions; sort_by: a gather over empty groups is typed null)
+        st = pl.col(start).sort()
+        run_end = pl.col(end).sort_by(start).cum_max()
+        first = (st > run_end.shift(1)).fill_null(True)
+        pieces = f.group_by(by).agg(start=st.filter(first), end=run_end.filter(first.shift(-1).fill_null(True)))
+        return pieces.explode(["start", "end"]).sort([*by, "start"]).select([*by, "start", "end"]).collect()
     else:
         f = f.with_columns(run_end=pl.col(end).cum_max())
         f = f.with_columns(new=(pl.col(start) > pl.col("run_end").shift(1)).fill_null(True))
