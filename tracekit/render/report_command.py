@@ -148,19 +148,20 @@ def register(app: typer.Typer) -> None:
         if fail_above is not None:
             result["regressions"] = {"fail_above_pct": fail_above, "slower": slow}
         written = []
-        if out is not None:
+        if out is not None:  # each file by temporary + rename, as report's (report_cache.write_file)
+            import io
+
             from tracekit.render import style as S
+            from tracekit.render.report_cache import write_file
 
             d = prepare_dir(out, with_data=False)
             fig, _ = C.compare_figure(result)
             for ext in ("png", fmt):
-                p = d / f"compare.{ext}"
-                fig.savefig(p, dpi=S.DPI if ext == "png" else None)
-                written.append(p)
+                buf = io.BytesIO()
+                fig.savefig(buf, format=ext, dpi=S.DPI if ext == "png" else None)
+                written.append(write_file(d / f"compare.{ext}", buf.getvalue()))
             S.close(fig)
-            p = d / "compare.json"
-            p.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-            written.append(p)
+            written.append(write_file(d / "compare.json", (json.dumps(result, indent=1) + "\n").encode("utf-8")))
         if as_json:
             json.dump(result, sys.stdout, indent=1)
             sys.stdout.write("\n")
