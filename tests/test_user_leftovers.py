@@ -53,6 +53,19 @@ def test_bin_count_bound_names_a_bin_that_works(monkeypatch):
     assert n == T.throughput_timeline(model, bin_ns=500_000).height > rows_1ms  # the count it names is real
 
 
+def test_bin_count_with_an_implausible_span_is_one_error():
+    """A forged time (a kernel ending 292 years after it started: test_mutations) leaves no bin
+    up to 5,000 s within the bound: still one TracekitError, saying so (was StopIteration)."""
+    from tracekit.analyze.sections import throughput as T
+
+    span = [(0, 9_200_000_000_000_000_000)]  # 9.2e18 ns
+    assert T._bin_count(span, 5 * 10 ** 12, 2) > T.MAX_BINS  # 5,000 s bins: 3.7 M
+    with pytest.raises(TracekitError) as exc:
+        T.check_bin_count(span, 1_000_000, 2)
+    assert "a time in the trace is implausible" in str(exc.value)
+    T.check_bin_count([(0, 10 ** 9)], 1_000_000, 2)  # 1 s at 1 ms: 2,000 bins, fine
+
+
 def test_bin_ms_cli_too_many_bins():
     """The review's command: 1 us bins over this trace are 3.6 M rows; refused, naming 0.002."""
     rc, out, err = run_cli("analyze", ZERO2, "--no-cache", "--section", "timeline", "--bin-ms", "0.001")

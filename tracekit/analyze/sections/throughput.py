@@ -39,12 +39,15 @@ def check_bin_count(spans: list[tuple[int, int]], bin_ns: int, n_directions: int
     if n <= MAX_BINS:
         return
     length = sum(hi - lo for lo, hi in spans)
-    ok = next(b for b in (m * 10 ** e for e in range(3, 13) for m in (1, 2, 5))
-              if b >= bin_ns and _bin_count(spans, b, n_directions) <= MAX_BINS)
+    ok = next((b for b in (m * 10 ** e for e in range(3, 13) for m in (1, 2, 5))
+               if b >= bin_ns and _bin_count(spans, b, n_directions) <= MAX_BINS), None)
     where = f"{len(spans)} ranks, {length / 1e9:.3g} s in all" if len(spans) > 1 else f"{length / 1e9:.3g} s"
+    what = (f"use --bin-ms {ok / 1e6:g} or more" if ok is not None else
+            "no bin up to 5,000 s fits: a time in the trace is implausible; analyze without the timeline "
+            "section (--section with the others)")
     raise TracekitError(
         f"--bin-ms {bin_ns / 1e6:g} gives {n:,} timeline bins ({where} x {n_directions} copy directions; "
-        f"at most {MAX_BINS:,}, to keep memory bounded); use --bin-ms {ok / 1e6:g} or more"
+        f"at most {MAX_BINS:,}, to keep memory bounded); {what}"
     )
 
 
