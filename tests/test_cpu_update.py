@@ -353,6 +353,40 @@ def test_superoffload_findings_and_advice_use_the_wait():
     assert f"{wait / 1e6:,.1f} ms per iteration in cpu_update_wait" in adv["problem"]
 
 
+def test_superoffload_advice_names_the_one_reduce_bucket(tmp_path):
+    """DeepSpeed's default reduce_bucket_size (5e8) holds all 134 M parameters of the example
+    model (sum of the LLaMA's weights: docs/capture.md), so partition_grads runs once, at backward's
+    end, and unclipped sub-groups cannot finish during backward (measured on the H200:
+    docs/advice.md): the advice says so and adds the bucket change, 1e7 (about P / 10); with the
+    config's reduce_bucket_size 1e7 neither is said."""
+    from tracekit.options import Options, load_ds_config
+
+    trace = FIX / "superoffload_cut.sqlite"
+    res = analyze_path(trace)
+    (pred,) = [p for p in res["predictions"] if p["scenario"] == "superoffload_no_clipping"]
+    assert (pred["one_reduce_bucket"], pred["reduce_bucket_size"], pred["suggested_reduce_bucket_size"]) == (
+        True, 500_000_000, 1e7)
+    assert "partition_grads runs once" in pred["basis"]
+    (adv,) = [a for a in res["advice"] if a["knob"] == "gradient_clipping"]
+    assert adv["change"].endswith("with zero_optimization.reduce_bucket_size 5e+08 -> 1e+07 so that sub-groups "
+                                  "complete during backward")
+    cfg = json.loads((FIX / "superoffload_capture.json").read_text())["deepspeed_config"]
+    path = tmp_path / "small_bucket.json"
+    path.write_text(json.dumps(cfg))  # a config alone names no DeepSpeed version: clipping's default unknown
+    res = analyze_path(trace, Options(ds_config=load_ds_config(trace, path)))
+    (pred,) = [p for p in res["predictions"] if p["scenario"] == "superoffload_no_clipping"]
+    assert not pred["applicable"] and pred["why_not"].startswith("gradient_clipping unknown")
+    cfg["zero_optimization"]["reduce_bucket_size"] = 10_000_000
+    cfg["gradient_clipping"] = 1.0
+    path.write_text(json.dumps(cfg))
+    res = analyze_path(trace, Options(ds_config=load_ds_config(trace, path)))
+    (pred,) = [p for p in res["predictions"] if p["scenario"] == "superoffload_no_clipping"]
+    assert (pred["one_reduce_bucket"], pred["suggested_reduce_bucket_size"]) == (False, None)
+    assert "partition_grads" not in pred["basis"] and pred["saving_ns"] > 0
+    (adv,) = [a for a in res["advice"] if a["knob"] == "gradient_clipping"]
+    assert "reduce_bucket_size" not in adv["change"]
+
+
 def test_nvme_update_names_the_swaps():
     res = analyze_path(FIX / "nvme_offload_cut.sqlite")
     con = sqlite3.connect(f"file:{FIX / 'nvme_offload_cut.sqlite'}?mode=ro", uri=True)

@@ -164,7 +164,10 @@ def build_advice(pieces: dict, scenarios: list[dict], settings: dict) -> list[di
                "SuperOffloadOptimizer_Stage3 skips its asynchronous path, which steps each finished sub-group in the "
                "worker during the boundary backward",
             "gradient_clipping", f"{settings.get('gradient_clipping')} -> 0.0 (only if the training can do without "
-            "clipping: it changes the optimisation, not just the schedule)", fixable=True)
+            "clipping: it changes the optimisation, not just the schedule)"
+            + (f"; with zero_optimization.reduce_bucket_size {s['reduce_bucket_size']:.0e} -> "
+               f"{s['suggested_reduce_bucket_size']:.0e} so that sub-groups complete during backward"
+               if s.get("one_reduce_bucket") else ""), fixable=True)
     items.sort(key=lambda x: -x["saving_ms_per_iteration"])
     return items
 

@@ -537,16 +537,31 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     bwd_boundary = pieces["phase_ns"].get("backward", 0.0) / micro
     ok = so and isinstance(clip, (int, float)) and clip > 0 and wait > 0
     s = min(wait, bwd_boundary) if ok else 0.0
+    # partition_grads runs once per reduce bucket: a bucket holding every parameter means one call,
+    # at backward's end, so no sub-group completes during backward (measured: docs/advice.md)
+    bucket = settings.get("zero_optimization.reduce_bucket_size")
+    one_bucket = bool(P) and isinstance(bucket, (int, float)) and bucket >= P
+    bucket_note = (
+        f"; with reduce_bucket_size {bucket:.0e} >= the {P / 1e6:,.0f} M parameters partition_grads runs once, at "
+        "backward's end, so nothing completes during backward: the saving then comes from handing every sub-group "
+        "to the worker at once instead (measured on an H200 with 10 sub-groups: 259 ms where this predicts 168), "
+        f"and reduce_bucket_size <= {P / 10:.0e} lets the sub-groups finish during backward" if one_bucket else "")
     out.append(_result(
         pieces, "superoffload_no_clipping", s,
         f"the update's waits for the CPU optimizer worker (cpu_update_wait, {wait / 1e6:,.1f} ms per iteration: with "
         f"gradient_clipping {clip} every sub-group is stepped inside the update while the training waits) hidden behind "
         f"the boundary backward ({bwd_boundary / 1e6:,.1f} ms: the backward per micro-step), at most its length; the "
-        "per-sub-group unscale and copy-back stay; assumes the worker keeps up with backward's sub-groups", "low",
+        "per-sub-group unscale and copy-back stay; assumes the worker keeps up with backward's sub-groups"
+        + bucket_note, "low",
         applicable=ok and s > 0,
-        why="" if ok else ("not SuperOffload" if not so else "gradient_clipping is already 0" if not clip else
+        why="" if ok else ("not SuperOffload" if not so else
+                           "gradient_clipping unknown (its default depends on the DeepSpeed version: give the "
+                           "capture manifest or set it in --ds-config)" if not isinstance(clip, (int, float)) else
+                           "gradient_clipping is already 0" if not clip else
                            "no wait for the CPU optimizer worker measured"),
-        wait_ns=wait, boundary_backward_ns=bwd_boundary))
+        wait_ns=wait, boundary_backward_ns=bwd_boundary, one_reduce_bucket=one_bucket,
+        reduce_bucket_size=bucket if isinstance(bucket, (int, float)) else None,
+        suggested_reduce_bucket_size=float(f"{P / 10:.0e}") if one_bucket else None))
     return out
 
 
