@@ -218,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.pythonpath:
         os.environ["PYTHONPATH"] = str(args.pythonpath.resolve())
+    # bytecode as an installed tracekit has it: without __pycache__ (PYTHONDONTWRITEBYTECODE set
+    # in some environments) every run compiles tracekit's sources again, about 0.2 s; the warm-up
+    # run of each pair writes it
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     # children start in a neutral folder: `python -m`/`-c` put the current folder first on
     # sys.path, which would shadow --pythonpath with a checkout's tracekit/
     args.trace, args.work_dir = args.trace.resolve(), args.work_dir.resolve()
