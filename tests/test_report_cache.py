@@ -292,25 +292,29 @@ def test_second_compare_is_stored(pair, tmp_path):
 
 
 def test_key_follows_every_manifest_the_report_reads(tmp_path):
-    """The figure titles read ``PREFIX_capture.json`` beside ``PREFIX_NAME.sqlite``
-    (render.config.manifest_candidates), which the advice's loader does not: it changes the
-    report's key all the same."""
+    """The key hashes every path where the trace's manifest may lie
+    (dsconfig.manifest_candidates, which titles and advice both follow): a manifest appearing,
+    changing, or an earlier candidate appearing over it is a miss; a file the rule does not
+    read (``my_capture.json`` beside ``my_run.sqlite``) is not."""
     from tracekit.render import report_cache as RC
-    from tracekit.render.config import manifest_candidates
 
     trace = tmp_path / "my_run.sqlite"
     shutil.copy(ZERO3_CUT, trace)
-    assert tmp_path / "my_capture.json" in manifest_candidates(trace)
     tc = TraceCache(trace)
     opts = dict(rank=0, iteration=None, fmt="svg", phase_map=None, gas=None, ds_config=None, dpi=None, html=True,
                 perfetto=False)
     before = RC.report_key(tc, trace, **opts)
     assert RC.report_key(tc, trace, **opts) == before
     (tmp_path / "my_capture.json").write_text('{"deepspeed_config": {"zero_optimization": {"stage": 3}}}')
+    assert RC.report_key(tc, trace, **opts) == before
+    (tmp_path / "my_run_capture.json").write_text('{"deepspeed_config": {"zero_optimization": {"stage": 3}}}')
     after = RC.report_key(tc, trace, **opts)
     assert after != before
-    (tmp_path / "my_capture.json").write_text('{"deepspeed_config": {"zero_optimization": {"stage": 2}}}')
-    assert RC.report_key(tc, trace, **opts) not in (before, after)
+    (tmp_path / "my_run_capture.json").write_text('{"deepspeed_config": {"zero_optimization": {"stage": 2}}}')
+    edited = RC.report_key(tc, trace, **opts)
+    assert edited not in (before, after)
+    (tmp_path / "my_run.json").write_text('{"deepspeed_config": {"zero_optimization": {"stage": 1}}}')
+    assert RC.report_key(tc, trace, **opts) not in (before, after, edited)
     assert RC.figure_key(tc, trace, "1_iteration_breakdown", rank=0, iteration=1, fmt="svg", phase_map=None, gas=None,
                          ds_config=None, dpi=150) == RC.figure_key(tc, trace, "1_iteration_breakdown", rank=0,
                                                                    iteration=2, fmt="svg", phase_map=None, gas=None,

@@ -2,8 +2,10 @@
 
 Sources, first found wins per field:
 
-1. the capture manifest beside the trace (``tracekit capture -o NAME`` writes ``NAME.json``;
-   also ``NAME_capture.json`` and, for a cut ``PREFIX_cut.sqlite``, ``PREFIX_capture.json``):
+1. the capture manifest beside the trace, the file
+   :func:`tracekit.analyze.trace.dsconfig.manifest_for` names (``tracekit capture -o NAME``
+   writes ``NAME.json``; else ``NAME_capture.json``, else for a cut ``PREFIX_cut.sqlite``
+   ``PREFIX_capture.json``), the same one the advice reads:
    its ``deepspeed_config`` (stage, offload, precision, gradient accumulation) and the
    training command line;
 2. the trace's file name: ``134m``, ``1.3b`` (model size), ``bf16`` / ``fp16`` / ``fp32``,
@@ -20,6 +22,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tracekit.analyze.trace.dsconfig import manifest_for
 
 
 @dataclass
@@ -88,26 +92,25 @@ class RunConfig:
         return out
 
 
-def manifest_candidates(trace: Path) -> list[Path]:
-    """Paths where a capture manifest of ``trace`` may lie, in the order tried."""
-    stem = trace.stem
-    cands = [trace.with_suffix(".json"), trace.with_name(f"{stem}_capture.json")]
-    if "_" in stem:
-        cands.append(trace.with_name(f"{stem.rsplit('_', 1)[0]}_capture.json"))
-    return cands
-
-
 def _read_manifest(trace: Path) -> tuple[Path | None, dict]:
-    for p in manifest_candidates(trace):
-        try:
-            if not p.is_file():
-                continue
-            doc = json.loads(p.read_text(encoding="utf-8", errors="replace"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and ("deepspeed_config" in doc or "tracekit_version" in doc):
-            return p, doc
-    return None, {}
+    """``(path, document)`` of the capture manifest of ``trace``: the file
+    :func:`tracekit.analyze.trace.dsconfig.manifest_for` names (the same one the advice and the
+    report's configuration read). A JSON object without a manifest's keys is a DeepSpeed config
+    kept under the manifest's name, read as ``{"deepspeed_config": it}`` (as
+    :func:`tracekit.analyze.trace.dsconfig.load` reads it); ``(None, {})`` when there is none or
+    it does not read as a JSON object."""
+    p = manifest_for(trace)
+    if p is None:
+        return None, {}
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, ValueError):
+        return None, {}
+    if not isinstance(doc, dict):
+        return None, {}
+    if "deepspeed_config" in doc or "tracekit_version" in doc:
+        return p, doc
+    return p, {"deepspeed_config": doc}
 
 
 def _from_ds_config(cfg: dict, out: RunConfig) -> None:

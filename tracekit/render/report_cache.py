@@ -132,20 +132,17 @@ def _cache_of(trace: str | Path):
 
 
 def beside(trace) -> dict:
-    """sha1 of each capture manifest that may lie beside ``trace`` (the names
-    :func:`tracekit.analyze.trace.dsconfig.manifest_for` and
-    :func:`tracekit.render.config.manifest_candidates` try): figure titles, ``report.html``'s
-    configuration and the advice read them, so one appearing, changing or going is a miss."""
+    """sha1 (None when absent) of each path where a capture manifest of ``trace`` may lie
+    (:func:`tracekit.analyze.trace.dsconfig.manifest_candidates`, the one rule that figure
+    titles, ``report.html``'s configuration and the advice all follow): one appearing,
+    changing or going is a miss, an earlier candidate appearing included (it then becomes the
+    manifest)."""
     import hashlib
 
-    from tracekit.render.config import manifest_candidates
+    from tracekit.analyze.trace.dsconfig import manifest_candidates
 
-    t = Path(trace)
-    names = {*manifest_candidates(t), t.with_suffix(".json"), t.with_name(t.stem + "_capture.json")}
-    if t.stem.endswith("_cut"):
-        names.add(t.with_name(t.stem[:-4] + "_capture.json"))
     out = {}
-    for p in sorted(names):
+    for p in manifest_candidates(Path(trace)):
         try:
             out[p.name] = hashlib.sha1(p.read_bytes()).hexdigest() if p.is_file() else None
         except OSError:

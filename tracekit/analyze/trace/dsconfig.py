@@ -4,8 +4,9 @@ Sources, first found wins:
 
 1. ``--ds-config FILE``: a DeepSpeed JSON config, or a ``tracekit capture`` manifest (a JSON
    object with a ``deepspeed_config`` key);
-2. the capture manifest beside the trace: ``NAME.json`` next to ``NAME.sqlite`` (what
-   ``tracekit capture -o NAME`` writes), or ``NAME_capture.json``;
+2. the capture manifest beside the trace (:func:`manifest_candidates` says which):
+   ``NAME.json`` next to ``NAME.sqlite`` (what ``tracekit capture -o NAME`` writes), else
+   ``NAME_capture.json``, else ``PREFIX_capture.json`` for a cut ``PREFIX_cut.sqlite``;
 3. nothing: :func:`infer_settings` reads what it can from the trace (stage 3 from
    ``DeepSpeedZeroOptimizer_Stage3`` ranges, gradient accumulation from the micro-steps per
    iteration, pin_memory from the host memory kind of the gradient copies, fp16 from
@@ -72,14 +73,32 @@ KEYS = [
 ]
 
 
-def manifest_for(trace: str | Path) -> Path | None:
-    """The capture manifest beside ``trace`` (``NAME.json`` or ``NAME_capture.json`` for
-    ``NAME.sqlite``; ``PREFIX_capture.json`` for a cut ``PREFIX_cut.sqlite``), or None."""
+def manifest_candidates(trace: str | Path) -> list[Path]:
+    """The paths where the capture manifest of ``trace`` may lie, in the order tried (the one
+    rule of which manifest belongs to a trace; :func:`manifest_for` takes the first that is a
+    file, and everything that reads a manifest beside a trace goes through it):
+
+    1. ``NAME.json`` for ``NAME.sqlite``: what ``tracekit capture -o NAME`` writes beside its
+       export (``tracekit.capture.runner.output_paths``), also ``NAME.rankR.json`` beside
+       ``NAME.rankR.sqlite`` (``--per-rank``) and ``NAME.new-PID.json`` (a kept ``--force`` run);
+    2. ``NAME_capture.json``: a manifest kept beside a trace under the trace's name (the test
+       fixtures' naming);
+    3. ``PREFIX_capture.json`` for a cut ``PREFIX_cut.sqlite`` only (the trace cut from capture
+       ``PREFIX`` with ``tracekit trim``). No other ``_`` in a name is read as a prefix:
+       ``zero3_b.sqlite`` does not take ``zero3_capture.json``, which belongs to another trace.
+    """
     t = Path(trace)
     cands = [t.with_suffix(".json"), t.with_name(t.stem + "_capture.json")]
-    if t.stem.endswith("_cut"):  # a fixture cut with tracekit trim: PREFIX_cut.sqlite -> PREFIX_capture.json
+    if t.stem.endswith("_cut") and len(t.stem) > 4:  # PREFIX_cut.sqlite -> PREFIX_capture.json
         cands.append(t.with_name(t.stem[:-4] + "_capture.json"))
-    for cand in cands:
+    return cands
+
+
+def manifest_for(trace: str | Path) -> Path | None:
+    """The capture manifest beside ``trace``: the first of :func:`manifest_candidates` that is
+    a file (read or not: a manifest that is not valid JSON is still the one of this trace, and
+    its readers say so rather than fall back to another name), or None."""
+    for cand in manifest_candidates(trace):
         if cand.is_file():
             return cand
     return None
