@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -214,6 +216,75 @@ def _forge(trace: Path, meta: dict, files: list[tuple[str, bytes]]) -> None:
     tc = TraceCache(trace)
     index = json.dumps({"meta": meta, "files": [[n, len(b)] for n, b in files]}).encode()
     tc._write_entry(entry.name, index + b"\n" + b"".join(b for _, b in files))
+
+
+#: a report on a cache hit, killed by SIGKILL as it is about to rename a file into folder argv[1]
+KILLED = ("import os,signal,sys\n"
+          "import tracekit.analyze.trace.cache as c\nc._code_fingerprint = 'pinned-by-test'\n"
+          "real = os.replace\n"
+          "def rep(src, dst, *a, **k):\n"
+          "    if os.path.dirname(os.path.abspath(dst)) == sys.argv[1]: os.kill(os.getpid(), signal.SIGKILL)\n"
+          "    return real(src, dst, *a, **k)\n"
+          "os.replace = rep\n"
+          "from tracekit.cli import main\nsys.exit(main(sys.argv[2:]))\n")
+
+
+def test_killed_report_temporaries_removed_by_the_next(trace, tmp_path):
+    """A report killed between writing a temporary and renaming it leaves
+    ``.tmp-tk-<pid>-<random>-<host>`` in ``--out``, ``data/`` or the ``--perfetto`` folder; the
+    next report there removes it by the cache's rule (pid gone on this host, or untouched for an
+    hour), and keeps a live pid's fresh temporary, another host's fresh one, and every file,
+    link and folder of other names or kinds."""
+    from tracekit.analyze.trace import cache as cache_mod
+
+    out, pf = tmp_path / "r", tmp_path / "pf"
+    args = ["report", trace, "-o", out, "--perfetto", pf / "t.json"]
+    rc, _, err, _ = probe(tmp_path, *args)
+    assert rc == 0, err
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TRACEKIT_CACHE_DIR")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    dead = {}
+    for folder in (out, out / "data", pf):
+        p = subprocess.Popen([sys.executable, "-c", KILLED, str(folder), *map(str, args)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=env)
+        _, perr = p.communicate(timeout=120)
+        assert p.returncode == -signal.SIGKILL, perr
+        (orphan,) = [n for n in os.listdir(folder) if n.startswith(".tmp-tk-")]
+        assert orphan.startswith(f".tmp-tk-{p.pid}-") and orphan.endswith(f"-{cache_mod._HOST}")
+        dead[folder] = orphan
+    # what must stay: a live writer's fresh temporary (this process), another host's fresh one
+    # (its pid means nothing here), names not of our naming, a link and a folder named like ours
+    live = out / f".tmp-tk-{os.getpid()}-{'0' * 16}-{cache_mod._HOST}"
+    other_host = out / "data" / f".tmp-tk-{p.pid}-{'1' * 16}-not-this-{cache_mod._HOST}"
+    for f in (live, other_host):
+        f.write_bytes(b"being written")
+    mine = tmp_path / "mine.txt"
+    mine.write_text("mine\n")
+    kept = {out / ".tmp-tk-notes": b"user", out / "keep.txt": b"keep", pf / ".t.json.tmp": b"user"}
+    for f, b in kept.items():
+        f.write_bytes(b)
+    link = out / f".tmp-tk-{p.pid}-{'2' * 16}-{cache_mod._HOST}"
+    link.symlink_to(mine)
+    folder_like = pf / f".tmp-tk-{p.pid}-{'3' * 16}-{cache_mod._HOST}"
+    folder_like.mkdir()
+
+    rc, _, err, mods = probe(tmp_path, *args)
+    assert rc == 0 and mods == set(), err  # a hit: cleaned all the same
+    for folder, orphan in dead.items():
+        assert not (folder / orphan).exists()
+    assert live.read_bytes() == other_host.read_bytes() == b"being written"
+    assert all(f.read_bytes() == b for f, b in kept.items())
+    assert link.is_symlink() and mine.read_text() == "mine\n" and folder_like.is_dir()
+    # an hour untouched: stale whoever wrote it, the live pid's and the other host's too
+    old = time.time() - 2 * 3600
+    for f in (live, other_host):
+        os.utime(f, (old, old))
+    rc, _, err, _ = probe(tmp_path, *args)
+    assert rc == 0, err
+    assert not live.exists() and not other_host.exists()
+    assert all(f.read_bytes() == b for f, b in kept.items())
+    assert link.is_symlink() and folder_like.is_dir()
+    assert sorted(n for n in os.listdir(out) if n.startswith(".tmp-tk-")) == sorted([".tmp-tk-notes", link.name])
 
 
 def test_forged_entries_are_a_miss(trace, tmp_path):

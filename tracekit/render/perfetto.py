@@ -122,18 +122,26 @@ def _kernel_names(data: ReportData) -> dict:
 
 
 def write_perfetto(data: ReportData, path: str | Path, findings: list[dict] | None = None) -> Path:
-    """Write :func:`trace_events` of ``data`` as JSON to ``path`` (parent folders created).
-    Returns the path. Raises :class:`TracekitError` when it cannot be written."""
+    """Write :func:`trace_events` of ``data`` as JSON to ``path`` (parent folders created), by
+    :func:`tracekit.render.report_cache.write_file` (a temporary of tracekit's naming, created
+    exclusively, then renamed over ``path``: a link named ``path`` is replaced, not written
+    through); stale temporaries of a killed run in that folder are removed first
+    (:func:`tracekit.render.report_cache.clean_folder`). Returns the path. Raises
+    :class:`TracekitError` when it cannot be written."""
+    from tracekit.render.report_cache import clean_folder, write_file
+
     p = Path(path)
     if p.is_dir():
         raise TracekitError(f"--perfetto {p}: is a directory; give a file name such as trace.json")
     doc = trace_events(data, findings)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(doc, fh, separators=(",", ":"), ensure_ascii=True)
-        tmp.replace(p)
     except OSError as exc:
         raise TracekitError(f"--perfetto {p}: cannot write it ({exc.strerror or exc})") from None
+    clean_folder(p.parent)
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=True)
+    try:
+        write_file(p, text.encode("ascii"))
+    except TracekitError as exc:
+        raise TracekitError(f"--perfetto {exc}") from None
     return p

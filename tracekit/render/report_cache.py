@@ -22,6 +22,10 @@ temporary of tracekit's naming in the same folder, then is renamed over ``NAME``
 that name is replaced, never written through (a symbolic link or hard link named like a
 report file is replaced by the new file; what it pointed to is not touched), and no
 half-written report file is left under its name. Files of other names are not touched.
+A temporary left by a killed report (``--out``, its ``data/``, the ``--perfetto`` file's
+folder, ``compare -o``) is removed by the next report writing there, by the trace cache's own
+rule (:func:`tracekit.analyze.trace.cache.remove_stale_temporaries`: its pid gone on this host,
+or untouched for an hour); a live report's temporaries and every other file are kept.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +44,6 @@ REPORT_FILE = re.compile(r"(?:data/[0-9A-Za-z_]{1,64}\.csv|[0-9A-Za-z_]{1,64}\.(
                          r"|report\.md|report\.html)\Z")
 #: member name of the ``--perfetto`` file in a stored report (never a report file's name)
 PERFETTO_MEMBER = "_perfetto.json"
-_HOST = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64]
 
 
 @dataclass
@@ -60,7 +62,8 @@ class ReportResult:
 
 
 def prepare_dir(out_dir: str | Path, with_data: bool = True) -> Path:
-    """Create ``out_dir`` (and parents, and ``data/`` with ``with_data``) when missing; raises
+    """Create ``out_dir`` (and parents, and ``data/`` with ``with_data``) when missing, and
+    remove the stale temporaries a killed report left in them (:func:`clean_folder`); raises
     :class:`TracekitError` when it is a file or cannot be created."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -71,7 +74,21 @@ def prepare_dir(out_dir: str | Path, with_data: bool = True) -> Path:
             (out / "data").mkdir(exist_ok=True)
     except OSError as exc:
         raise TracekitError(f"-o {out}: cannot create the directory ({exc.strerror})") from None
+    clean_folder(out)
+    if with_data:
+        clean_folder(out / "data")
     return out
+
+
+def clean_folder(folder: str | Path) -> list[str]:
+    """Remove the temporaries of :func:`write_file` that a killed run left in ``folder`` and
+    nothing else: the trace cache's rule,
+    :func:`tracekit.analyze.trace.cache.remove_stale_temporaries` (tracekit's naming
+    ``.tmp-tk-<pid>-<random>-<host>``, a regular file of ours, its pid gone on this host or
+    untouched for an hour). Returns the names removed; never raises."""
+    from tracekit.analyze.trace.cache import remove_stale_temporaries
+
+    return remove_stale_temporaries(folder)
 
 
 def write_file(path: str | Path, data) -> Path:
@@ -79,6 +96,8 @@ def write_file(path: str | Path, data) -> Path:
     created exclusively beside it (never following a link), then renamed over ``path`` (see
     the module doc). Raises :class:`TracekitError` when it cannot be written; the temporary
     is removed then."""
+    from tracekit.analyze.trace.cache import _HOST
+
     p = Path(path)
     tmp = p.with_name(f".tmp-tk-{os.getpid()}-{secrets.token_hex(8)}-{_HOST}")
     try:
@@ -270,6 +289,7 @@ def cached_report(tc, key: str, out_dir: str | Path, perfetto: str | Path | None
             p.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise TracekitError(f"--perfetto {p}: cannot write it ({exc.strerror or exc})") from None
+        clean_folder(p.parent)
         res.files.append(write_file(p, dict(files)[PERFETTO_MEMBER]))
     res.figures = {k: out / v for k, v in meta["figures"].items()}
     return res

@@ -221,6 +221,51 @@ def _owned(st: os.stat_result) -> bool:
     return not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
 
 
+def stale_temporary(name: str, st: os.stat_result, now: float | None = None) -> bool:
+    """True when ``name`` (with its ``lstat`` result ``st``) is a temporary of tracekit's naming,
+    ``.tmp-tk-<pid>-<16 hex>-<host>`` (what the cache and ``tracekit report`` write before
+    renaming), a regular file of the current user, and stale: its writer's pid is gone on this
+    host (the host is in the name; another host's pid says nothing here), or nobody touched it
+    for :data:`STALE_TMP_S` seconds. A live writer's fresh temporary is never stale."""
+    m = _TMP.match(name)
+    if m is None or not stat.S_ISREG(st.st_mode) or not _owned(st):
+        return False
+    now = time.time() if now is None else now
+    return now - st.st_mtime > STALE_TMP_S or (m.group(2) == _HOST and _pid_gone(int(m.group(1))))
+
+
+def remove_stale_temporaries(folder: str | Path | int, legacy: bool = False) -> list[str]:
+    """Delete the :func:`stale_temporary` files directly in ``folder`` (a path, or a directory
+    file descriptor); nothing else (other names, links, folders, files of other users) is
+    touched. ``legacy``: also the ``tempfile.mkstemp`` names of a format-1 cache. Returns the
+    names removed; never raises (a folder that cannot be listed removes nothing)."""
+    removed: list[str] = []
+    fd = None
+    try:
+        if isinstance(folder, int):
+            dfd = folder
+        else:
+            fd = dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        now = time.time()
+        for name in os.listdir(dfd):
+            mine = _TMP.match(name) is not None
+            if not mine and not (legacy and _TMP_V1.match(name)):
+                continue
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if stale_temporary(name, st, now) if mine else (stat.S_ISREG(st.st_mode) and _owned(st)):
+                    os.unlink(name, dir_fd=dfd)
+                    removed.append(name)
+            except OSError:
+                pass
+    except OSError:
+        pass
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return removed
+
+
 def _read_regular(name: str, dfd: int, limit: int | None = None) -> bytes | None:
     """The bytes of ``name`` in the directory ``dfd`` when it is a regular file owned by us
     (never a FIFO, device or symbolic link: checked before and after opening), else None.
@@ -399,7 +444,8 @@ class TraceCache:
 
     def _remove_stale_temporaries(self, dfd: int | None = None) -> None:
         """Delete temporaries of our naming whose writer is gone (its pid, on this host) or that
-        nobody touched for :data:`STALE_TMP_S`; in a format-1 cache also its mkstemp names."""
+        nobody touched for :data:`STALE_TMP_S`; in a format-1 cache also its mkstemp names
+        (:func:`remove_stale_temporaries`)."""
         if dfd is None:
             try:
                 with self._dir() as dfd:
@@ -407,21 +453,7 @@ class TraceCache:
             except (OSError, _Rejected):
                 pass
             return
-        now = time.time()
-        for name in os.listdir(dfd):
-            m = _TMP.match(name)
-            if not m and not (self._legacy and _TMP_V1.match(name)):
-                continue
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode) or not _owned(st):
-                    continue
-                stale = now - st.st_mtime > STALE_TMP_S or (m is not None and m.group(2) == _HOST
-                                                            and _pid_gone(int(m.group(1))))
-                if stale or not m:
-                    os.unlink(name, dir_fd=dfd)
-            except OSError:
-                pass
+        remove_stale_temporaries(dfd, legacy=self._legacy)
 
     def _prepare(self) -> bool:
         """Make the directory and its manifest before the first write (deleting the entries of
