@@ -183,3 +183,26 @@ def test_overlap_levels_match_grid(rows):
             assert r["d2h_bytes"] == sum(x[4] for x in mine if x[1] == "D2H")
         windows = {x[6] for x in rows if x[0] == "memcpy"}
         assert f.height == (min(1, len(windows)) if name == "total" else len(windows))
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops(), st.integers(0, 3))
+def test_overlap_comm_cover_matches_grid(rows, salt):
+    """Compute and communication kernels apart (issue 13: the three copy sets' unions and both
+    covers measured in one pass): per phase, each set's busy time, its part under compute
+    kernels and its part under communication kernels, against the per-ns grid. A kernel is a
+    communication kernel when (start + salt) is odd."""
+    m = model_of(rows)
+    m.ops = m.ops.with_columns(comm=(pl.col("kind") == "kernel") & ((pl.col("start") + salt) % 2 == 1))
+    o = overlap.overlap(m, by=("phase",))
+    is_comm = [r[0] == "kernel" and (r[2] + salt) % 2 == 1 for r in rows]
+    k = depth([r for r, c in zip(rows, is_comm) if not c], lambda r: r[0] == "kernel") > 0
+    kc = depth([r for r, c in zip(rows, is_comm) if c], lambda r: r[0] == "kernel") > 0
+    for r in o.iter_rows(named=True):
+        mine = [x for x in rows if (x[6] == 0) == (r["phase"] == "forward")]
+        sets = {"h2d": depth(mine, lambda x: x[1] == "H2D") > 0, "d2h": depth(mine, lambda x: x[1] == "D2H") > 0}
+        sets["copy"] = sets["h2d"] | sets["d2h"]
+        for d, g in sets.items():
+            assert (r[f"{d}_busy_ns"], r[f"{d}_overlap_ns"], r[f"{d}_comm_overlap_ns"]) == (
+                g.sum(), (g & k).sum(), (g & kc).sum()), d
+        assert r["bidir_ns"] == (sets["h2d"] & sets["d2h"]).sum()

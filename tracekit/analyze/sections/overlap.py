@@ -45,15 +45,19 @@ def _kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int
     return out
 
 
-def _covered(pieces: pl.DataFrame, kernels: dict) -> pl.DataFrame:
-    """``pieces`` (RANK, ..., start, end) with ``covered`` = length under the rank's kernels."""
+def _covers(pieces: pl.DataFrame, kernels: dict, comm_kernels: dict) -> pl.DataFrame:
+    """``pieces`` (RANK, ..., start, end; ns) with ``covered`` and ``comm_covered``: the length
+    of each piece under its rank's compute kernels and communication kernels (Int64 ns), both
+    in one pass over the ranks (rows grouped by rank, in no particular order)."""
     parts = []
+    none = (np.empty(0, np.int64), np.empty(0, np.int64))
     for (gpid, dev), g in pieces.group_by(RANK):
-        ks, ke = kernels.get((gpid, dev), (np.empty(0, np.int64), np.empty(0, np.int64)))
-        cov = covered_length(ks, ke, g["start"].to_numpy(), g["end"].to_numpy())
-        parts.append(g.with_columns(covered=pl.Series(cov, dtype=pl.Int64)))
+        s, e = g["start"].to_numpy(), g["end"].to_numpy()
+        parts.append(g.with_columns(
+            covered=pl.Series(covered_length(*kernels.get((gpid, dev), none), s, e), dtype=pl.Int64),
+            comm_covered=pl.Series(covered_length(*comm_kernels.get((gpid, dev), none), s, e), dtype=pl.Int64)))
     if not parts:
-        return pieces.with_columns(covered=pl.lit(0, pl.Int64))
+        return pieces.with_columns(covered=pl.lit(0, pl.Int64), comm_covered=pl.lit(0, pl.Int64))
     return pl.concat(parts)
 
 
@@ -133,7 +137,14 @@ def _rollup(sums: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 
 def _sums(model: PhaseModel, by: list[str], kern: dict | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The additive columns of :func:`overlap` per rank and group ``by`` (unsorted), and the
-    union pieces of each group's copies of both directions (``RANK, by, start, end``)."""
+    union pieces of each group's copies of both directions (``RANK, by, start, end``).
+
+    The unions of the three copy sets of a group (its H2D copies, its D2H copies, all of them)
+    are built together, as groups of one frame that carries the set as an extra key, and their
+    kernel and communication cover is measured piece by piece in one pass per kind: one
+    :func:`grouped_union`, two cover passes and one aggregation instead of three of each
+    (issue 13). Every length is a sum of integer ns over the same pieces, so the sums are
+    exactly those of one union per set."""
     keys = [*RANK, *by]
     c = host_copies(model)
     kern = {} if kern is None else kern
@@ -145,24 +156,29 @@ def _sums(model: PhaseModel, by: list[str], kern: dict | None = None) -> tuple[p
         **{f"{d.lower()}_count": (pl.col("direction") == d).sum().cast(pl.Int64) for d in ("H2D", "D2H")},
         **{f"{d.lower()}_bytes": pl.col("bytes").filter(pl.col("direction") == d).sum() for d in ("H2D", "D2H")},
     )
-    pieces = {}
-    for d, sel in (("h2d", pl.col("direction") == "H2D"), ("d2h", pl.col("direction") == "D2H"), ("copy", pl.lit(True))):
-        p = _covered(grouped_union(c.filter(sel), keys), kernels)
-        pieces[d] = p
-        agg = p.group_by(keys).agg(
-            **{f"{d}_busy_ns": (pl.col("end") - pl.col("start")).sum(), f"{d}_overlap_ns": pl.col("covered").sum()}
-        )
-        out = out.join(agg, on=keys, how="left", nulls_equal=True)
-        cp = _covered(p.drop("covered"), comm_kernels).group_by(keys).agg(
-            **{f"{d}_comm_overlap_ns": pl.col("covered").sum()})
-        out = out.join(cp, on=keys, how="left", nulls_equal=True)
-    both = grouped_at_least(pl.concat([pieces["h2d"].select(*keys, "start", "end"),
-                                       pieces["d2h"].select(*keys, "start", "end")]), keys, 2)
+    # the copies of each set, stacked: "h2d" / "d2h" (host_copies holds only these directions), "copy" (all)
+    cols = [*keys, "start", "end"]
+    sets = pl.concat([
+        c.select(*cols, _set=pl.col("direction").str.to_lowercase()),
+        c.select(*cols, _set=pl.lit("copy")),
+    ])
+    skeys = [*keys, "_set"]
+    p = _covers(grouped_union(sets, skeys), kernels, comm_kernels)  # RANK, by, _set, start, end, covered, comm_covered
+    length = pl.col("end") - pl.col("start")
+    agg = p.group_by(keys).agg(**{
+        f"{d}_{m}": v.filter(pl.col("_set") == d).sum()
+        for d in ("h2d", "d2h", "copy")
+        for m, v in (("busy_ns", length), ("overlap_ns", pl.col("covered")),
+                     ("comm_overlap_ns", pl.col("comm_covered")))
+    })
+    out = out.join(agg, on=keys, how="left", nulls_equal=True)
+    pieces = {d: p.filter(pl.col("_set") == d).select(*keys, "start", "end") for d in ("h2d", "d2h", "copy")}
+    both = grouped_at_least(pl.concat([pieces["h2d"], pieces["d2h"]]), keys, 2)
     out = out.join(both.group_by(keys).agg(bidir_ns=(pl.col("end") - pl.col("start")).sum()),
                    on=keys, how="left", nulls_equal=True)
     fill = [f"{d}_{m}" for d in ("h2d", "d2h", "copy") for m in ("busy_ns", "overlap_ns", "comm_overlap_ns")] + ["bidir_ns"]
     out = out.with_columns(**{f: pl.col(f).fill_null(0).cast(pl.Int64) for f in fill})
-    return out, pieces["copy"].select(*keys, "start", "end")
+    return out, pieces["copy"]
 
 
 def _finish(out: pl.DataFrame, by: list[str]) -> pl.DataFrame:
