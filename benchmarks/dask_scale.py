@@ -18,7 +18,8 @@ What it does:
 3. for each run prints wall time, CPU time (the CLI process tree from ``wait4``, plus the
    worker and scheduler processes' CPU for ``--dask``), peak RSS per worker (``VmHWM`` of each
    worker process, reset through ``/proc/PID/clear_refs`` before the run; for ``--jobs`` the
-   largest process of the tree, ``ru_maxrss``), bytes read per trace (``rchar`` of the workers)
+   largest process of the tree, ``ru_maxrss``), the client's peak RSS (the CLI process alone:
+   its ``VmHWM``, which it writes as it exits), bytes read per trace (``rchar`` of the workers)
    and the load average; for ``--dask`` also the tasks' compute times from the scheduler's task
    stream;
 4. fits the model ``wall = F + ceil(N / W) * tW + N * s`` (see :func:`fit_and_predict`: each
@@ -56,7 +57,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACEKIT = [sys.executable, "-m", "tracekit.cli"]
+#: the CLI, run so that it writes its own peak RSS (``VmHWM``, this process alone: not the
+#: ``--jobs`` workers it spawns) to the file ``$DASK_SCALE_HWM`` as it exits
+_CLIENT = ("import atexit, os, runpy, sys\n"
+           "def _hwm():\n"
+           "    with open('/proc/self/status') as fh, open(os.environ['DASK_SCALE_HWM'], 'w') as out:\n"
+           "        out.write(next(ln for ln in fh if ln.startswith('VmHWM:')).split()[1])\n"
+           "atexit.register(_hwm)\n"
+           "sys.argv = ['tracekit', *sys.argv[1:]]\n"
+           "runpy.run_module('tracekit.cli', run_name='__main__')\n")
+TRACEKIT = [sys.executable, "-c", _CLIENT]
 #: where the CLI and the cluster's workers import tracekit from (``--pythonpath``)
 TREE = {"cwd": ROOT, "env": None}
 MiB = 1 << 20
@@ -143,11 +153,13 @@ def run_cli(files: list[Path], mode: str, cluster: dict | None, client=None, opt
     base_rss = {pid: _status_kib(pid, "VmRSS") for pid in worker_pids}
     load = os.getloadavg()[0]
     err = tempfile.TemporaryFile()
+    hwm = tempfile.NamedTemporaryFile(prefix="dask_scale_hwm")
     stream_start = time.time()
+    env = (TREE["env"] or os.environ) | {"DASK_SCALE_HWM": hwm.name}
     with PeakRSS(worker_pids) as peak:
         t0 = time.perf_counter()
         proc = subprocess.Popen([*TRACEKIT, "analyze", *map(str, files), "--no-cache", *options.split(), *extra],
-                                stdout=subprocess.DEVNULL, stderr=err, **TREE)
+                                stdout=subprocess.DEVNULL, stderr=err, cwd=TREE["cwd"], env=env)
         _, status, ru = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -155,7 +167,9 @@ def run_cli(files: list[Path], mode: str, cluster: dict | None, client=None, opt
         err.seek(0)
         raise SystemExit(f"{mode} N={len(files)} failed ({proc.returncode}): {err.read().decode()[-2000:]}")
     row = {"n": len(files), "mode": mode, "wall_s": wall, "load": load,
-           "cli_cpu_s": ru.ru_utime + ru.ru_stime, "cli_peak_mib": ru.ru_maxrss / 1024}
+           "cli_cpu_s": ru.ru_utime + ru.ru_stime, "cli_peak_mib": ru.ru_maxrss / 1024,
+           "client_mib": int(Path(hwm.name).read_text() or 0) / 1024}  # the CLI process alone
+    hwm.close()
     if mode == "dask":
         row["worker_cpu_s"] = sum(_cpu_s(p) - cpu0[p] for p in worker_pids)
         row["scheduler_cpu_s"] = _cpu_s(cluster["scheduler_pid"]) - cpu0[cluster["scheduler_pid"]]
@@ -205,7 +219,7 @@ def _fmt(rows: list[dict]) -> str:
         task = f"{statistics.median(r['task_s']):.2f}" if r.get("task_s") else ""
         lines.append(f"| {r['trace']} | {r['n']} | {r['mode']} | {r['wall_s']:.2f} | {r['cpu_s']:.2f} | "
                      f"{r['cpu_s'] / r['wall_s']:.2f} | {r['worker_peak_mib']:.0f} | "
-                     f"{r['cli_peak_mib']:.0f} | {task} | {r['load']:.2f} |")
+                     f"{r.get('client_mib', r['cli_peak_mib']):.0f} | {task} | {r['load']:.2f} |")
     return "\n".join(lines)
 
 
@@ -410,9 +424,9 @@ def fit_and_predict(rows: list[dict], W: int, a, cold_first: float) -> dict:
           f"shared file system delivers {need_gbs:.1f} GB/s ({need_gbs / workers * 1e3:.0f} MB/s per worker); "
           f"at B GB/s, wall ~ Fc + cold + max({rounds} x t, {total_gb:.0f} GB / B) + N x s: "
           + ", ".join(f"{Fc + cold + max(rounds * t_rank, total_gb / b) + n * s:.0f} s at {b} GB/s" for b in (10, 1)))
-    c0, c1 = _slope([r["n"] for r in large], [r["cli_peak_mib"] for r in large])
+    c0, c1 = _slope([r["n"] for r in large], [r.get("client_mib", r["cli_peak_mib"]) for r in large])
     print(f"memory: {peak:.0f} MiB peak per worker, {wpn} per node: {wpn * peak / 1024:.1f} GiB per node; "
-          f"the client holds every result until the summary: peak {c0:.0f} MiB + {c1:.1f} MiB per trace "
+          f"client peak {c0:.0f} MiB + {c1:.1f} MiB per trace "
           f"(least squares over N) -> {(c0 + n * c1) / 1024:.1f} GiB for {n} ranks")
     fig |= {"worker_cpu_per_trace_s": cpu, "worker_peak_mib": peak, "worker_idle_mib": base,
             "client_peak_mib": client, "read_mb_per_trace": read_mb,

@@ -74,24 +74,36 @@ def _write_out(a, out: Path, fmt: str) -> None:
 
 
 def _many(traces, options, out, out_format: str, fmt: str, wide: bool, jobs, dask, ranks) -> None:
-    """Several traces (or a directory, a glob, Dask): :func:`tracekit.analysis.analyze_many`."""
-    from tracekit.analysis import Analysis, analyze_many
+    """Several traces (or a directory, a glob, Dask): :func:`tracekit.analyze.multi.analyze_many`.
+    Each trace's ``--json`` text and ``--out`` files are written as it arrives, in input order;
+    this process keeps only the per-rank phase times the table and the summary read, so its
+    memory does not grow with the results (issue 13, item 6)."""
     from tracekit.analyze import multi
     from tracekit.render import many as render_many
 
-    many = analyze_many(traces, options, jobs=jobs, dask=dask, expected_ranks=ranks)
+    stream = multi.ManyJson(sys.stdout) if fmt == "json" else None
+    want, each = ("json", lambda i, path, part: stream.trace(part["json"])) if stream else ("compact", None)
     if out is not None:
+        from tracekit.analysis import Analysis
         from tracekit.render.files import frame_dirs
 
-        for a, dest in zip(many.traces, frame_dirs([a.path for a in many.traces], out)):
-            _write_out(Analysis(a.path, a.options, a.to_json()), dest, out_format)
-    if fmt == "json":
-        multi.write_json(many.to_json(), sys.stdout)
+        dirs = frame_dirs(multi.expand_inputs(traces), out)
+
+        def each(i, path, result):  # the whole result, let go once written
+            _write_out(Analysis(path, options, result), dirs[i], out_format)
+            if stream is not None:
+                stream.trace(multi.trace_json_text(result))
+
+        want = "stream"
+    many = multi.analyze_many(traces, options, jobs=jobs, dask=dask, cache=options.cache,
+                              expected_ranks=ranks, want=want, each=each)
+    if stream is not None:
+        stream.close(many["failed"], many["summary"])
     elif fmt in ("csv", "md"):
         sys.stdout.write(render_many.many_text(many, fmt))
     else:
-        render_many.render_many(many.to_json(), wide=wide)
-    failures = multi.failure_lines(many.to_json())
+        render_many.render_many(many, wide=wide)
+    failures = multi.failure_lines(many)
     if failures:  # every good trace is reported above; then the bad ones, one line each
         sys.stdout.flush()
         for line in failures[:-1]:

@@ -131,6 +131,13 @@ def _analyze_one_checked(path: str, options, cache: bool) -> dict:
 
 
 # ---------------------------------------------------------------------- many traces
+#: What a worker sends back per trace (``want`` of :func:`analyze_many`): ``"result"`` the whole
+#: result; ``"compact"`` only what the summary across ranks reads (:func:`compact_part`);
+#: ``"json"`` that and the trace's ``--json`` text (:func:`trace_json_text`); ``"stream"`` the
+#: whole result, handed to ``each`` and then let go (only its compact part is kept).
+WANTS = ("result", "compact", "json", "stream")
+
+
 def analyze_many(
     items: list[str | Path],
     options=None,
@@ -138,6 +145,8 @@ def analyze_many(
     dask: str | None = None,
     cache: bool = True,
     expected_ranks: int | None = None,
+    want: str = "result",
+    each=None,
 ) -> dict:
     """Analyze every trace of ``items`` (see :func:`expand_inputs`) and compare their ranks.
 
@@ -151,9 +160,18 @@ def analyze_many(
             runs there.
         cache: use the per-trace Parquet / result cache.
         expected_ranks: how many ranks the run had (numbered 0..N-1), to report missing ones.
+        want: what each worker sends back and this process keeps (:data:`WANTS`): ``"result"``
+            (default) every trace's whole result, kept in ``traces``; ``"compact"``, ``"json"``
+            and ``"stream"`` keep only :func:`compact_part` of each, so that this process's
+            memory does not grow with the results (issue 13, item 6): with ``"json"`` and
+            ``"stream"`` each trace's part (the compact part with the ``"json"`` text, or the
+            whole result) is handed to ``each`` and then let go, and at most
+            :func:`stream_window` traces are asked for ahead of the one ``each`` waits on.
+        each: ``each(index, path, part)``, called in input order for every trace that could be
+            analyzed, as its part arrives (``index`` into :func:`expand_inputs`'s list).
 
-    Returns ``{"traces": [result per good trace, in input order], "failed": [{"trace": str,
-    "error": str (one line, naming the trace), "exit_code": int}], "summary":
+    Returns ``{"traces": [result (or compact part) per good trace, in input order], "failed":
+    [{"trace": str, "error": str (one line, naming the trace), "exit_code": int}], "summary":
     summarize_ranks(...)}`` (times in ns). A trace that cannot be analyzed (not an nsys
     export, truncated, out of memory, a worker that died) does not stop the others: it is
     listed in ``failed`` and left out of the summary (but not counted as a missing rank).
@@ -161,25 +179,112 @@ def analyze_many(
     Raises :class:`TracekitError` (one line): an input missing (:func:`expand_inputs`), an
     unreachable Dask scheduler.
     """
+    if want not in WANTS:
+        raise ValueError(f"want={want!r}: choose one of {WANTS}")
     paths = expand_inputs(items)
     from tracekit.options import Options
 
     opts = Options.of(options)  # checked here, once; a frozen dataclass travels to the workers
+    streamed = want in ("json", "stream")
     if dask:
-        outcomes = _run_dask(dask, paths, opts, cache)
+        outcomes = _iter_dask(dask, paths, opts, cache, want, streamed)
     else:
         n = min(jobs, len(paths)) if jobs else default_jobs(paths)
         if n <= 1:
-            outcomes = [_outcome(lambda p=p: _analyze_one_checked(str(p), opts, cache)) for p in paths]
+            outcomes = (_outcome(lambda p=p: analyze_part(str(p), opts, cache, want)) for p in paths)
         else:
-            outcomes = _run_processes(paths, opts, cache, n)
-    good = [(p, o) for p, o in zip(paths, outcomes) if not isinstance(o, TracekitError)]
-    failed = [{"trace": str(p), "error": _named(p, o), "exit_code": o.exit_code}
-              for p, o in zip(paths, outcomes) if isinstance(o, TracekitError)]
-    results = [o for _, o in good]
-    summary = summarize_ranks(results, [p for p, _ in good], expected_ranks,
-                              failed=[Path(f["trace"]) for f in failed])
+            outcomes = _iter_processes(paths, opts, cache, n, want=want,
+                                       window=stream_window(n) if streamed else None)
+    results, good, failed = [], [], []
+    for i, (p, o) in enumerate(zip(paths, outcomes)):
+        if isinstance(o, TracekitError):
+            failed.append({"trace": str(p), "error": _named(p, o), "exit_code": o.exit_code})
+            continue
+        if each is not None:
+            each(i, p, o)
+        if want == "stream":
+            o = compact_part(o)
+        elif want == "json":
+            o = {k: v for k, v in o.items() if k != "json"}
+        results.append(o)
+        good.append(p)
+        del o  # the part handed to each() goes now, before the next one arrives
+    summary = summarize_ranks(results, good, expected_ranks, failed=[Path(f["trace"]) for f in failed])
     return {"traces": results, "failed": failed, "summary": summary}
+
+
+def compact_part(result: dict) -> dict:
+    """The part of one trace's result that :func:`rank_rows` and :func:`summarize_ranks` read,
+    in the result's own shape: ``{"trace", "ranks": [{"pid", "device", "iterations": [{"index",
+    "complete", "unclosed" (when in the result), "phases": [{"phase", "wall_ns"}]}]}]}``
+    (a few hundred bytes per iteration, against tens of MB for a whole ``--all`` result)."""
+    ranks = []
+    for r in result.get("ranks", []):
+        its = []
+        for it in r.get("iterations", []):
+            d = {k: it[k] for k in ("index", "complete", "unclosed") if k in it}
+            d["phases"] = [{"phase": ph["phase"], "wall_ns": ph["wall_ns"]} for ph in it.get("phases", [])]
+            its.append(d)
+        ranks.append({"pid": r["pid"], "device": r["device"], "iterations": its})
+    return {"trace": result.get("trace"), "ranks": ranks}
+
+
+def trace_json_text(result: dict) -> str:
+    """``result`` as it stands in the ``"traces"`` list of ``tracekit analyze A B ... --json``
+    (:func:`write_json`'s layout two levels deep, without the final newline); what
+    :class:`ManyJson` writes."""
+    from tracekit.analyze.trace.cache import format_json
+
+    return format_json(result).rstrip("\n").replace("\n", "\n  ")
+
+
+def analyze_part(path: str, options, cache: bool, want: str = "result", name: str | None = None) -> dict:
+    """What a worker sends back for one trace (``want``, see :data:`WANTS`): the whole result
+    of :func:`_analyze_one_checked`, its :func:`compact_part`, or that with ``"json"``: the
+    trace's text for ``--json`` (:func:`trace_json_text`). ``name``: the trace's path as the
+    client spells it, in place of ``path`` in the result. Raises TracekitError as
+    :func:`_analyze_one_checked`."""
+    result = _analyze_one_checked(path, options, cache)
+    if name is not None:
+        result["trace"] = name
+    if want in ("result", "stream"):
+        return result
+    part = compact_part(result)
+    if want == "json":
+        part["json"] = trace_json_text(result)
+    return part
+
+
+def stream_window(slots: int) -> int:
+    """How many traces may be asked for (running, or done and not yet handed on) ahead of the
+    one the client waits on when each part is handed on in input order: twice the workers'
+    slots, at least 2; so the parts held at once do not grow with the number of traces."""
+    return max(2, 2 * slots)
+
+
+class ManyJson:
+    """``tracekit analyze A B ... --json`` written trace by trace: :meth:`trace` writes each
+    trace's text (:func:`trace_json_text`) as it arrives, :meth:`close` the ``failed`` list and
+    the summary; the text is the same as :func:`write_json` of the whole dict, which is never
+    held."""
+
+    _HEAD = '{\n "traces": []'
+
+    def __init__(self, fh) -> None:
+        self.fh, self.n = fh, 0
+
+    def trace(self, text: str) -> None:
+        """Write one trace's text (the next one of the ``"traces"`` list)."""
+        self.fh.write(('{\n "traces": [' if not self.n else ",") + "\n  " + text)
+        self.n += 1
+
+    def close(self, failed: list, summary: dict) -> None:
+        """Write the end: the ``failed`` list and ``summary`` (:func:`analyze_many`'s)."""
+        from tracekit.analyze.trace.cache import format_json
+
+        tail = format_json({"traces": [], "failed": failed, "summary": summary})
+        assert tail.startswith(self._HEAD)
+        self.fh.write(tail if not self.n else "\n ]" + tail[len(self._HEAD):])
 
 
 def _named(path: Path, exc: TracekitError) -> str:
@@ -271,60 +376,118 @@ def worker_threads(jobs: int, cores: int | None = None) -> dict[str, str]:
     return {k: os.environ.get(k, v) for k, v in want.items()}
 
 
+def _in_order(paths: list[Path], submit, fetch, window: int):
+    """Yield ``fetch(path, handle)`` for every path in input order, where ``handle =
+    submit(path)`` and at most ``window`` paths are submitted and not yet fetched; the next
+    ones are submitted before each outcome is yielded, so the workers keep busy meanwhile."""
+    from collections import deque
+
+    pending: deque = deque()
+    rest = iter(paths)
+
+    def top_up() -> None:
+        while len(pending) < window:
+            p = next(rest, None)
+            if p is None:
+                return
+            pending.append((p, submit(p)))
+
+    top_up()
+    while pending:
+        p, handle = pending.popleft()
+        out = fetch(p, handle)
+        del handle  # a Dask future released: the worker lets the part go
+        top_up()
+        yield out
+
+
 def _run_processes(paths: list[Path], opts, cache: bool, jobs: int, work=None) -> list[dict | TracekitError]:
     """``work(path, opts, cache)`` (default :func:`_analyze_one_checked`) for every path in ``jobs``
     spawned worker processes sharing :func:`worker_threads`; a failure is that path's TracekitError."""
-    work = work or _analyze_one_checked
+    return list(_iter_processes(paths, opts, cache, jobs, work=work))
+
+
+def _iter_processes(paths: list[Path], opts, cache: bool, jobs: int, work=None, want: str = "result",
+                    window: int | None = None):
+    """:func:`_run_processes` as a generator, in input order: ``work`` (default
+    :func:`analyze_part` with ``want``) for every path, at most ``window`` (default: all)
+    submitted ahead of the one being handed on."""
+    import functools
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
+    work = work or functools.partial(analyze_part, want=want)
+    window = max(window or len(paths), jobs)  # >= jobs: every worker is spawned in the first batch
+
+    def died(p: Path) -> TracekitError:
+        from tracekit import memlimit
+
+        limit = memlimit.current_limit()
+        advice = memlimit.message(limit) if limit else "retry with --jobs 1 or fewer traces"
+        return TracekitError(f"{p}: {WORKER_DIED}; {advice}")
+
     # spawn, not fork: polars' thread pool does not survive a fork. The workers inherit the
-    # thread budget from the environment at spawn time (during the submits below).
+    # thread budget from the environment at spawn time (during the first submits below).
     ctx = multiprocessing.get_context("spawn")
     budget = worker_threads(jobs)
     saved = {k: os.environ.get(k) for k in budget}
+    futures = []
+
+    def submit(p: Path):
+        try:
+            f = pool.submit(work, str(p), opts, cache)
+        except BrokenProcessPool:  # a worker died: this trace is not run either
+            return None
+        futures.append(f)
+        return f
+
+    def fetch(p: Path, f):
+        if f is None:
+            return died(p)
+        try:
+            return f.result()
+        except TracekitError as exc:
+            return exc
+        except BrokenProcessPool:
+            return died(p)
+        finally:
+            if f is not None:
+                futures.remove(f)
+
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         os.environ.update(budget)
         try:
-            futures = [pool.submit(work, str(p), opts, cache) for p in paths]
+            ordered = _in_order(paths, submit, fetch, window)
+            first = next(ordered, None)  # the first batch (every worker) spawned with the budget
         finally:
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        out: list[dict | TracekitError] = []
         try:
-            for p, f in zip(paths, futures):
-                try:
-                    out.append(f.result())
-                except TracekitError as exc:
-                    out.append(exc)
-                except BrokenProcessPool:
-                    from tracekit import memlimit
-
-                    limit = memlimit.current_limit()
-                    advice = memlimit.message(limit) if limit else "retry with --jobs 1 or fewer traces"
-                    out.append(TracekitError(f"{p}: {WORKER_DIED}; {advice}"))
-        except BaseException:
+            if first is not None:
+                yield first
+                del first
+                yield from ordered
+        finally:  # stopped early (an error, ^C): the traces not started are not run
             for f in futures:
                 f.cancel()
-            raise
-        return out
 
 
-def _analyze_on_dask_worker(path: str, options, cache: bool) -> dict:
-    """:func:`_analyze_one_checked` on a Dask worker: a trace the client sees but the worker
+def _analyze_on_dask_worker(path: str, name: str | None = None, options=None, cache: bool = True,
+                            want: str = "result") -> dict:
+    """:func:`analyze_part` on a Dask worker (``name``: the path as the client spells it): a trace the client sees but the worker
     does not (no shared file system, another mount point) is named as such, with the host."""
     if not os.path.exists(path):
         import socket
 
         raise TracekitError(
-            f"{path}: no such file on the Dask worker on {socket.gethostname()} (workers must see "
+            f"{name or path}: no such file on the Dask worker on {socket.gethostname()} (workers must see "
             "the traces at the same absolute paths as the client: a shared file system)"
         )
-    return _analyze_one_checked(path, options, cache)
+    return analyze_part(path, options, cache, want, name)
 
 
 def _dask_outcome(path: Path, future) -> dict | TracekitError:
@@ -348,6 +511,14 @@ def _dask_outcome(path: Path, future) -> dict | TracekitError:
 
 
 def _run_dask(address: str, paths: list[Path], opts, cache: bool) -> list[dict | TracekitError]:
+    """Every trace's whole result (or TracekitError) from the Dask scheduler at ``address``, in
+    input order (:func:`_iter_dask`)."""
+    return list(_iter_dask(address, paths, opts, cache))
+
+
+def _dask_client(address: str):
+    """A client of the Dask scheduler at ``address`` that has a worker; TracekitError (one
+    line) for a missing extra, a bad address, an unreachable scheduler or one without workers."""
     try:
         from distributed import Client
     except ImportError:
@@ -369,26 +540,40 @@ def _run_dask(address: str, paths: list[Path], opts, cache: bool) -> list[dict |
     except Exception as exc:  # OSError/TimeoutError (unreachable), ValueError (bad address)
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TracekitError(f"--dask {address}: cannot reach the Dask scheduler ({reason})") from None
+    try:  # a scheduler without workers would hold the tasks forever
+        client.wait_for_workers(1, timeout=timeout)
+    except Exception:
+        client.close()
+        raise TracekitError(f"--dask {address}: the Dask scheduler has no workers (waited "
+                            f"{timeout:g} s; start them with dask worker {address})") from None
+    return client
+
+
+def _iter_dask(address: str, paths: list[Path], opts, cache: bool, want: str = "result", streamed: bool = False):
+    """Each trace's part (:func:`analyze_part` with ``want``) or TracekitError from the Dask
+    scheduler at ``address``, in input order, each gathered once and then released on the
+    cluster. ``streamed``: at most :func:`stream_window` of the workers' threads submitted
+    ahead (else all at once, one ``client.map``)."""
+    client = _dask_client(address)
     try:
-        try:  # a scheduler without workers would hold the tasks forever
-            client.wait_for_workers(1, timeout=timeout)
-        except Exception:
-            raise TracekitError(f"--dask {address}: the Dask scheduler has no workers (waited "
-                                f"{timeout:g} s; start them with dask worker {address})") from None
-        futures = client.map(
-            _analyze_on_dask_worker,
-            [str(p.resolve()) for p in paths],
-            options=opts,
-            cache=cache,
-            pure=False,
-        )
-        results = [_dask_outcome(p, f) for p, f in zip(paths, futures)]
+        kw = dict(options=opts, cache=cache, want=want, pure=False)
+        if streamed:
+            window = stream_window(sum(client.nthreads().values()))
+
+            def submit(p: Path):
+                return client.submit(_analyze_on_dask_worker, str(p.resolve()), str(p), **kw)
+        else:
+            from collections import deque
+
+            window = max(1, len(paths))
+            futures = deque(client.map(_analyze_on_dask_worker, [str(p.resolve()) for p in paths],
+                                       [str(p) for p in paths], **kw))
+
+            def submit(p: Path):
+                return futures.popleft()  # handed over: released once fetched
+        yield from _in_order(paths, submit, _dask_outcome, window)
     finally:
         client.close()
-    for p, r in zip(paths, results):
-        if isinstance(r, dict):
-            r["trace"] = str(p)
-    return results
 
 
 # ---------------------------------------------------------------------- summary

@@ -142,10 +142,11 @@ def store_view(path: str | Path, options, view: dict | None, text: str) -> None:
 
 def many_text(many, fmt: str) -> str:
     """``--format csv|md`` for several traces: the per-rank rows of the summary
-    (:func:`rank_rows`; ms = 1e6 ns in md, ns in csv)."""
+    (:func:`rank_rows`; ms = 1e6 ns in md, ns in csv). ``many``: :func:`analyze_many`'s dict
+    (only its ``summary`` is read) or a :class:`tracekit.analysis.ManyAnalysis`."""
     import polars as pl
 
-    rows = many.summary["rank_rows"]
+    rows = (many["summary"] if isinstance(many, dict) else many.summary)["rank_rows"]
     flat = [{"trace": r["trace"], "rank": r["rank"] if r["rank"] is not None else r["node"], "pid": r["pid"],
              "device": r["device"], "iterations": r["iterations"], "mean_iteration_ns": r["mean_iteration_ns"],
              **{f"{p}_ns": r["phase_ns"].get(p, 0) for p in PHASES}} for r in rows]
