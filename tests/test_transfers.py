@@ -421,3 +421,49 @@ def test_pcie_baseline_matches_sql(sql, em):
         assert got == [statistics.median(vals)]
     bwd = st.filter(pl.col("phase") == "backward")
     assert all(45 < v < 65 for v in bwd["implied_peak_gbps"])  # copies explain the link traffic
+
+
+def test_memory_peaks_by_any_grouping_match_a_loop_over_events():
+    """memory_peaks by phase, by iteration and phase, and per window (issue 13: the per-window
+    levels computed once and kept on the model, each grouping a max/min over them) against a
+    loop over the events read with sqlite3: per window, the running total at its start and
+    after each event inside it; per group, the max (peak) and min (low) of those."""
+    from conftest import FIXTURES
+
+    path = FIXTURES / "zero3_offload_gas2_cut.sqlite"
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    kinds = dict(con.execute("SELECT id, name FROM ENUM_CUDA_MEM_KIND"))
+    ev = con.execute("""SELECT start, globalPid, deviceId, CASE memoryOperationType WHEN 0 THEN bytes ELSE -bytes END,
+                               memKind FROM CUDA_GPU_MEMORY_USAGE_EVENTS WHERE memoryOperationType IN (0, 1)
+                        ORDER BY start, rowid""").fetchall()
+    total = dict(con.execute("SELECT id, totalMemory FROM TARGET_INFO_GPU"))
+    con.close()
+    level, after = defaultdict(int), defaultdict(list)  # (pid, dev) -> [(t, level after the event)]
+    for t, gp, dev, d, k in ev:
+        label = kinds[k].removeprefix("CUDA_MEMOPR_MEMORY_KIND_").lower() if k in kinds else "unknown"
+        if label not in memory.DEVICE_KINDS:
+            continue
+        level[(gp, dev)] += d
+        after[(gp, dev)].append((t, level[(gp, dev)]))
+    e = Export.open(path)
+    m = phases.build(e)
+    assert len(after) == 1
+    (rank, lv), = after.items()
+    win = m.windows.filter(pl.col("global_pid") == rank[0]).to_dicts()
+    per = []
+    for w in win:
+        at_start = [v for t, v in lv if t <= w["start"]]
+        inside = [v for t, v in lv if w["start"] < t < w["end"]]
+        vals = [at_start[-1] if at_start else 0, *inside]
+        per.append((w, max(vals), min(vals)))
+    assert any(w["start"] < t < w["end"] for w in win for t, _ in lv)  # events inside windows: not constant
+    for by in (("phase",), ("iteration", "phase"), ("iteration", "phase", "micro_step")):
+        got = memory.memory_peaks(e, m, by=by)
+        want = defaultdict(list)
+        for w, hi, lo in per:
+            want[tuple(w[b] for b in by)].append((hi, lo))
+        assert got.height == len(want)
+        for r in got.iter_rows(named=True):
+            vals = want[tuple(r[b] for b in by)]
+            assert (r["peak_bytes"], r["min_bytes"]) == (max(v[0] for v in vals), min(v[1] for v in vals))
+            assert r["headroom_bytes"] == total[rank[1]] - r["peak_bytes"]

@@ -79,6 +79,31 @@ def memory_peaks(export: Export, model: PhaseModel, by=PHASE_KEYS, kinds: tuple[
     by = check_by(by)
     if "sub_phase" in by:
         by = [b for b in by if b != "sub_phase"]  # sub-phases are per thread; peaks are per window
+    w = window_levels(export, model, kinds).lazy()
+    out = w.group_by([*RANK, *by]).agg(peak_bytes=pl.col("peak").max(), min_bytes=pl.col("low").min(),
+                                       start_ns=pl.col("start").min())
+    out = out.join(device_memory(export).lazy(), on="device", how="left").with_columns(
+        headroom_bytes=pl.col("total_memory") - pl.col("peak_bytes")
+    )
+    return out.sort([*RANK, "start_ns"]).select(*RANK, *by, "start_ns", "peak_bytes", "min_bytes",
+                                                "total_memory", "headroom_bytes").collect()
+
+
+def window_levels(export: Export, model: PhaseModel, kinds: tuple[str, ...] = DEVICE_KINDS) -> pl.DataFrame:
+    """Per phase window of a rank with memory events: ``global_pid, device, window_id,
+    iteration, phase, micro_step, boundary, start, end`` (ns), ``start_level`` (bytes in use
+    at the window's start: after every event at or before it; 0 before the first),
+    ``ev_max``, ``ev_min`` (highest and lowest level after an event inside the window; null
+    without one), ``peak`` and ``low`` (bytes: the larger and smaller of the two). The rule of
+    :func:`memory_peaks`, whose groupings are maxima and minima of these rows: computed once
+    per model and ``kinds`` and kept on it (the opportunities and the what-if model group them
+    by phase and by iteration and phase). Raises :class:`~tracekit.errors.MissingDataError`
+    without memory usage events.
+    """
+    key = ("memory_window_levels", tuple(kinds))
+    cached = model.cache.get(key)
+    if cached is not None:
+        return cached
     tl = memory_timeline(export, None, kinds).lazy()  # the rest as one polars query
     ranks = tl.select(RANK).unique()
     win = model.windows.lazy().join(ranks, on="global_pid").select(
@@ -100,10 +125,5 @@ def memory_peaks(export: Export, model: PhaseModel, by=PHASE_KEYS, kinds: tuple[
         peak=pl.max_horizontal("start_level", "ev_max"),
         low=pl.min_horizontal("start_level", "ev_min"),
     )
-    out = w.group_by([*RANK, *by]).agg(peak_bytes=pl.col("peak").max(), min_bytes=pl.col("low").min(),
-                                       start_ns=pl.col("start").min())
-    out = out.join(device_memory(export).lazy(), on="device", how="left").with_columns(
-        headroom_bytes=pl.col("total_memory") - pl.col("peak_bytes")
-    )
-    return out.sort([*RANK, "start_ns"]).select(*RANK, *by, "start_ns", "peak_bytes", "min_bytes",
-                                                "total_memory", "headroom_bytes").collect()
+    model.cache[key] = w = w.collect()
+    return w
