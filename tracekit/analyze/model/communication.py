@@ -87,12 +87,15 @@ def annotate(ops: pl.DataFrame, names: dict[int, str]) -> pl.DataFrame:
     a communication kernel) and ``collective`` (its kind, null otherwise); copies and memsets
     are never communication. ``names``: {name_id: kernel name}."""
     ops = ops.drop([c for c in ("comm", "collective") if c in ops.columns])
-    cls = classify_names(names)
-    out = ops.join(cls, on="name_id", how="left")
+    # one lookup per distinct name, mapped onto the rows (no join: the ops' columns are not copied)
+    comm = {int(i): is_communication(n) for i, n in names.items()}
+    kinds = {i: collective_kind(names[i]) for i, c in comm.items() if c}
     is_k = pl.col("kind") == "kernel"
-    return out.with_columns(
-        comm=(is_k & pl.col("comm").fill_null(False)),
-        collective=pl.when(is_k).then(pl.col("collective")).otherwise(None),
+    nid = pl.col("name_id")
+    return ops.with_columns(
+        comm=is_k & nid.replace_strict(comm, default=False, return_dtype=pl.Boolean).fill_null(False),
+        collective=pl.when(is_k).then(nid.replace_strict(kinds, default=None, return_dtype=pl.String))
+        .otherwise(None),
     )
 
 

@@ -106,7 +106,7 @@ def load_gpu_ops(export: Export) -> pl.DataFrame:
     sum beyond what int64 holds.
     """
     parts = [set_aside(export, _load_table(export, table, kind), kind) for kind, table in _TABLES.items()]
-    ops = pl.concat(parts)
+    ops = pl.concat(parts, rechunk=False)  # made contiguous by the final sort
     if ops.height and float(ops["bytes"].cast(pl.Float64).sum()) >= 2.0**62:
         raise TracekitError(
             f"{export.path}: the copies and memsets add up to more than 4.6e18 bytes, beyond what "
@@ -120,16 +120,17 @@ def load_gpu_ops(export: Export) -> pl.DataFrame:
         dst_kind=pl.col("dst_kind_id").replace_strict(mem_labels, default=None, return_dtype=pl.String),
         bytes=pl.col("bytes").fill_null(0),
     )
-    runtime = load_runtime(export)
+    runtime = load_runtime(export, launches_only=True)
+    api = ["api_start", "api_end", "api_name_id", "launch_tid"]
     if runtime.height:
-        ops = ops.join(runtime, on=["global_pid", "correlation_id"], how="left")
-    else:
-        ops = ops.with_columns(
-            api_start=pl.lit(None, pl.Int64),
-            api_end=pl.lit(None, pl.Int64),
-            api_name_id=pl.lit(None, pl.Int64),
-            launch_tid=pl.lit(None, pl.Int64),
+        # joined on the two key columns only, the api columns then put beside the ops (no copy
+        # of the ops' other columns)
+        hit = ops.select("global_pid", "correlation_id").join(
+            runtime, on=["global_pid", "correlation_id"], how="left", maintain_order="left"
         )
+        ops = ops.with_columns(hit.get_column(c) for c in api)
+    else:
+        ops = ops.with_columns(pl.lit(None, pl.Int64).alias(c) for c in api)
     ops = ops.with_columns(launch=pl.coalesce("api_start", "start"))
     from tracekit.analyze.model.communication import annotate
 
@@ -182,28 +183,39 @@ _RUNTIME_SCHEMA = {
 }
 
 
-def _runtime_query(export: Export) -> tuple[str, tuple, dict] | None:
+def _runtime_query(export: Export, launches_only: bool = False) -> tuple[str, tuple, dict] | None:
     """``(sql, params, schema)`` of the runtime rows :func:`load_runtime` reads; None when the
-    table lacks the columns to join on."""
+    table lacks the columns to join on. ``launches_only``: only calls whose correlation id is
+    one of a kernel, memcpy or memset (the calls that launched GPU work: about a quarter of
+    the runtime rows of a DeepSpeed trace)."""
     cols = set(export.columns("CUPTI_ACTIVITY_KIND_RUNTIME"))
     if not {"correlationId", "globalTid", "start"} <= cols:
         return None
     name = "nameId" if "nameId" in cols else "NULL"
-    return (f"""SELECT correlationId, start, "end", {name}, globalTid
-            FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId > 0""", (), _RUNTIME_SCHEMA)
+    sql = f"""SELECT correlationId, start, "end", {name}, globalTid
+            FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId > 0"""
+    if launches_only:
+        ops = [f"SELECT correlationId FROM {quote_ident(t)}" for t in _TABLES.values()
+               if "correlationId" in export.columns(t)]
+        sql += f" AND correlationId IN ({' UNION ALL '.join(ops)})" if ops else " AND 0"
+    return (sql, (), _RUNTIME_SCHEMA)
 
 
-def prefetch_runtime(export: Export) -> bool:
-    """Start reading the rows of :func:`load_runtime` in a background thread (the largest table
-    the phase model reads after NVTX_EVENTS), so that the scan overlaps the other reads."""
-    q = _runtime_query(export)
+def prefetch_runtime(export: Export, launches_only: bool = True) -> bool:
+    """Start reading the rows of :func:`load_runtime` (by default those :func:`load_gpu_ops`
+    reads: ``launches_only``) in a background thread (the largest table the phase model reads
+    after NVTX_EVENTS), so that the scan overlaps the other reads."""
+    q = _runtime_query(export, launches_only)
     return q is not None and export.prefetch(*q)
 
 
-def load_runtime(export: Export) -> pl.DataFrame:
-    """CUDA runtime calls that have a correlation id: ``global_pid, correlation_id, api_start,
-    api_end, api_name_id, launch_tid`` (ns). Calls with correlation id 0 launch nothing."""
-    q = _runtime_query(export)
+def load_runtime(export: Export, launches_only: bool = False) -> pl.DataFrame:
+    """CUDA runtime calls that have a correlation id: ``correlation_id, api_start, api_end,
+    api_name_id, launch_tid, global_pid`` (ns; Int64). Calls with correlation id 0 launch
+    nothing. ``launches_only``: only the calls whose correlation id is one of a kernel, memcpy
+    or memset of the export (what :func:`load_gpu_ops` joins; any call sharing such an id
+    is kept, so the join finds what it would find among all the calls)."""
+    q = _runtime_query(export, launches_only)
     if q is None:
         return pl.DataFrame(schema=_RUNTIME_SCHEMA | {"global_pid": pl.Int64})
     rt = export.query(*q)

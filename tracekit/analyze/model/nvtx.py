@@ -96,9 +96,9 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
             }
         )
     raw = export.query(*q)
-    domains = raw.filter(pl.col("event_type") == enums.NVTX_DOMAIN_CREATE)
-    domain_names = {int(d): t for d, t in zip(domains["domain_id"], domains["text"]) if d is not None}
-    ranges = raw.filter(pl.col("event_type") != enums.NVTX_DOMAIN_CREATE)
+    et = pl.col("event_type")
+    dom_rows = raw.filter(et == enums.NVTX_DOMAIN_CREATE).select("domain_id", "text")
+    domain_names = {int(d): t for d, t in zip(dom_rows["domain_id"], dom_rows["text"]) if d is not None}
     # a range without a start, or ending before it starts, cannot be placed: set aside, counted.
     # An end at ANALYSIS_DETAILS.duration is nsys's mark of a range never popped, not an end (it
     # lies before the start for a range opened within startTime of the stop): kept, for
@@ -111,32 +111,48 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
             never_popped = None
         if isinstance(never_popped, int):
             unusable = unusable & ~(pl.col("start").is_not_null() & (pl.col("end") == never_popped))
-    bad = ranges.filter(unusable).height
+    is_range = et != enums.NVTX_DOMAIN_CREATE
+    flags = raw.select(keep=is_range & ~unusable, bad=is_range & unusable)
+    bad = int(flags["bad"].sum())
     export.set_aside["nvtx_unusable_ranges"] = bad
-    if bad:
-        ranges = ranges.filter(~unusable)
-    ids = ranges.filter(pl.col("text").is_null())["text_id"].drop_nulls().unique().to_list()
-    names = export.strings(ids)
     if capture_end is None:
         capture_end = export.capture_end()
     if capture_end is None:
         capture_end = int(max(raw["start"].max() or 0, raw["end"].max() or 0))
-    ranges = ranges.with_columns(
-        name=pl.coalesce(
-            pl.col("text"),
-            pl.col("text_id").replace_strict(names, default=None, return_dtype=pl.String),
-            pl.lit(""),
-        ),
-        domain=pl.col("domain_id")
-        .fill_null(0)
-        .replace_strict(domain_names, default="", return_dtype=pl.String),
+    rows = np.flatnonzero(flags["keep"].fill_null(False).to_numpy())
+    del flags
+    # the order (global_tid, start, -end; a null thread first, ties in NVTX_EVENTS order) as one
+    # permutation, so that the kept rows are gathered once, already sorted
+    tid = raw["global_tid"].gather(rows)
+    end = raw["end"].gather(rows).fill_null(capture_end).to_numpy()
+    keys = [~end, raw["start"].gather(rows).to_numpy(), tid.fill_null(0).to_numpy()]
+    if tid.null_count():
+        keys.append(tid.is_not_null().to_numpy())
+    rows = rows[np.lexsort(keys)]
+    del tid, end, keys
+    g = raw.select(pl.all().gather(rows))
+    del raw
+    # names and domains gathered from small tables of the distinct values: the rows share the
+    # text of one value (no string is copied per range)
+    text_ids = g.filter(pl.col("text").is_null())["text_id"].drop_nulls().unique().to_list()
+    names = export.strings(text_ids)
+    name_values = pl.Series([*names.values(), ""], dtype=pl.String)
+    name_code = {int(i): k for k, i in enumerate(names)}
+    dom_values = pl.Series([*domain_names.values(), ""], dtype=pl.String)
+    dom_code = {int(d): k for k, d in enumerate(domain_names)}
+    name_idx = g["text_id"].replace_strict(name_code, default=len(names), return_dtype=pl.UInt32)
+    name = name_values.gather(name_idx.fill_null(len(names)))
+    if g["text"].null_count() < g.height:
+        name = g.select(pl.coalesce(pl.col("text"), pl.lit(name)))["text"]
+    dom_idx = g["domain_id"].fill_null(0).replace_strict(dom_code, default=len(domain_names), return_dtype=pl.UInt32)
+    ranges = g.with_columns(
+        name=name,
+        domain=dom_values.gather(dom_idx),
         unclosed=pl.col("end").is_null() | (pl.col("end") >= capture_end),
         cross_thread=pl.col("end_tid").is_not_null() & (pl.col("end_tid") != pl.col("global_tid")),
         global_pid=global_pid(pl.col("global_tid")),
     ).with_columns(end=pl.col("end").fill_null(capture_end))
-    return ranges.select(RANGE_COLUMNS).sort(
-        ["global_tid", "start", "end"], descending=[False, False, True]
-    )
+    return ranges.select(RANGE_COLUMNS)
 
 
 def anomalies(export: Export, ranges: pl.DataFrame) -> dict[str, int]:

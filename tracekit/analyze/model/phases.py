@@ -169,16 +169,22 @@ def parse_phase_map(items: list[str] | None) -> dict[str, str] | None:
 
 def _candidates(ranges: pl.DataFrame, phase_map: dict[str, str] | None) -> tuple[pl.DataFrame, dict]:
     """Phase-matching ranges of each process from its preferred source."""
-    usable = ranges.with_row_index("range_index").with_columns(pl.col("range_index").cast(pl.Int64))
-    usable = usable.filter(~pl.col("cross_thread"))
+    # the matching rows are picked from narrow masks and only they are gathered (a DeepSpeed
+    # trace has ~75k ranges per 4 iterations, a few dozen of them phases)
+    indexed = ranges.with_row_index("range_index")
+
+    def pick(cond: pl.Expr, patterns: dict[str, str]) -> pl.DataFrame:
+        hit = ~pl.col("cross_thread") & cond & _match(pl.col("name"), patterns).is_not_null()
+        return indexed.filter(hit).with_columns(
+            pl.col("range_index").cast(pl.Int64), phase=_match(pl.col("name"), patterns)
+        )
+
     sources = []
     if phase_map:
-        sources.append(("phase-map", usable.with_columns(phase=_match(pl.col("name"), phase_map))))
+        sources.append(("phase-map", pick(pl.lit(True), phase_map)))
     else:
-        tk = usable.filter(pl.col("domain") == TRACEKIT_DOMAIN)
-        sources.append(("tracekit", tk.with_columns(phase=_match(pl.col("name"), TRACEKIT_PHASES))))
-        ds = usable.filter(pl.col("domain") == DEEPSPEED_DOMAIN)
-        sources.append(("DeepSpeed", ds.with_columns(phase=_match(pl.col("name"), DEEPSPEED_PHASES))))
+        sources.append(("tracekit", pick(pl.col("domain") == TRACEKIT_DOMAIN, TRACEKIT_PHASES)))
+        sources.append(("DeepSpeed", pick(pl.col("domain") == DEEPSPEED_DOMAIN, DEEPSPEED_PHASES)))
     chosen = []
     source: dict[int, str] = {}
     for label, frame in sources:
@@ -187,7 +193,7 @@ def _candidates(ranges: pl.DataFrame, phase_map: dict[str, str] | None) -> tuple
         for pid in frame["global_pid"].unique().to_list():
             source[int(pid)] = label
         chosen.append(frame)
-    cand = pl.concat(chosen) if chosen else usable.head(0).with_columns(phase=pl.lit(None, pl.String))
+    cand = pl.concat(chosen)
     cand = _cut_unclosed_at_next(cand)
     # outermost only: drop ranges inside an earlier one of the same process; clip partial overlaps
     cand = cand.sort(["global_pid", "start", "end"], descending=[False, False, True])
@@ -272,10 +278,19 @@ def set_aside_unclosed(export: Export, ranges: pl.DataFrame, ops: pl.DataFrame) 
     ]
     last = pl.concat([a.cast({"global_pid": pl.Int64, "last": pl.Int64}) for a in acts])
     last = last.group_by("global_pid").agg(pl.col("last").max())
-    ranges = ranges.join(last, on="global_pid", how="left").with_columns(
-        end=pl.when(pl.col("unclosed")).then(pl.max_horizontal("last", "start")).otherwise(pl.col("end"))
-    ).drop("last")
-    return ranges.sort(["global_tid", "start", "end"], descending=[False, False, True])
+    # the process's last activity per row from a join of the key column only (the ranges' other
+    # columns are not copied); re-sorted only when a new end moved a range out of order
+    per_row = ranges.select("global_pid").join(last, on="global_pid", how="left", maintain_order="left")
+    end = pl.when(pl.col("unclosed")).then(pl.max_horizontal(pl.lit(per_row["last"]), "start")).otherwise(pl.col("end"))
+    ranges = ranges.with_columns(end=end)
+    order = ranges.select(
+        ok=(pl.col("global_tid").shift(-1) != pl.col("global_tid"))
+        | (pl.col("start").shift(-1) > pl.col("start"))
+        | ((pl.col("start").shift(-1) == pl.col("start")) & (pl.col("end").shift(-1) <= pl.col("end")))
+    )["ok"].head(max(ranges.height - 1, 0))
+    if order.null_count() == 0 and order.all():
+        return ranges
+    return ranges.sort(["global_tid", "start", "end"], descending=[False, False, True], maintain_order=True)
 
 
 def infer_boundaries(gaps_ns: np.ndarray, gas: int | None = None) -> np.ndarray:
@@ -354,7 +369,7 @@ def build(
     parts = []
     for pid in pids:
         c = cand.filter(pl.col("global_pid") == pid)
-        last_gpu = int(ops.filter(pl.col("global_pid") == pid)["end"].max())
+        last_gpu = int(ops.select(pl.col("end").filter(pl.col("global_pid") == pid).max()).item())
         w, inferred = _phase_windows(c, last_gpu, gas)
         if inferred:
             source[pid] = source.get(pid, "none") + "+inferred-update"
@@ -543,36 +558,44 @@ def _nested(ranges: pl.DataFrame, source: dict[int, str]) -> pl.DataFrame:
     tracekit's capture ranges, only the ``tracekit`` domain counts: its sub-step ranges
     (``cpu_optimizer_step``, ``param_copy_back``, ...) would otherwise be hidden by
     DeepSpeed's finer ranges nested inside them."""
-    pp = ranges.with_row_index("range_index").with_columns(pl.col("range_index").cast(pl.Int64))
-    pp = pp.filter((pl.col("event_type") == enums.NVTX_PUSH_POP) & ~pl.col("cross_thread"))
     tk_pids = [pid for pid, src in source.items() if src.startswith("tracekit")]
-    pp = pp.filter(~pl.col("global_pid").is_in(tk_pids) | (pl.col("domain") == TRACEKIT_DOMAIN))
+    keep = (pl.col("event_type") == enums.NVTX_PUSH_POP) & ~pl.col("cross_thread") & (
+        ~pl.col("global_pid").is_in(tk_pids) | (pl.col("domain") == TRACEKIT_DOMAIN)
+    )
+    pp = ranges.with_row_index("range_index").filter(keep).with_columns(pl.col("range_index").cast(pl.Int64))
     return nvtx.nest(pp)
 
 
 def _attribute(ops: pl.DataFrame, windows: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:
     """Join each op to the window containing its launch, and find its sub-phase among the
-    ``nested`` push/pop ranges (from :func:`_nested`)."""
+    ``nested`` push/pop ranges (from :func:`_nested`).
+
+    Returns ``ops`` (n rows, in their order) with ``window_id, iteration, phase, micro_step,
+    boundary, inferred, sub_phase`` added; the as-of join and the sub-phase search run on the
+    three key columns only, and the results are put beside the ops' own columns (no copy)."""
     w = windows.select(
         "window_id", "global_pid", "iteration", "phase", "micro_step", "boundary", "inferred",
-        w_start="start", w_end="end",
+        w_start="start",
     ).sort("w_start")
-    o = ops.with_row_index("op_index").sort("launch")
-    o = o.join_asof(
+    k = ops.select("global_pid", "launch").with_row_index("op_index").sort("launch")
+    k = k.join_asof(
         w, left_on="launch", right_on="w_start", by="global_pid", strategy="backward",
         check_sortedness=False,
     )
-    # a launch before the first window (cannot happen: windows start at the span start) stays null
+    # back in the ops' order; a launch before the first window (cannot happen: windows start
+    # at the span start) stays null
+    k = k.sort("op_index")
     phase_ranges = windows["range_index"].drop_nulls().to_numpy()
     iter_mask = nested["domain"].eq(TRACEKIT_DOMAIN) & nested["name"].str.contains(TRACEKIT_ITERATION)
     exclude = np.isin(nested["range_index"].to_numpy(), phase_ranges) | iter_mask.to_numpy()
-    has_tid = o["launch_tid"].is_not_null().to_numpy()
-    sub = np.full(o.height, -1, dtype=np.int64)
+    tid = ops["launch_tid"]
+    has_tid = tid.is_not_null().to_numpy()
+    sub = np.full(ops.height, -1, dtype=np.int64)
     if has_tid.any() and nested.height:
         sub[has_tid] = nvtx.innermost_at(
             nested,
-            o["launch_tid"].to_numpy()[has_tid],
-            o["launch"].to_numpy()[has_tid],
+            tid.to_numpy()[has_tid],
+            ops["launch"].to_numpy()[has_tid],
             exclude=exclude,
         )
     starts = nested["start"].to_numpy()
@@ -580,16 +603,17 @@ def _attribute(ops: pl.DataFrame, windows: pl.DataFrame, nested: pl.DataFrame) -
     if nested.height == 0:
         starts = np.zeros(1, dtype=np.int64)
     # only ranges opened inside the phase window count as its sub-phase
-    w_start = o["w_start"].fill_null(np.iinfo(np.int64).max).to_numpy()
+    w_start = k["w_start"].fill_null(np.iinfo(np.int64).max).to_numpy()
     ok &= np.where(ok, starts[np.maximum(sub, 0)] >= w_start, False)
     sub_idx = pl.Series(np.where(ok, sub, 0)).set(pl.Series(~ok), None) if nested.height else None
     sub_name = (
-        nested["name"].gather(sub_idx) if sub_idx is not None else pl.Series([None] * o.height, dtype=pl.String)
+        nested["name"].gather(sub_idx) if sub_idx is not None else pl.Series([None] * ops.height, dtype=pl.String)
     )
-    o = o.with_columns(
-        sub_phase=sub_name,
-        phase=pl.col("phase").fill_null("other"),
-        boundary=pl.col("boundary").fill_null(False),
-        inferred=pl.col("inferred").fill_null(False),
+    return ops.with_columns(
+        k["window_id"], k["iteration"],
+        k["phase"].fill_null("other"),
+        k["micro_step"],
+        k["boundary"].fill_null(False),
+        k["inferred"].fill_null(False),
+        sub_name.alias("sub_phase"),
     )
-    return o.sort("op_index").drop("op_index", "w_start", "w_end")
