@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit.analyze.model.communication import comm_expr, compute_ops, kernel_frames
+from tracekit.analyze.model.communication import comm_expr, kernel_frames
 from tracekit.vocab import os_pid_expr as os_pid
 from tracekit.analyze.model.intervals import busy_in_windows, grouped_union_length
 from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.sections.transfer_common import model_compute_ops
 
 #: Numeric keys of a phase row, in output order.
 METRICS = [
@@ -137,7 +138,7 @@ def _window_metrics(model: PhaseModel) -> pl.DataFrame:
     out = out.with_columns(wall_ns=pl.col("end") - pl.col("start")).collect()
     # GPU idle: executing ops of the rank, whatever window launched them
     idle = []
-    active = compute_ops(model.ops)  # communication kernels are not activity
+    active = model_compute_ops(model)  # communication kernels are not activity
     for (gpid, dev), w in out.group_by(["global_pid", "device"]):
         o = active.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
         busy = busy_in_windows(o["start"].to_numpy(), o["end"].to_numpy(), w["start"].to_numpy(), w["end"].to_numpy())
@@ -230,7 +231,7 @@ def sub_phase_table(model: PhaseModel, phase: str) -> pl.DataFrame:
     wm = rank_windows(model).filter(pl.col("phase") == phase)
     segs = self_segments(model, wm)
     rows = []
-    active = compute_ops(model.ops)  # communication kernels are not activity
+    active = model_compute_ops(model)  # communication kernels are not activity
     for (gpid, dev), s in segs.group_by(["global_pid", "device"]):
         o = active.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
         s = s.sort("s")

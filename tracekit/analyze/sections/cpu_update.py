@@ -51,9 +51,9 @@ import numpy as np
 import polars as pl
 
 from tracekit.analyze.sections import breakdown
-from tracekit.analyze.model.communication import compute_ops, kernel_frames
 from tracekit.analyze.model.intervals import intersect, subtract, union
 from tracekit.analyze.model.phases import TRACEKIT_DOMAIN, PhaseModel
+from tracekit.analyze.sections.transfer_common import model_compute_ops, model_kernel_frames
 from tracekit.vocab import os_pid
 
 #: Names of the CPU optimizer step ranges (``it``: iteration, ``sg``: sub-group, or ``all``).
@@ -174,8 +174,8 @@ def cpu_update(model: PhaseModel, parents: dict[int, int] | None = None) -> CpuU
                      "(before the first, or a cut's edge): left out")
     steps = steps.filter(pl.col("complete").is_not_null())
 
-    active = compute_ops(model.ops)
-    kern, _ = kernel_frames(model.ops)
+    active = model_compute_ops(model)
+    kern, _ = model_kernel_frames(model)
     rows = []
     ranks_with = set()
     for r in rk.iter_rows(named=True):

@@ -24,7 +24,7 @@ import polars as pl
 
 from tracekit.analyze.sections import breakdown, host_contention, waiting_ranks
 from tracekit.analyze.model import rank_ids
-from tracekit.analyze.model.communication import kernel_frames
+from tracekit.analyze.sections.transfer_common import model_kernel_frames
 from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.phases import PhaseModel
 
@@ -37,7 +37,7 @@ def communication_totals(model: PhaseModel, ranks: pl.DataFrame) -> pl.DataFrame
     count, busy_ns`` (union of the kind's kernels, ns)."""
     from tracekit.analyze.model.intervals import grouped_union_length
 
-    _, comm = kernel_frames(model.ops)
+    _, comm = model_kernel_frames(model)
     comm = comm.join(ranks.select("global_pid", "device", "rank"), on=["global_pid", "device"])
     keys = ["rank", "global_pid", "device", "collective"]
     if comm.height == 0:

@@ -21,11 +21,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from tracekit.analyze.model.communication import kernel_frames
 from tracekit.analyze.model.intervals import covered_length, grouped_at_least, grouped_union, union
 from tracekit.analyze.model.phases import PhaseModel
-from tracekit.analyze.sections.transfer_common import (BY_COLUMNS, PHASE_KEYS, RANK, check_by, host_copies, ratio,
-                                                      sort_groups)
+from tracekit.analyze.sections.transfer_common import (BY_COLUMNS, PHASE_KEYS, RANK, check_by, host_copies,
+                                                      model_kernel_frames, ratio, sort_groups)
 
 COLUMNS = [
     "h2d_count", "h2d_bytes", "h2d_busy_ns", "h2d_overlap_ns", "h2d_exposed_ns", "h2d_overlap_ratio",
@@ -37,7 +36,7 @@ COLUMNS = [
 
 def _kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
     """Per rank, the union of its device's compute kernels (``comm``: communication kernels)."""
-    compute, communication = kernel_frames(model.ops)
+    compute, communication = model_kernel_frames(model)
     k = (communication if comm else compute).filter(pl.col("device").is_not_null())
     out = {}
     for (gpid, dev), g in k.group_by(RANK):

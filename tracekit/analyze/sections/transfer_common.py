@@ -54,6 +54,30 @@ def host_copies(model: PhaseModel) -> pl.DataFrame:
     return model.cache["host_copies"]
 
 
+def model_kernel_frames(model: PhaseModel) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(compute kernels, communication kernels) of ``model.ops``
+    (:func:`tracekit.analyze.model.communication.kernel_frames`), computed once per model and
+    kept on it (the overlap, communication, waiting-rank and CPU-update sections read them)."""
+    cached = model.cache.get("kernel_frames")
+    if cached is None:
+        from tracekit.analyze.model.communication import kernel_frames
+
+        cached = model.cache["kernel_frames"] = kernel_frames(model.ops)
+    return cached
+
+
+def model_compute_ops(model: PhaseModel) -> pl.DataFrame:
+    """``model.ops`` without communication kernels, what GPU idle counts as activity
+    (:func:`tracekit.analyze.model.communication.compute_ops`), computed once per model and kept
+    on it (the breakdown, its sub-phases and the CPU-update section read it)."""
+    cached = model.cache.get("compute_ops")
+    if cached is None:
+        from tracekit.analyze.model.communication import compute_ops
+
+        cached = model.cache["compute_ops"] = compute_ops(model.ops)
+    return cached
+
+
 def ranks_of(model: PhaseModel) -> pl.DataFrame:
     """(global_pid, device) pairs with GPU work, sorted."""
     return model.ops.select(RANK).unique().drop_nulls().sort(RANK)

@@ -33,9 +33,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from tracekit.analyze.model.communication import kernel_frames
 from tracekit.analyze.model.intervals import grouped_union_length
 from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.sections.transfer_common import model_kernel_frames
 
 RANK = ["global_pid", "device"]
 
@@ -51,7 +51,7 @@ def collectives(model: PhaseModel, ranks: pl.DataFrame) -> pl.DataFrame:
     ranks_in`` (ranks holding this instance), ``last_start``, ``wait_ns``, ``last_arrival``
     (bool). Unmatched instances have null ``last_start`` and ``wait_ns``.
     """
-    _, comm = kernel_frames(model.ops)
+    _, comm = model_kernel_frames(model)
     comm = comm.join(ranks.select("global_pid", "device", "rank"), on=RANK, how="inner")
     comm = comm.select("rank", *RANK, "stream", "collective", "start", "end", "iteration", "phase")
     if comm.height == 0:
