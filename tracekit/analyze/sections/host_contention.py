@@ -110,6 +110,8 @@ def host_windows(copies: pl.DataFrame) -> pl.DataFrame:
     """
     out = []
     for (host,), c in copies.group_by(["host"], maintain_order=True):
+        if c["gpu"].n_unique() < 2:  # copies of one GPU only: never two GPUs in flight, no window
+            continue
         s, e, nh, nd, na, anymask = _segments(c)
         conc = na >= 2
         if not conc.any():
