@@ -42,17 +42,15 @@ def load_ranges(export: Export, capture_end: int | None = None) -> pl.DataFrame:
     Returns a frame with :data:`RANGE_COLUMNS`, sorted by (global_tid, start, -end) so that a
     parent range precedes its children. ``capture_end`` (ns) closes unclosed ranges; by default
     the capture's stop time (``ANALYSIS_DETAILS.stopTime``), else the latest NVTX timestamp.
-    A frame of at most 200,000 rows is kept with the export for the next call (the phase model
-    and the what-if model both read it).
+    The frame is kept with the export for the next call, whatever its size (the phase model
+    and the what-if model both read it: a second read would cost a scan and, while the first
+    frame's memory is still held by the allocator, as much memory again; issue 13).
     """
-    from tracekit.analyze.trace.export import _MEMO_MAX_ROWS
-
     key = ("nvtx.load_ranges", capture_end)
     if key in export._memo:
         return export._memo[key]
     out = _load_ranges(export, capture_end)
-    if out.height <= _MEMO_MAX_ROWS:
-        export._memo[key] = out
+    export._memo[key] = out
     return out
 
 
