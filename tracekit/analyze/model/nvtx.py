@@ -186,19 +186,24 @@ def nest(ranges: pl.DataFrame) -> pl.DataFrame:
     cand = np.arange(n, dtype=np.int64) - 1
     if n:
         cand[np.r_[True, tid[1:] != tid[:-1]]] = -1
-    while True:
-        valid = cand >= 0
-        c = np.where(valid, cand, 0)
-        contains = valid & (e[c] >= e) & (s[c] <= s)
-        bad = valid & ~contains
-        if not bad.any():
+    # each pass looks only at the rows whose candidate does not contain them yet (their number
+    # shrinks quickly), so the temporaries are a fraction of n
+    todo = np.flatnonzero(cand >= 0)
+    while todo.size:
+        c = cand[todo]
+        todo = todo[~((e[c] >= e[todo]) & (s[c] <= s[todo]))]  # not contained: jump on
+        if not todo.size:
             break
-        cand = np.where(bad, cand[c], cand)
+        cand[todo] = cand[cand[todo]]
+        todo = todo[cand[todo] >= 0]
     depth = np.zeros(n, dtype=np.int64)
-    p = cand.copy()
-    while (p >= 0).any():
-        depth += p >= 0
-        p = np.where(p >= 0, cand[np.maximum(p, 0)], -1)
+    todo = np.flatnonzero(cand >= 0)
+    p = cand[todo]
+    while todo.size:
+        depth[todo] += 1
+        p = cand[p]
+        keep = p >= 0
+        todo, p = todo[keep], p[keep]
     return ranges.with_columns(parent=pl.Series(cand), depth=pl.Series(depth))
 
 
@@ -220,8 +225,12 @@ def innermost_at(
     e = nested["end"].to_numpy()
     parent = nested["parent"].to_numpy()
     # latest-starting range on the same thread with start <= t: search in (tid, start) order
-    key_r = np.lexsort((s, tid))  # nested is already in this order, but do not rely on it
-    tid_r, s_r = tid[key_r], s[key_r]
+    # nested is normally in this order already (checked: then no sort, no copies)
+    if n < 2 or ((tid[1:] > tid[:-1]) | ((tid[1:] == tid[:-1]) & (s[1:] >= s[:-1]))).all():
+        key_r, tid_r, s_r = np.arange(n, dtype=np.int64), tid, s
+    else:
+        key_r = np.lexsort((s, tid))
+        tid_r, s_r = tid[key_r], s[key_r]
     qt = np.asarray(query_t, dtype=np.int64)
     qtid = np.asarray(query_tid, dtype=np.int64)
     lo = np.searchsorted(tid_r, qtid, side="left")
@@ -236,13 +245,15 @@ def innermost_at(
         pos[m] = np.where(pos[m] < a, -1, pos[m])
     cur = np.where(pos >= 0, key_r[np.maximum(pos, 0)], -1)
     skip = exclude if exclude is not None else np.zeros(n, dtype=bool)
-    while True:
-        valid = cur >= 0
-        c = np.maximum(cur, 0)
-        ok = valid & (e[c] > qt) & (s[c] <= qt) & ~skip[c]
-        out = np.where(ok & (out < 0), cur, out)
-        move = valid & ~ok
-        if not move.any():
-            break
-        cur = np.where(move, parent[c], -1)
+    # queries still walking up their thread's nesting, and the range each one is at
+    todo = np.flatnonzero(cur >= 0)
+    cur = cur[todo]
+    while todo.size:
+        t = qt[todo]
+        ok = (e[cur] > t) & (s[cur] <= t) & ~skip[cur]
+        out[todo[ok]] = cur[ok]
+        move = ~ok
+        todo, cur = todo[move], parent[cur[move]]
+        keep = cur >= 0
+        todo, cur = todo[keep], cur[keep]
     return out
