@@ -18,7 +18,6 @@ escaped, code spans fenced to fit, control characters as visible escapes
 from __future__ import annotations
 
 import contextlib
-import io
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -205,10 +204,9 @@ def write_report(
 
 
 def _savefig(fig, ext: str, dpi: int | None) -> bytes:
-    """``fig`` as ``ext`` (png, svg, pdf) bytes."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format=ext, dpi=dpi)
-    return buf.getvalue()
+    """``fig`` as ``ext`` (png, svg, pdf) bytes (:func:`tracekit.render.style.figure_bytes`:
+    savefig's bytes, its layout-only pre-draw without the rest of that draw)."""
+    return S.figure_bytes(fig, ext, dpi)
 
 
 def _findings(data: ReportData, rk: dict | None, notes: list[str]) -> list[dict]:

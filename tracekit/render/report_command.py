@@ -149,17 +149,14 @@ def register(app: typer.Typer) -> None:
             result["regressions"] = {"fail_above_pct": fail_above, "slower": slow}
         written = []
         if out is not None:  # each file by temporary + rename, as report's (report_cache.write_file)
-            import io
-
             from tracekit.render import style as S
             from tracekit.render.report_cache import write_file
 
             d = prepare_dir(out, with_data=False)
             fig, _ = C.compare_figure(result)
             for ext in ("png", fmt):
-                buf = io.BytesIO()
-                fig.savefig(buf, format=ext, dpi=S.DPI if ext == "png" else None)
-                written.append(write_file(d / f"compare.{ext}", buf.getvalue()))
+                image = S.figure_bytes(fig, ext, S.DPI if ext == "png" else None)
+                written.append(write_file(d / f"compare.{ext}", image))
             S.close(fig)
             written.append(write_file(d / "compare.json", (json.dumps(result, indent=1) + "\n").encode("utf-8")))
         if as_json:

@@ -7,6 +7,8 @@ two and are labelled in binary units (KiB, MiB, GiB) because that is what they a
 
 from __future__ import annotations
 
+import io
+
 import matplotlib
 
 matplotlib.use("Agg")  # figures are written to files; never open a window
@@ -111,3 +113,54 @@ def style_axes(ax) -> None:
 def close(fig) -> None:
     """Free a figure's memory (pyplot keeps every figure until closed)."""
     plt.close(fig)
+
+
+def figure_bytes(fig, ext: str, dpi: float | None = None) -> bytes:
+    """``fig`` saved as ``ext`` (png, svg, pdf), with the bytes :meth:`Figure.savefig` gives,
+    at about 20 % less CPU for a figure with a layout engine (every figure of
+    :func:`new_figure`).
+
+    ``savefig`` lays a constrained-layout figure out in a pre-draw: a whole
+    ``figure.draw(renderer)`` with the renderer's drawing turned off, whose only use is the
+    layout it runs first; then the real draw, layout off. Here that pre-draw runs the layout
+    alone (the engine's ``execute``, as ``Figure.draw`` would, same renderer, dpi and canvas,
+    since it runs inside ``savefig``); the real draw is ``Figure.draw`` itself. The bytes are
+    the same (tests/test_figures.py compares PNG, SVG and PDF with ``savefig``'s on every
+    figure). Each format is still laid out for itself: the layout depends on the renderer's
+    text metrics (Agg at ``dpi`` for PNG, 72 dpi vector metrics for SVG/PDF) and on the
+    positions it starts from, so one layout cannot serve PNG and SVG without moving the
+    SVG's axes (up to about 1 % of the figure on the 624 MB trace's timeline). Call the
+    formats in the same order as before (PNG first) to keep the bytes. Should a matplotlib
+    save without that pre-draw (no real draw reached here), the figure is saved again by plain
+    ``savefig``.
+    """
+    buf = io.BytesIO()
+    engine = fig.get_layout_engine()
+    if engine is None:
+        fig.savefig(buf, format=ext, dpi=dpi)
+        return buf.getvalue()
+
+    drawn = []
+
+    def draw(renderer):
+        # savefig's pre-draw has the figure's own engine; the real draw has a placeholder
+        # (savefig sets layout_engine="none" for it), and _get_renderer's probe shadows this
+        if fig.get_layout_engine() is engine:
+            if fig.axes:
+                try:
+                    engine.execute(fig)
+                except ValueError:  # as Figure.draw: a layout that cannot be made is skipped
+                    pass
+            return
+        drawn.append(True)
+        type(fig).draw(fig, renderer)
+
+    fig.draw = draw
+    try:
+        fig.savefig(buf, format=ext, dpi=dpi)
+    finally:
+        fig.__dict__.pop("draw", None)
+    if not drawn:  # a matplotlib that saves otherwise: never an empty picture, savefig's own
+        buf = io.BytesIO()
+        fig.savefig(buf, format=ext, dpi=dpi)
+    return buf.getvalue()
