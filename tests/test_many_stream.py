@@ -227,3 +227,13 @@ def test_dask_parts_compact_and_json_equal(runs, capsys):
             {ph: v for ph, v in d.items()} for d in _phase_sums(part)]
     assert main(["analyze", str(runs), "--json", "--jobs", "1", "--no-cache"]) == 0
     assert remote == capsys.readouterr().out
+
+
+def test_each_raising_stops_the_run(runs):
+    """An error in each() (a full disk under --out, a closed stdout) ends the run with that
+    error; the worker processes are shut down, nothing hangs."""
+    def boom(i, p, part):
+        raise OSError("No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        analyze_many([runs], jobs=2, cache=False, want="json", each=boom)

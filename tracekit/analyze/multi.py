@@ -196,19 +196,22 @@ def analyze_many(
             outcomes = _iter_processes(paths, opts, cache, n, want=want,
                                        window=stream_window(n) if streamed else None)
     results, good, failed = [], [], []
-    for i, (p, o) in enumerate(zip(paths, outcomes)):
-        if isinstance(o, TracekitError):
-            failed.append({"trace": str(p), "error": _named(p, o), "exit_code": o.exit_code})
-            continue
-        if each is not None:
-            each(i, p, o)
-        if want == "stream":
-            o = compact_part(o)
-        elif want == "json":
-            o = {k: v for k, v in o.items() if k != "json"}
-        results.append(o)
-        good.append(p)
-        del o  # the part handed to each() goes now, before the next one arrives
+    try:
+        for i, (p, o) in enumerate(zip(paths, outcomes)):
+            if isinstance(o, TracekitError):
+                failed.append({"trace": str(p), "error": _named(p, o), "exit_code": o.exit_code})
+                continue
+            if each is not None:
+                each(i, p, o)
+            if want == "stream":
+                o = compact_part(o)
+            elif want == "json":
+                o = {k: v for k, v in o.items() if k != "json"}
+            results.append(o)
+            good.append(p)
+            del o  # the part handed to each() goes now, before the next one arrives
+    finally:  # stopped early (an error in each(), ^C): the workers stop, the Dask client closes
+        outcomes.close()
     summary = summarize_ranks(results, good, expected_ranks, failed=[Path(f["trace"]) for f in failed])
     return {"traces": results, "failed": failed, "summary": summary}
 
@@ -478,8 +481,9 @@ def _iter_processes(paths: list[Path], opts, cache: bool, jobs: int, work=None, 
 
 def _analyze_on_dask_worker(path: str, name: str | None = None, options=None, cache: bool = True,
                             want: str = "result") -> dict:
-    """:func:`analyze_part` on a Dask worker (``name``: the path as the client spells it): a trace the client sees but the worker
-    does not (no shared file system, another mount point) is named as such, with the host."""
+    """:func:`analyze_part` on a Dask worker (``name``: the path as the client spells it): a
+    trace the client sees but the worker does not (no shared file system, another mount point)
+    is named as such, with the host."""
     if not os.path.exists(path):
         import socket
 
