@@ -17,35 +17,52 @@ import os
 import re
 import sys
 
-import typer
-
 from tracekit.errors import TracekitError, click_exit_code
 
-app = typer.Typer(
-    name="tracekit",
-    help="Measure DeepSpeed optimizer-offload costs (PCIe copies, CPU-bound updates) "
-    "from Nsight Systems traces.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+_APP = None
 
 
-def _version(value: bool) -> None:
-    if value:
-        from tracekit import __version__
+def _build_app():
+    """The typer app with every command registered (typer is imported here: the plain
+    ``analyze TRACE [flags]`` forms never need it, see :func:`_plain_analyze`)."""
+    import typer
 
-        print(f"tracekit {__version__}")
-        raise typer.Exit(0)
+    app = typer.Typer(
+        name="tracekit",
+        help="Measure DeepSpeed optimizer-offload costs (PCIe copies, CPU-bound updates) "
+        "from Nsight Systems traces.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+    def _version(value: bool) -> None:
+        if value:
+            from tracekit import __version__
+
+            print(f"tracekit {__version__}")
+            raise typer.Exit(0)
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(False, "--version", help="print tracekit's version and exit",
+                                     callback=_version, is_eager=True),
+    ) -> None:
+        """Measure DeepSpeed optimizer-offload costs (PCIe copies, CPU-bound updates) from Nsight
+        Systems traces."""
+
+    _register_all(app)
+    return app
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", help="print tracekit's version and exit",
-                                 callback=_version, is_eager=True),
-) -> None:
-    """Measure DeepSpeed optimizer-offload costs (PCIe copies, CPU-bound updates) from Nsight
-    Systems traces."""
+def __getattr__(name: str):
+    """``tracekit.cli.app``: the typer app, built on first use."""
+    if name == "app":
+        global _APP
+        if _APP is None:
+            _APP = _build_app()
+        return _APP
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _INT = re.compile(r"-?(?:0|[1-9][0-9]{0,17})")
@@ -81,7 +98,7 @@ def _quick_value(annotation, value, param, ctx):
 _SLOW = object()
 
 
-def _quick_commands() -> None:
+def _quick_commands(app) -> None:
     """Let the commands coerce their plain option values without pydantic.
 
     typer (>= 0.2x) builds a pydantic ``TypeAdapter`` for every parameter of the command being
@@ -151,7 +168,7 @@ def _quick_commands() -> None:
         cb.cls = QuickGroup
 
 
-def _register_all() -> None:
+def _register_all(app) -> None:
     from tracekit.analyze import command as analyze_command
     from tracekit.capture import command as capture_command
     from tracekit.render import report_command
@@ -159,10 +176,75 @@ def _register_all() -> None:
     analyze_command.register(app)
     capture_command.register(app)
     report_command.register(app)
-    _quick_commands()
+    _quick_commands(app)
 
 
-_register_all()
+#: value-less flags of ``analyze`` that :func:`_plain_analyze` parses itself: keyword of
+#: :func:`tracekit.analyze.command.run_analyze` and value (the last one given wins, as in click)
+_PLAIN_FLAGS = {"--json": ("as_json", True), "--no-cache": ("cache", False), "--cache": ("cache", True),
+                "--all": ("all_sections", True), "--wide": ("wide", True)}
+
+
+def _plain_analyze(args: list[str]) -> dict | None:
+    """The keywords of :func:`tracekit.analyze.command.run_analyze` for ``analyze TRACE`` with
+    nothing but the flags of :data:`_PLAIN_FLAGS` (the common forms), exactly as typer would pass
+    them; None for any other command line, which goes to typer (issue 13: importing typer and
+    building the commands is ~50 ms of CPU of a run). The trace must pass typer's own path
+    check unchanged: missing (typer passes it on) or readable; an empty name, ``-``, an option,
+    ``--``, a second argument or a shell-completion request go to typer."""
+    if len(args) < 2 or args[0] != "analyze" or any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ):
+        return None
+    kwargs: dict = {}
+    traces = []
+    for a in args[1:]:
+        if a in _PLAIN_FLAGS:
+            k, v = _PLAIN_FLAGS[a]
+            kwargs[k] = v
+        elif not a or a.startswith("-"):
+            return None
+        else:
+            traces.append(a)
+    if len(traces) != 1:
+        return None
+    try:
+        os.stat(traces[0])
+    except OSError:
+        pass  # typer: a path that does not exist is passed on (the command says so)
+    except ValueError:  # (a NUL in the name): typer's
+        return None
+    else:
+        if not os.access(traces[0], os.R_OK):
+            return None  # typer's "is not readable"
+    from pathlib import Path
+
+    return {"traces": [Path(traces[0])], **kwargs}
+
+
+def _run_plain(kwargs: dict):
+    """:func:`tracekit.analyze.command.run_analyze` with ``kwargs``, its exceptions turned into
+    what typer's main (non-standalone) makes of them: an interrupt -> exit code 130, end of
+    input -> Abort, a broken pipe -> exit 1 with the streams pacified."""
+    from tracekit.analyze.command import run_analyze
+
+    try:
+        return run_analyze(**kwargs)
+    except EOFError as e:
+        from typer import _click
+
+        _click.echo(file=sys.stderr)
+        raise _click.exceptions.Abort() from e
+    except KeyboardInterrupt:
+        return 130
+    except OSError as e:
+        import errno
+
+        if e.errno == errno.EPIPE:
+            from typer._click.utils import PacifyFlushWrapper
+
+            sys.stdout = PacifyFlushWrapper(sys.stdout)
+            sys.stderr = PacifyFlushWrapper(sys.stderr)
+            sys.exit(1)
+        raise
 
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
@@ -184,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     if guarded is not None:
         return guarded
     try:
-        rv = app(args=argv, standalone_mode=False)
+        plain = _plain_analyze(list(sys.argv[1:] if argv is None else argv))
+        rv = _run_plain(plain) if plain is not None else __getattr__("app")(args=argv, standalone_mode=False)
     except TracekitError as exc:
         print(f"tracekit: error: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code

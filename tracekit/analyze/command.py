@@ -6,8 +6,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-import typer
-
 from tracekit.errors import TracekitError
 
 from tracekit.options import Options as _Options
@@ -126,8 +124,60 @@ def _section_choices() -> str:
     return choices_help()
 
 
-def register(app: typer.Typer) -> None:
+def run_analyze(traces: list[Path], phase: str | None = None, iteration: int | None = None, as_json: bool = False,
+                phase_map: list[str] | None = None, gas: int | None = None, jobs: int | None = None,
+                dask: str | None = None, cache: bool = True, ranks: int | None = None,
+                section: list[str] | None = None, all_sections: bool = False,
+                pcie_threshold: float = _DEFAULTS.pcie_threshold, bin_ms: float = _DEFAULTS.bin_ms,
+                out: Path | None = None, out_format: str | None = None, wide: bool = False,
+                ds_config: Path | None = None) -> None:
+    """``tracekit analyze`` with its options as :func:`register`'s command receives them from
+    the command line (typer's coercion done: paths as :class:`~pathlib.Path`, numbers as int or
+    float); the command calls it, and so does :func:`tracekit.cli.main` for the plain forms it
+    parses without typer (``analyze TRACE`` with flags only, issue 13)."""
+    from tracekit.analyze import sections as transfer_sections  # no polars: a cached result needs none
+    from tracekit.options import Options, load_ds_config
+
+    fmt = _output_format(out_format, out, as_json)
+    if out is not None:  # before any analysis (issue 9, item 22)
+        from tracekit.render.files import check_out
+
+        check_out(out, out_format or "csv")
+    if jobs is not None and jobs < 1:
+        raise TracekitError("--jobs must be a positive integer")
+    sections = transfer_sections.parse_sections(section, all_sections)
+    if fmt == "json" and not sections:  # --json carries every section but the (long) timeline
+        sections = tuple(s for s in transfer_sections.SECTIONS if s != "timeline")
+    if out is not None and not sections:
+        sections = transfer_sections.SECTIONS
+    if phase_map:
+        check_phase_map_regexes(phase_map)
+    one = len(traces) == 1 and traces[0].is_file()
+    options = Options(phase=phase, iteration=iteration, phase_map=tuple(phase_map) if phase_map else None,
+                      gas=gas, sections=sections, pcie_threshold=pcie_threshold, bin_ms=bin_ms, cache=cache,
+                      # the config is part of the options, so a cached result is keyed on it too
+                      ds_config=load_ds_config(traces[0], ds_config) if ds_config is not None or one else None)
+    if len(traces) > 1 or traces[0].is_dir() or dask or not traces[0].exists() and "*" in str(traces[0]):
+        _many(traces, options, out, out_format or "csv", fmt, wide, jobs, dask, ranks)
+        return
+    path = traces[0]
+    if out is None and cache:  # printed as stored (JSON: without parsing; tables: per terminal view)
+        text, key = _cached_text(path, options, fmt, wide)
+        if text is not None:
+            sys.stdout.write(text)
+            return
+    from tracekit.analysis import analyze
+
+    a = analyze(path, options)
+    if out is not None:
+        _write_out(a, out, out_format or "csv")
+    _print(a, fmt, wide, store=cache and out is None)
+
+
+def register(app: "typer.Typer") -> None:
     """Add ``analyze`` and ``trim`` to ``app``."""
+    global typer  # module-level for typer, which evaluates the annotations below in this module's globals
+    import typer
 
     @app.command("analyze")
     def analyze(
@@ -197,44 +247,10 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Break a DeepSpeed run into iterations and phases: time, GPU busy/idle, H2D/D2H copies."""
-        from tracekit.analyze import sections as transfer_sections  # no polars: a cached result needs none
-        from tracekit.options import Options, load_ds_config
-
-        fmt = _output_format(out_format, out, as_json)
-        if out is not None:  # before any analysis (issue 9, item 22)
-            from tracekit.render.files import check_out
-
-            check_out(out, out_format or "csv")
-        if jobs is not None and jobs < 1:
-            raise TracekitError("--jobs must be a positive integer")
-        sections = transfer_sections.parse_sections(section, all_sections)
-        if fmt == "json" and not sections:  # --json carries every section but the (long) timeline
-            sections = tuple(s for s in transfer_sections.SECTIONS if s != "timeline")
-        if out is not None and not sections:
-            sections = transfer_sections.SECTIONS
-        if phase_map:
-            check_phase_map_regexes(phase_map)
-        one = len(traces) == 1 and traces[0].is_file()
-        options = Options(phase=phase, iteration=iteration, phase_map=tuple(phase_map) if phase_map else None,
-                          gas=gas, sections=sections, pcie_threshold=pcie_threshold, bin_ms=bin_ms, cache=cache,
-                          # the config is part of the options, so a cached result is keyed on it too
-                          ds_config=load_ds_config(traces[0], ds_config) if ds_config is not None or one else None)
-        if len(traces) > 1 or traces[0].is_dir() or dask or not traces[0].exists() and "*" in str(traces[0]):
-            _many(traces, options, out, out_format or "csv", fmt, wide, jobs, dask, ranks)
-            return
-        path = traces[0]
-        if out is None and cache:  # printed as stored (JSON: without parsing; tables: per terminal view)
-            text, key = _cached_text(path, options, fmt, wide)
-            if text is not None:
-                sys.stdout.write(text)
-                return
-        from tracekit.analysis import analyze
-
-        a = analyze(path, options)
-        if out is not None:
-            _write_out(a, out, out_format or "csv")
-        _print(a, fmt, wide, store=cache and out is None)
-
+        run_analyze(traces, phase=phase, iteration=iteration, as_json=as_json, phase_map=phase_map, gas=gas,
+                    jobs=jobs, dask=dask, cache=cache, ranks=ranks, section=section, all_sections=all_sections,
+                    pcie_threshold=pcie_threshold, bin_ms=bin_ms, out=out, out_format=out_format, wide=wide,
+                    ds_config=ds_config)
 
     @app.command("trim")
     def trim_cmd(
