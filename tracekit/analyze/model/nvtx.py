@@ -75,12 +75,25 @@ def _ranges_query(export: Export) -> tuple[str, tuple, dict] | None:
     )
 
 
+#: NVTX_EVENTS rowids per chunk of :func:`load_ranges`' read (at most
+#: ``_CHUNK_WORKERS + 2`` chunks are held at a time: the read's memory does not grow with the trace).
+_CHUNK_ROWS = 32_768
+_CHUNK_WORKERS = 1
+
+
+def _chunk_args(q: tuple[str, tuple, dict]) -> dict:
+    sql, params, schema = q
+    return {"sql": sql, "params": params, "schema": schema, "table": "NVTX_EVENTS",
+            "chunk_rows": _CHUNK_ROWS, "workers": _CHUNK_WORKERS}
+
+
 def prefetch_ranges(export: Export) -> bool:
-    """Start reading the NVTX rows of :func:`load_ranges` in a background thread
-    (:meth:`tracekit.analyze.trace.export.Export.prefetch`), so that the scan overlaps other
-    reads; False when there is nothing to start."""
+    """Start reading the first chunks of the NVTX rows of :func:`load_ranges` in a background
+    thread (:meth:`tracekit.analyze.trace.export.Export.prefetch_chunks`), so that the scan
+    overlaps other reads; False when there is nothing to start."""
     q = _ranges_query(export)
-    return q is not None and ("nvtx.load_ranges", None) not in export._memo and export.prefetch(*q)
+    return (q is not None and ("nvtx.load_ranges", None) not in export._memo
+            and export.prefetch_chunks(**_chunk_args(q)))
 
 
 def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
@@ -93,10 +106,7 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
                 "name": pl.String, "unclosed": pl.Boolean, "cross_thread": pl.Boolean,
             }
         )
-    raw = export.query(*q)
     et = pl.col("event_type")
-    dom_rows = raw.filter(et == enums.NVTX_DOMAIN_CREATE).select("domain_id", "text")
-    domain_names = {int(d): t for d, t in zip(dom_rows["domain_id"], dom_rows["text"]) if d is not None}
     # a range without a start, or ending before it starts, cannot be placed: set aside, counted.
     # An end at ANALYSIS_DETAILS.duration is nsys's mark of a range never popped, not an end (it
     # lies before the start for a range opened within startTime of the stop): kept, for
@@ -110,24 +120,37 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
         if isinstance(never_popped, int):
             unusable = unusable & ~(pl.col("start").is_not_null() & (pl.col("end") == never_popped))
     is_range = et != enums.NVTX_DOMAIN_CREATE
-    flags = raw.select(keep=is_range & ~unusable, bad=is_range & unusable)
-    bad = int(flags["bad"].sum())
+    # read in rowid chunks, each cut at once to its usable ranges (NVTX_EVENTS order kept)
+    domain_names: dict[int, str] = {}
+    pieces, bad, top = [], 0, [None, None]
+    for chunk in export.query_chunks(**_chunk_args(q)):
+        for d, t in chunk.filter(et == enums.NVTX_DOMAIN_CREATE).select("domain_id", "text").iter_rows():
+            if d is not None:
+                domain_names[int(d)] = t
+        flags = chunk.select(keep=is_range & ~unusable, bad=is_range & unusable)
+        bad += int(flags["bad"].sum())
+        for k, col in enumerate(("start", "end")):
+            m = chunk[col].max()
+            if m is not None:
+                top[k] = m if top[k] is None else max(top[k], m)
+        keep = flags["keep"].fill_null(False)
+        pieces.append(chunk if keep.all() else chunk.filter(keep))
+        del chunk, flags
     export.set_aside["nvtx_unusable_ranges"] = bad
     if capture_end is None:
         capture_end = export.capture_end()
     if capture_end is None:
-        capture_end = int(max(raw["start"].max() or 0, raw["end"].max() or 0))
-    rows = np.flatnonzero(flags["keep"].fill_null(False).to_numpy())
-    del flags
+        capture_end = int(max(top[0] or 0, top[1] or 0))
+    raw = pl.concat(pieces, rechunk=False)
+    del pieces
     # the order (global_tid, start, -end; a null thread first, ties in NVTX_EVENTS order) as one
     # permutation, so that the kept rows are gathered once, already sorted
-    tid = raw["global_tid"].gather(rows)
-    end = raw["end"].gather(rows).fill_null(capture_end).to_numpy()
-    keys = [~end, raw["start"].gather(rows).to_numpy(), tid.fill_null(0).to_numpy()]
+    tid = raw["global_tid"]
+    keys = [~raw["end"].fill_null(capture_end).to_numpy(), raw["start"].to_numpy(), tid.fill_null(0).to_numpy()]
     if tid.null_count():
         keys.append(tid.is_not_null().to_numpy())
-    rows = rows[np.lexsort(keys)]
-    del tid, end, keys
+    rows = np.lexsort(keys)
+    del tid, keys
     g = raw.select(pl.all().gather(rows))
     del raw
     # names and domains gathered from small tables of the distinct values: the rows share the

@@ -562,7 +562,11 @@ def _nested(ranges: pl.DataFrame, source: dict[int, str]) -> pl.DataFrame:
     keep = (pl.col("event_type") == enums.NVTX_PUSH_POP) & ~pl.col("cross_thread") & (
         ~pl.col("global_pid").is_in(tk_pids) | (pl.col("domain") == TRACEKIT_DOMAIN)
     )
-    pp = ranges.with_row_index("range_index").filter(keep).with_columns(pl.col("range_index").cast(pl.Int64))
+    mask = ranges.select(keep=keep)["keep"]
+    pp = ranges.with_row_index("range_index")
+    if mask.null_count() or not mask.all():  # often every range nests: then no copy is made
+        pp = pp.filter(mask)
+    pp = pp.with_columns(pl.col("range_index").cast(pl.Int64))
     return nvtx.nest(pp)
 
 

@@ -796,9 +796,11 @@ class _ChunkReader:
             i, key, fut = self.inflight.popleft()
             frame = None
             if fut is None:
-                frame = self.export.cache.get_frame(key)
+                frame = self.export.cache.get_frame(key)  # counts a hit, or a miss when it went bad
                 if frame is None:  # the entry went bad since: read the trace
                     fut = self.pool.submit(self._read, i)
+            elif key is not None:
+                self.export.cache.misses += 1  # no entry: read from the trace, counted as a miss
             if frame is None:
                 frame = fut.result()  # re-raises what the read raised
                 if key is not None:
