@@ -156,7 +156,13 @@ _WM_ORDER = ("kernel_busy_ns", "kernel_count", "comm_busy_ns", "comm_count", "h2
 
 
 def _aggregate(model: PhaseModel, wm: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    """Sum window metrics over ``by``, recomputing unions over the merged windows."""
+    """Sum window metrics over ``by``, recomputing unions over the merged windows.
+
+    A group of one window (of one device: ``by`` holds ``device``) keeps that window's busy
+    times from ``wm``: the union over its ops is the window's own union (the same ops, those
+    of that window and device). Only groups of several windows (``other`` merged per
+    iteration, whole-trace phases) have their ops' unions computed again (issue 13)."""
+    one = {b: pl.col(b).first() for b in BUSY}
     sums = wm.lazy().group_by(by).agg(
         start_ns=pl.col("start").min(),
         end_ns=pl.col("end").max(),
@@ -167,13 +173,17 @@ def _aggregate(model: PhaseModel, wm: pl.DataFrame, by: list[str]) -> pl.DataFra
         unclosed=pl.col("unclosed").any() if "unclosed" in wm.columns else pl.lit(False),
         windows=pl.len(),
         **{m: pl.col(m).sum() for m in METRICS if m not in ("wall_ns", *BUSY)},
+        **{f"_one_{b}": v for b, v in one.items()},
     )
     # busy times of several windows: union over all ops of the group (kernels of two windows may overlap)
-    keys = wm.lazy().select("window_id", *[b for b in by if b != "window_id"]).unique()
+    keys = wm.lazy().filter(pl.len().over(by) > 1).select("window_id", *[b for b in by if b != "window_id"]).unique()
     ops = model.ops.lazy().select("window_id", "device", "kind", "direction", "start", "end",
                                   cat=_busy_category("comm" in model.ops.columns))
     ops = ops.join(keys, on=["window_id", "device"])
-    return _join_busy(sums, ops, by, nulls_equal=True).collect()
+    out = _join_busy(sums, ops, by, nulls_equal=True)
+    out = out.with_columns(**{b: pl.when(pl.col("windows") == 1).then(pl.col(f"_one_{b}")).otherwise(pl.col(b))
+                              for b in BUSY})
+    return out.drop([f"_one_{b}" for b in BUSY]).collect()
 
 
 def phase_table(model: PhaseModel) -> pl.DataFrame:
