@@ -134,7 +134,8 @@ def load_gpu_ops(export: Export) -> pl.DataFrame:
     ops = ops.with_columns(launch=pl.coalesce("api_start", "start"))
     from tracekit.analyze.model.communication import annotate
 
-    kernel_ids = ops.filter(pl.col("kind") == "kernel")["name_id"].drop_nulls().unique().to_list()
+    kernel_ids = ops.select(pl.col("name_id").filter(pl.col("kind") == "kernel"))["name_id"]
+    kernel_ids = kernel_ids.drop_nulls().unique().to_list()  # (the one column: no copy of the kernel rows)
     ops = annotate(ops, export.strings(kernel_ids))
     return ops.select(list(GPU_OP_COLUMNS)).sort("start")
 
