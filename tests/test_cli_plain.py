@@ -104,3 +104,25 @@ def test_plain_run_imports_no_typer():
             "print(rc, 'typer' in sys.modules, 'click' in sys.modules)\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.split() == ["0", "False", "False"]
+
+
+@pytest.mark.parametrize("raised, rc_want, err_want", [
+    (EOFError, 130, "\ntracekit: interrupted\n"),
+    (KeyboardInterrupt, 130, "tracekit: interrupted\n"),
+])
+def test_end_of_input_and_interrupt_same_both_ways(monkeypatch, capsys, raised, rc_want, err_want):
+    """The command body raising EOFError (input closed) or KeyboardInterrupt: the plain path
+    ends as typer's main does (typer: a newline, then Abort, which main reports as an interrupt)."""
+    from tracekit.analyze import command
+
+    def boom(*args, **kw):
+        raise raised()
+
+    monkeypatch.setattr(command, "run_analyze", boom)
+    got = []
+    for plain in (True, False):
+        if not plain:
+            monkeypatch.setattr(cli, "_plain_analyze", lambda args: None)
+        rc = cli.main(["analyze", str(ZERO3_CUT), "--no-cache"])
+        got.append((rc, capsys.readouterr().err))
+    assert got[0] == got[1] == (rc_want, err_want)

@@ -134,6 +134,12 @@ def _quick_commands(app) -> None:
             return build_runtime_param(self.descriptor)._coerce_value(value, param=param, ctx=ctx)
 
     def quicken(params) -> None:
+        try:
+            _quicken(params)
+        except Exception:  # typer's internals changed shape: its own coercion for these
+            pass
+
+    def _quicken(params) -> None:
         for p in params:
             d = getattr(p, "type_descriptor", None)
             if d is None or getattr(p, "_runtime_param", 0) is not None or d.file_annotation is not None:
@@ -220,27 +226,38 @@ def _plain_analyze(args: list[str]) -> dict | None:
     return {"traces": [Path(traces[0])], **kwargs}
 
 
+def _click():
+    """The click typer uses, with its ``utils``: typer's bundled copy (``typer._click``,
+    typer >= 0.20), else the standalone click."""
+    import importlib
+
+    for name in ("typer._click", "click"):
+        try:
+            importlib.import_module(name + ".utils")
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("typer's click")
+
+
 def _run_plain(kwargs: dict):
     """:func:`tracekit.analyze.command.run_analyze` with ``kwargs``, its exceptions turned into
-    what typer's main (non-standalone) makes of them: an interrupt -> exit code 130, end of
-    input -> Abort, a broken pipe -> exit 1 with the streams pacified."""
+    what typer's main (non-standalone) and :func:`main` make of them: an interrupt or end of
+    input -> exit code 130 ("interrupted"), a broken pipe -> exit 1 with the streams pacified."""
     from tracekit.analyze.command import run_analyze
 
     try:
         return run_analyze(**kwargs)
-    except EOFError as e:
-        from typer import _click
-
-        _click.echo(file=sys.stderr)
-        raise _click.exceptions.Abort() from e
+    except EOFError:  # typer: a newline, then Abort, which main reports as an interrupt (130)
+        print(file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         return 130
     except OSError as e:
         import errno
 
         if e.errno == errno.EPIPE:
-            from typer._click.utils import PacifyFlushWrapper
-
+            PacifyFlushWrapper = _click().utils.PacifyFlushWrapper
             sys.stdout = PacifyFlushWrapper(sys.stdout)
             sys.stderr = PacifyFlushWrapper(sys.stderr)
             sys.exit(1)
