@@ -115,7 +115,7 @@ def test_worker_without_the_trace(cluster, runs, tmp_path):
 
     elsewhere = tmp_path / "not-on-the-worker" / "rank2.sqlite"
     paths = [runs / "rank3.sqlite", elsewhere, runs / "rank0.sqlite"]
-    out = multi._run_dask(cluster.scheduler_address, paths, Options.of(None), False)
+    out = list(multi._iter_dask(cluster.scheduler_address, paths, Options.of(None), False))
     local = analyze_one(runs / "rank0.sqlite", cache=False)
     assert [type(o).__name__ for o in out] == ["dict", "TracekitError", "dict"]
     assert out[0]["trace"] == str(paths[0]) and out[2]["trace"] == str(paths[2])

@@ -38,7 +38,7 @@ def test_spawned_workers_get_the_budget_and_the_parent_keeps_its_environment(tmp
     monkeypatch.delenv("TRACEKIT_READ_THREADS", raising=False)
     monkeypatch.setattr(multi, "usable_cores", lambda: 4)
     paths = [tmp_path / f"t{i}.sqlite" for i in range(4)]
-    out = multi._run_processes(paths, None, False, 2, work=report_threads)
+    out = list(multi._iter_processes(paths, None, False, 2, work=report_threads))
     assert [o["path"] for o in out] == [str(p) for p in paths]
     assert len({o["pid"] for o in out}) <= 2
     for o in out:  # 4 cores / 2 workers

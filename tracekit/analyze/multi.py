@@ -404,17 +404,12 @@ def _in_order(paths: list[Path], submit, fetch, window: int):
         yield out
 
 
-def _run_processes(paths: list[Path], opts, cache: bool, jobs: int, work=None) -> list[dict | TracekitError]:
-    """``work(path, opts, cache)`` (default :func:`_analyze_one_checked`) for every path in ``jobs``
-    spawned worker processes sharing :func:`worker_threads`; a failure is that path's TracekitError."""
-    return list(_iter_processes(paths, opts, cache, jobs, work=work))
-
-
 def _iter_processes(paths: list[Path], opts, cache: bool, jobs: int, work=None, want: str = "result",
                     window: int | None = None):
-    """:func:`_run_processes` as a generator, in input order: ``work`` (default
-    :func:`analyze_part` with ``want``) for every path, at most ``window`` (default: all)
-    submitted ahead of the one being handed on."""
+    """Yield, in input order, ``work(path, opts, cache)`` (default :func:`analyze_part` with
+    ``want``) for every path, run in ``jobs`` spawned worker processes sharing
+    :func:`worker_threads`, at most ``window`` (default: all) submitted ahead of the one being
+    handed on; a failure is that path's TracekitError."""
     import functools
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -512,12 +507,6 @@ def _dask_outcome(path: Path, future) -> dict | TracekitError:
             return TracekitError(f"{path}: the Dask worker cannot import {exc.name or first} (install "
                                  "tracekit[dask], the client's version, on every worker)", exit_code=1)
         return TracekitError(f"{path}: the Dask task failed ({name}: {first})", exit_code=1)
-
-
-def _run_dask(address: str, paths: list[Path], opts, cache: bool) -> list[dict | TracekitError]:
-    """Every trace's whole result (or TracekitError) from the Dask scheduler at ``address``, in
-    input order (:func:`_iter_dask`)."""
-    return list(_iter_dask(address, paths, opts, cache))
 
 
 def _dask_client(address: str):
