@@ -154,26 +154,26 @@ class Timeline:
         """The chunks of one rank narrowed to ``phase``/``iteration`` (None: all), without the
         ``global_pid, device`` columns: what ``--json`` prints as that rank's
         ``throughput_timeline`` rows (empty chunks left out)."""
+        for f in self._narrowed(global_pid, device, phase, iteration):
+            if f.height:
+                yield f.drop("global_pid", "device")
+
+    def _narrowed(self, global_pid: int | None, device: int | None, phase: str | None,
+                  iteration: int | None) -> Iterator[pl.DataFrame]:
+        """:meth:`chunks` of the rank(s) given, each filtered to ``phase``/``iteration`` (None: all)."""
         for f in self.chunks(global_pid, device):
             if phase:
                 f = f.filter(pl.col("phase") == phase)
             if iteration is not None:
                 f = f.filter(pl.col("iteration") == iteration)
-            if f.height:
-                yield f.drop("global_pid", "device")
+            yield f
 
     def peaks(self, global_pid: int | None = None, device: int | None = None, phase: str | None = None,
               iteration: int | None = None) -> pl.DataFrame:
         """:func:`timeline_peaks` of the timeline (of one rank, narrowed to ``phase``/``iteration``),
         chunk by chunk: counts summed and maxima taken across the chunks' group-bys."""
         keys = [*RANK, "phase", "direction"]
-        parts = []
-        for f in self.chunks(global_pid, device):
-            if phase:
-                f = f.filter(pl.col("phase") == phase)
-            if iteration is not None:
-                f = f.filter(pl.col("iteration") == iteration)
-            parts.append(timeline_peaks(f))
+        parts = [timeline_peaks(f) for f in self._narrowed(global_pid, device, phase, iteration)]
         if not parts:
             return timeline_peaks(self.empty())
         return pl.concat(parts).group_by(keys).agg(
