@@ -30,9 +30,7 @@ or untouched for an hour); a live report's temporaries and every other file are 
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,27 +94,11 @@ def write_file(path: str | Path, data) -> Path:
     created exclusively beside it (never following a link), then renamed over ``path`` (see
     the module doc). Raises :class:`TracekitError` when it cannot be written; the temporary
     is removed then."""
-    from tracekit.analyze.trace.cache import _HOST
+    from tracekit.analyze.trace.cache import write_replacing
 
     p = Path(path)
-    tmp = p.with_name(f".tmp-tk-{os.getpid()}-{secrets.token_hex(8)}-{_HOST}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-                     | getattr(os, "O_CLOEXEC", 0), 0o666)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            os.replace(tmp, p)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_replacing(str(p), data, mode=0o666, fsync=False)
     except OSError as exc:
         raise TracekitError(f"{p}: cannot write it ({exc.strerror or exc})") from None
     return p

@@ -221,6 +221,35 @@ def _owned(st: os.stat_result) -> bool:
     return not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
 
 
+def write_replacing(path: str, data, *, dir_fd: int | None = None, mode: int = 0o600,
+                    fsync: bool = True) -> None:
+    """Write ``data`` (bytes-like) as ``path`` (relative to ``dir_fd`` when given): a temporary
+    ``.tmp-tk-<pid>-<16 hex>-<host>`` created exclusively beside it (``O_EXCL``, never following
+    a link; file mode ``mode``), written whole, fsynced when ``fsync``, then renamed over
+    ``path``, so a reader never sees a partial file under its name and a link named ``path`` is
+    replaced, not written through. The temporary is removed when anything fails; the OSError
+    is raised. What the cache's entries and ``tracekit report``'s files are written with."""
+    tmp = os.path.join(os.path.dirname(path), f".tmp-tk-{os.getpid()}-{secrets.token_hex(8)}-{_HOST}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), mode, dir_fd=dir_fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
 def stale_temporary(name: str, st: os.stat_result, now: float | None = None) -> bool:
     """True when ``name`` (with its ``lstat`` result ``st``) is a temporary of tracekit's naming,
     ``.tmp-tk-<pid>-<16 hex>-<host>`` (what the cache and ``tracekit report`` write before
@@ -537,24 +566,7 @@ class TraceCache:
     # ------------------------------------------------------------------ entries
     def _write_file(self, name: str, data: bytes, dfd: int) -> None:
         """Write ``data`` as ``name`` in ``dfd``: exclusive temporary, fsync, rename."""
-        tmp = f".tmp-tk-{os.getpid()}-{secrets.token_hex(8)}-{_HOST}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-                     | getattr(os, "O_CLOEXEC", 0), 0o600, dir_fd=dfd)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
-            raise
+        write_replacing(name, data, dir_fd=dfd, mode=0o600, fsync=True)
 
     def _write_entry(self, name: str, payload: bytes) -> None:
         """Store ``payload`` as entry ``name`` with its header (:data:`MAGIC`, see module doc).
