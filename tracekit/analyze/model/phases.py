@@ -128,6 +128,14 @@ class PhaseModel:
     #: results derived from this model by other modules (e.g. per-window metrics), computed once
     cache: dict = field(default_factory=dict, repr=False)
 
+    def derived(self, key, compute):
+        """``compute()``, computed once per model: the value kept in :attr:`cache` under ``key``
+        (any hashable) is returned to every later call with that key. Errors of ``compute``
+        propagate and nothing is kept."""
+        if key not in self.cache:
+            self.cache[key] = compute()
+        return self.cache[key]
+
 
 _UNCLOSED_SCHEMA = {
     "global_pid": pl.Int64, "iteration": pl.Int64, "phase": pl.String, "micro_step": pl.Int64,

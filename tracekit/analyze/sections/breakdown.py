@@ -53,13 +53,13 @@ KEYS = ["global_pid", "device", "iteration", "phase", "micro_step"]
 def ranks(model: PhaseModel) -> pl.DataFrame:
     """Ranks of the trace: ``global_pid, pid, device`` for each process/device with GPU work,
     sorted by pid then device. Computed once per model and kept on it."""
-    cached = model.cache.get("ranks")
-    if cached is None:
+    def compute() -> pl.DataFrame:
         r = model.ops.lazy().select("global_pid", "device").unique().drop_nulls()
-        cached = model.cache["ranks"] = r.with_columns(pid=os_pid(pl.col("global_pid"))).sort("pid", "device").select(
+        return r.with_columns(pid=os_pid(pl.col("global_pid"))).sort("pid", "device").select(
             "global_pid", "pid", "device"
         ).collect()
-    return cached
+
+    return model.derived("ranks", compute)
 
 
 def rank_windows(model: PhaseModel) -> pl.DataFrame:
@@ -70,11 +70,7 @@ def rank_windows(model: PhaseModel) -> pl.DataFrame:
 def window_metrics(model: PhaseModel) -> pl.DataFrame:
     """Metrics of every window of every rank: the window columns plus ``device`` and
     :data:`METRICS` (ns and bytes). Computed once per model and kept on it."""
-    cached = model.cache.get("window_metrics")
-    if cached is not None:
-        return cached
-    model.cache["window_metrics"] = _window_metrics(model)
-    return model.cache["window_metrics"]
+    return model.derived("window_metrics", lambda: _window_metrics(model))
 
 
 #: the busy times of :data:`METRICS` (union lengths), by the category code of :func:`_busy_category`
@@ -198,12 +194,8 @@ def phase_table(model: PhaseModel) -> pl.DataFrame:
     rank, then time. Computed once per model and kept on it (the result, the advice, the
     opportunities and the multi-GPU sections all read it).
     """
-    cached = model.cache.get("phase_table")
-    if cached is None:
-        wm = window_metrics(model)
-        cached = model.cache["phase_table"] = _finish(_aggregate(model, wm, KEYS)).sort("global_pid", "device",
-                                                                                        "start_ns")
-    return cached
+    return model.derived("phase_table", lambda: _finish(_aggregate(model, window_metrics(model), KEYS)).sort(
+        "global_pid", "device", "start_ns"))
 
 
 def totals(model: PhaseModel) -> pl.DataFrame:

@@ -283,7 +283,4 @@ def steady(cu: CpuUpdate, global_pid: int, device: int) -> dict | None:
 def for_model(model: PhaseModel, trace: str | Path | None) -> CpuUpdate:
     """:func:`cpu_update` of ``model`` with the worker parents of the manifest beside ``trace``,
     computed once per model and kept in ``model.cache``."""
-    cu = model.cache.get("cpu_update")
-    if cu is None:
-        cu = model.cache["cpu_update"] = cpu_update(model, worker_parents(trace))
-    return cu
+    return model.derived("cpu_update", lambda: cpu_update(model, worker_parents(trace)))

@@ -100,10 +100,11 @@ def window_levels(export: Export, model: PhaseModel, kinds: tuple[str, ...] = DE
     by phase and by iteration and phase). Raises :class:`~tracekit.errors.MissingDataError`
     without memory usage events.
     """
-    key = ("memory_window_levels", tuple(kinds))
-    cached = model.cache.get(key)
-    if cached is not None:
-        return cached
+    return model.derived(("memory_window_levels", tuple(kinds)), lambda: _window_levels(export, model, kinds))
+
+
+def _window_levels(export: Export, model: PhaseModel, kinds: tuple[str, ...]) -> pl.DataFrame:
+    """:func:`window_levels`, computed."""
     tl = memory_timeline(export, None, kinds).lazy()  # the rest as one polars query
     ranks = tl.select(RANK).unique()
     win = model.windows.lazy().join(ranks, on="global_pid").select(
@@ -125,5 +126,4 @@ def window_levels(export: Export, model: PhaseModel, kinds: tuple[str, ...] = DE
         peak=pl.max_horizontal("start_level", "ev_max"),
         low=pl.min_horizontal("start_level", "ev_min"),
     )
-    model.cache[key] = w = w.collect()
-    return w
+    return w.collect()

@@ -36,13 +36,13 @@ def _peaks(export: Export, model: PhaseModel, by) -> pl.DataFrame | None:
     """:func:`tracekit.analyze.sections.memory.memory_peaks` of ``model`` by ``by`` (None when the
     trace has no memory usage events), computed once per model and ``by`` (the opportunities
     and the what-if model ask for the same ones)."""
-    key = ("memory_peaks", tuple(by))
-    if key not in model.cache:
+    def compute() -> pl.DataFrame | None:
         try:
-            model.cache[key] = memory_peaks(export, model, by=by)
+            return memory_peaks(export, model, by=by)
         except MissingDataError:
-            model.cache[key] = None
-    return model.cache[key]
+            return None
+
+    return model.derived(("memory_peaks", tuple(by)), compute)
 
 
 def gradient_round_trips(model: PhaseModel) -> pl.DataFrame:

@@ -35,13 +35,14 @@ COLUMNS = [
 
 
 def _kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
-    """Per rank, the union of its device's compute kernels (``comm``: communication kernels)."""
-    compute, communication = model_kernel_frames(model)
-    k = (communication if comm else compute).filter(pl.col("device").is_not_null())
-    out = {}
-    for (gpid, dev), g in k.group_by(RANK):
-        out[(gpid, dev)] = union(g["start"].to_numpy(), g["end"].to_numpy())
-    return out
+    """Per rank, the union of its device's compute kernels (``comm``: communication kernels);
+    computed once per model and kept on it (every grouping of :func:`overlap_levels` reads them)."""
+    def compute() -> dict:
+        compute_k, communication = model_kernel_frames(model)
+        k = (communication if comm else compute_k).filter(pl.col("device").is_not_null())
+        return {(gpid, dev): union(g["start"].to_numpy(), g["end"].to_numpy()) for (gpid, dev), g in k.group_by(RANK)}
+
+    return model.derived(("overlap_kernel_unions", comm), compute)
 
 
 def _covers(pieces: pl.DataFrame, kernels: dict, comm_kernels: dict) -> pl.DataFrame:
@@ -100,8 +101,7 @@ def overlap_levels(model: PhaseModel, levels: dict[str, tuple]) -> dict[str, pl.
     want = {name: check_by(by) for name, by in levels.items()}
     cols = {b for by in want.values() for b in by}
     base = [b for b in BY_COLUMNS if b in cols]
-    kern: dict = {}
-    done = {tuple(base): _sums(model, base, kern)}  # by -> (sums, copy union pieces)
+    done = {tuple(base): _sums(model, base)}  # by -> (sums, copy union pieces)
     out: dict[str, pl.DataFrame] = {}
     for name, by in sorted(want.items(), key=lambda kv: -len(kv[1])):  # finest first
         sums = None
@@ -113,7 +113,7 @@ def overlap_levels(model: PhaseModel, levels: dict[str, tuple]) -> dict[str, pl.
                 sums = _rollup(done[fine][0], by)
                 break
         if sums is None:
-            done[tuple(by)] = _sums(model, by, kern)
+            done[tuple(by)] = _sums(model, by)
             sums = done[tuple(by)][0]
         out[name] = _finish(sums, by)
     return {name: out[name] for name in levels}
@@ -134,7 +134,7 @@ def _rollup(sums: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     return sums.group_by([*RANK, *by]).agg(pl.col(_ADDITIVE).sum())
 
 
-def _sums(model: PhaseModel, by: list[str], kern: dict | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _sums(model: PhaseModel, by: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The additive columns of :func:`overlap` per rank and group ``by`` (unsorted), and the
     union pieces of each group's copies of both directions (``RANK, by, start, end``).
 
@@ -146,11 +146,7 @@ def _sums(model: PhaseModel, by: list[str], kern: dict | None = None) -> tuple[p
     exactly those of one union per set."""
     keys = [*RANK, *by]
     c = host_copies(model)
-    kern = {} if kern is None else kern
-    if not kern:
-        kern["compute"] = _kernel_unions(model)
-        kern["comm"] = _kernel_unions(model, comm=True)
-    kernels, comm_kernels = kern["compute"], kern["comm"]
+    kernels, comm_kernels = _kernel_unions(model), _kernel_unions(model, comm=True)
     out = c.group_by(keys).agg(
         **{f"{d.lower()}_count": (pl.col("direction") == d).sum().cast(pl.Int64) for d in ("H2D", "D2H")},
         **{f"{d.lower()}_bytes": pl.col("bytes").filter(pl.col("direction") == d).sum() for d in ("H2D", "D2H")},

@@ -39,43 +39,36 @@ def host_copies(model: PhaseModel) -> pl.DataFrame:
     (bytes / duration; null for a 0 ns copy), plus the attribution columns of ``model.ops``.
     Copies with a null device are dropped. Computed once per model and kept on it (8 sections
     read it)."""
-    cached = model.cache.get("host_copies")
-    if cached is not None:
-        return cached
-    c = model.ops.lazy().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(HOST_DIRECTIONS))
-    c = c.filter(pl.col("device").is_not_null())
-    model.cache["host_copies"] = c.with_columns(
-        host_kind=pl.when(pl.col("direction") == "H2D").then(pl.col("src_kind")).otherwise(pl.col("dst_kind")),
-        duration_ns=pl.col("end") - pl.col("start"),
-    ).with_columns(
-        gbps=pl.when(pl.col("duration_ns") > 0).then(pl.col("bytes") / pl.col("duration_ns")).otherwise(None),
-        sub_phase=pl.col("sub_phase").fill_null("(none)"),
-    ).collect()
-    return model.cache["host_copies"]
+    def compute() -> pl.DataFrame:
+        c = model.ops.lazy().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(HOST_DIRECTIONS))
+        c = c.filter(pl.col("device").is_not_null())
+        return c.with_columns(
+            host_kind=pl.when(pl.col("direction") == "H2D").then(pl.col("src_kind")).otherwise(pl.col("dst_kind")),
+            duration_ns=pl.col("end") - pl.col("start"),
+        ).with_columns(
+            gbps=pl.when(pl.col("duration_ns") > 0).then(pl.col("bytes") / pl.col("duration_ns")).otherwise(None),
+            sub_phase=pl.col("sub_phase").fill_null("(none)"),
+        ).collect()
+
+    return model.derived("host_copies", compute)
 
 
 def model_kernel_frames(model: PhaseModel) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(compute kernels, communication kernels) of ``model.ops``
     (:func:`tracekit.analyze.model.communication.kernel_frames`), computed once per model and
     kept on it (the overlap, communication, waiting-rank and CPU-update sections read them)."""
-    cached = model.cache.get("kernel_frames")
-    if cached is None:
-        from tracekit.analyze.model.communication import kernel_frames
+    from tracekit.analyze.model.communication import kernel_frames
 
-        cached = model.cache["kernel_frames"] = kernel_frames(model.ops)
-    return cached
+    return model.derived("kernel_frames", lambda: kernel_frames(model.ops))
 
 
 def model_compute_ops(model: PhaseModel) -> pl.DataFrame:
     """``model.ops`` without communication kernels, what GPU idle counts as activity
     (:func:`tracekit.analyze.model.communication.compute_ops`), computed once per model and kept
     on it (the breakdown, its sub-phases and the CPU-update section read it)."""
-    cached = model.cache.get("compute_ops")
-    if cached is None:
-        from tracekit.analyze.model.communication import compute_ops
+    from tracekit.analyze.model.communication import compute_ops
 
-        cached = model.cache["compute_ops"] = compute_ops(model.ops)
-    return cached
+    return model.derived("compute_ops", lambda: compute_ops(model.ops))
 
 
 def ranks_of(model: PhaseModel) -> pl.DataFrame:
