@@ -226,6 +226,27 @@ def test_guard_hides_rust_abort_and_names_limit(tmp_path, monkeypatch, capfd):
     assert capfd.readouterr().err.splitlines() == ["tracekit: error: out of memory (child)", "", "last line"]
 
 
+def test_guard_never_hides_the_childs_own_line(tmp_path, monkeypatch, capfd):
+    """The child's own line right where a panic's message is expected, or glued to a dying
+    thread's allocation message on one line (threads dying at once interleave): still shown,
+    from ``tracekit: `` on (an 800 MB run once exited 2 with no line at all)."""
+    from tracekit import memlimit
+
+    child = tmp_path / "fake_python"
+    child.write_text("#!/bin/sh\n"
+                     "echo \"thread '<unnamed>' (7) panicked at src/lib.rs:1:1:\" >&2\n"
+                     "echo 'tracekit: error: out of memory (after a panic)' >&2\n"
+                     "printf 'memory allocation of 64 bytes failedtracekit: error: out of memory (glued)\\n' >&2\n"
+                     "exit 2\n")
+    child.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(child))
+    monkeypatch.setattr(memlimit, "current_limit", lambda: ("address-space limit (ulimit -v, prlimit --as)", 8e8))
+    monkeypatch.delenv(memlimit.CHILD_ENV, raising=False)
+    assert memlimit.run_guarded(["analyze", "x.sqlite"]) == 2
+    assert capfd.readouterr().err.splitlines() == ["tracekit: error: out of memory (after a panic)",
+                                                   "tracekit: error: out of memory (glued)"]
+
+
 @needs_prlimit
 def test_memory_limit_large_enough_runs(tmp_path):
     """A limit that leaves room changes nothing: same JSON as without the limit, exit 0."""

@@ -33,6 +33,8 @@ CHILD_ENV = "TRACEKIT_MEMLIMIT_CHILD"
 #: commands that read traces and run in a child under a limit
 GUARDED = ("analyze", "report", "compare", "trim")
 _RUST_ALLOC = b"memory allocation of "
+#: how every line tracekit itself writes to stderr starts
+_OWN = b"tracekit: "
 _ALLOC_TAIL = re.compile(rb"^\d+ bytes failed\s*$")
 _PANIC = re.compile(rb"^thread '.*' (\(\d+\) )?panicked at ")
 #: lines of the Rust runtime that follow an allocation failure or a panic
@@ -139,12 +141,19 @@ def _forward(stream) -> bool:
     allocation-failure message, jemalloc's complaints (``<jemalloc>: ...``), a Rust panic's
     message (``thread '...' (ID) panicked at ...``, the blank line before it and the line after
     it; the child reports the panic itself, on one line) and the backtrace after either;
-    returns whether an allocation failure was seen."""
+    returns whether an allocation failure was seen. A line holding ``tracekit: `` (the child's
+    own error or note) is always written, from there on, even when a dying thread's message was
+    printed on the same line or a panic's message was expected next."""
     out = getattr(sys.stderr, "buffer", None)
     saw = in_trace = False
     skip_next = False
     held: list[bytes] = []
     for line in iter(stream.readline, b""):
+        own = line.find(_OWN)
+        if own >= 0:  # tracekit's own line, even glued to a dying thread's message: always shown
+            _write(out, line[own:] if line.endswith(b"\n") else line[own:] + b"\n")
+            held, in_trace, skip_next = [], False, False
+            continue
         # threads dying at once interleave their messages: look inside the line, and for the
         # tail of a message split across lines
         if _RUST_ALLOC in line or _ALLOC_TAIL.match(line):
