@@ -12,6 +12,9 @@ import io
 import matplotlib
 
 matplotlib.use("Agg")  # figures are written to files; never open a window
+# text is drawn by matplotlib itself, never by TeX (a matplotlibrc's usetex would hand trace
+# text to LaTeX: `_`, `%`, `#` would fail); `$` in trace text is escaped where it is drawn
+matplotlib.rcParams["text.usetex"] = False
 
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
