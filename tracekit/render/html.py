@@ -33,7 +33,7 @@ import polars as pl
 from tracekit.render import data as D
 from tracekit.render import style as S
 from tracekit.render.data import ReportData
-from tracekit.textsafe import clean
+from tracekit.textsafe import clean, csv_frame
 from tracekit.vocab import UNITS_LINE, os_pid, short_name
 
 #: Kernels closer than this are drawn as one busy interval in the interactive timeline.
@@ -97,7 +97,7 @@ def _script_json(obj) -> str:
 
 
 def _csv_link(frame: pl.DataFrame, name: str) -> str:
-    b64 = base64.b64encode(frame.write_csv().encode("utf-8")).decode("ascii")
+    b64 = base64.b64encode(csv_frame(frame).write_csv().encode("utf-8")).decode("ascii")
     return (f'<a class="dl" download="{_e(name)}.csv" href="data:text/csv;base64,{b64}" '
             f'data-rows="{frame.height}">download the data (CSV, {frame.height:,} rows)</a>')
 
