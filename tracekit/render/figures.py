@@ -205,14 +205,23 @@ def _title(data: ReportData) -> str:
     return _text(trace_config(data).label())
 
 
-def _text(value) -> str:
+def _text(value, width: int | None = None) -> str:
     """Text from the trace (or built around it: a label holding a memory-kind or NVTX name)
     for a matplotlib title, label, tick, legend entry or text: control characters as visible
     escapes (an ESC in an NVTX name otherwise breaks the SVG and warns about a missing glyph),
     ``$`` escaped so that no mathtext is parsed (:func:`tracekit.textsafe.mpl`; ``a$\\frac{$b``
     would otherwise fail the whole figure). TeX is never used (:mod:`tracekit.render.style`
-    sets ``text.usetex`` off). Every trace string of this module's figures goes through here."""
-    return mpl(value)
+    sets ``text.usetex`` off). With ``width``, cut to that many characters with ``…`` (a
+    300-character memory-kind name in a legend would squeeze the axes to nothing). Every trace
+    string of this module's figures goes through here."""
+    s = "" if value is None else str(value)
+    if width is not None and len(s) > width:
+        s = s[: max(width - 1, 1)] + "…"
+    return mpl(s)
+
+
+#: Characters of a memory-kind name (pinned, pageable, ...) drawn in a label.
+KIND_WIDTH = 32
 
 
 def _short(name, width: int = 38) -> str:
@@ -397,12 +406,12 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
                               hatch=S.HOST_KIND_HATCH.get(k, ".."), alpha=1.0 if k == "pageable" else 0.8,
                               edge="#222222" if k == "pageable" else S.DIRECTION_COLORS[d])
             coll.set_gid(f"copies:{d}:{k}")
-            coll.set_label(_text(f"{d} copies, {k} host memory ({ck.height})"))
+            coll.set_label(f"{d} copies, {_text(k, KIND_WIDTH)} host memory ({ck.height})")
         ymax = float(c["gbps"].max() or 0)
         for r in ref.filter(pl.col("direction") == d).iter_rows(named=True):
             a.axhline(r["gbps"], color="#222222", lw=0.9, ls="--" if r["host_kind"] == "pinned" else ":",
-                      label=_text(f"{r['host_kind']} reference: {r['gbps']:,.1f} GB/s (copies ≥ 1 MiB, steady "
-                                  "iterations)"))
+                      label=f"{_text(r['host_kind'], KIND_WIDTH)} reference: {r['gbps']:,.1f} GB/s (copies ≥ 1 MiB, "
+                            "steady iterations)")
             ymax = max(ymax, r["gbps"])
         a.set_ylabel(f"{d} copy\nbandwidth (GB/s)", fontsize=8)
         a.set_ylim(0, max(ymax * 1.2, 1.0))
@@ -653,7 +662,7 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
     for j, r in enumerate(ref.iter_rows(named=True)):
         ax_r.axvline(r["gbps"], color=S.DIRECTION_COLORS[r["direction"]], lw=1.0,
                      ls="--" if r["host_kind"] == "pinned" else ":", gid=f"ref:{r['direction']}:{r['host_kind']}")
-        ax_r.text(r["gbps"], 1.0 + 0.05 * j, _text(f" {r['host_kind']} {r['direction']} {r['gbps']:,.1f} GB/s"),
+        ax_r.text(r["gbps"], 1.0 + 0.05 * j, f" {_text(r['host_kind'], KIND_WIDTH)} {r['direction']} {r['gbps']:,.1f} GB/s",
                   transform=ax_r.get_xaxis_transform(), fontsize=7, color=S.DIRECTION_COLORS[r["direction"]],
                   va="bottom", clip_on=False)
         gmax = max(gmax, r["gbps"])
