@@ -20,6 +20,7 @@ import shutil
 import sqlite3
 import tempfile
 import warnings
+from xml.etree import ElementTree
 
 import matplotlib.text
 import polars as pl
@@ -155,6 +156,11 @@ def test_figures_draw_trace_text_as_plain_text(hostile):
         assert is_math is False, s
         drawn.append(shown)
     assert any(KIND[:31] + "…" in s for s in drawn)
+    svgs = sorted(hostile["out"].glob("*.svg"))
+    assert len(svgs) == len(res.figures)
+    for p in svgs:  # the trace text in element ids is escaped: each SVG parses, and holds no link
+        root = ElementTree.parse(p).getroot()
+        assert not [e for e in root.iter() if e.tag.rsplit("}", 1)[-1] == "a"], p.name
 
 
 def test_report_prints_no_layout_or_glyph_warning(hostile):

@@ -662,7 +662,8 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
     for j, r in enumerate(ref.iter_rows(named=True)):
         ax_r.axvline(r["gbps"], color=S.DIRECTION_COLORS[r["direction"]], lw=1.0,
                      ls="--" if r["host_kind"] == "pinned" else ":", gid=f"ref:{r['direction']}:{r['host_kind']}")
-        ax_r.text(r["gbps"], 1.0 + 0.05 * j, f" {_text(r['host_kind'], KIND_WIDTH)} {r['direction']} {r['gbps']:,.1f} GB/s",
+        kind = _text(r["host_kind"], KIND_WIDTH)
+        ax_r.text(r["gbps"], 1.0 + 0.05 * j, f" {kind} {r['direction']} {r['gbps']:,.1f} GB/s",
                   transform=ax_r.get_xaxis_transform(), fontsize=7, color=S.DIRECTION_COLORS[r["direction"]],
                   va="bottom", clip_on=False)
         gmax = max(gmax, r["gbps"])

@@ -148,7 +148,8 @@ def set_aside_note(set_aside: dict) -> str:
     """The note for samples set aside (``set_aside``: direction -> count), e.g. ``pcie: 2
     GPU_METRICS samples outside 0-100 % set aside (PCIe RX 1, PCIe TX 1): not used``."""
     metric = {v: k for k, v in DIRECTION.items()}
-    parts = ", ".join(f"PCIe {metric.get(d, d)} {n:,}" for d, n in sorted(set_aside.items(), key=lambda kv: metric.get(kv[0], kv[0])))
+    named = sorted((metric.get(d, d), n) for d, n in set_aside.items())
+    parts = ", ".join(f"PCIe {m} {n:,}" for m, n in named)
     total = sum(set_aside.values())
     return (f"pcie: {total:,} GPU_METRICS sample(s) outside {PCT_RANGE[0]:g}-{PCT_RANGE[1]:g} % set aside "
             f"({parts}): not used")
