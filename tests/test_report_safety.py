@@ -261,7 +261,7 @@ def test_perfetto_tracks_never_overlap(hostile):
     assert got == kernels
     extra = {e["tid"] for e in ev if e["name"] == "thread_name" and e["args"]["name"].startswith("kernels #")}
     assert overlapping > 0 and extra
-    assert all(tid // 100 == 6 for tid in extra)  # next to the kernels lane (tid 6)
+    assert all(tid // 1000 == 6 for tid in extra)  # next to the kernels lane (tid 6)
     names = {(e["pid"], e["tid"]) for e in ev if e["name"] == "thread_name"}
     assert set(by_track) <= names  # every track used is named
 
@@ -414,3 +414,25 @@ def test_html_legend_in_headless_chromium(hostile):
     finally:
         drv.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_tracks_first_fit_synthetic():
+    """Hand-made lane: 150 kernels all running at once, then back-to-back ones, then nested
+    ones: tracks never overlap (brute force over every pair), the first track is the lane's
+    own tid, and no extra tid collides with another lane's."""
+    from tracekit.render import perfetto as P
+
+    events: list[dict] = []
+    tr = P._Tracks(events)
+    spans = [(0, 1000)] * 150 + [(1000, 2000), (2000, 3000), (3000, 3000), (3000, 9000), (4000, 5000), (4500, 4600)]
+    got = [(tr.tid(1, "kernels", s, e), s, e) for s, e in spans]
+    assert got[0][0] == P.TRACKS["kernels"] and len({t for t, _s, _e in got[:150]}) == 150
+    for i, (t0, s0, e0) in enumerate(got):
+        for t1, s1, e1 in got[i + 1:]:
+            if t0 == t1:
+                assert e0 <= s1 or e1 <= s0, ((t0, s0, e0), (t1, s1, e1))
+    assert [t for t, _s, _e in got[150:153]] == [P.TRACKS["kernels"]] * 3  # back to back: the lane's own
+    others = {tid * P.TRACK_STRIDE + k for tid in P.TRACKS.values() if tid != P.TRACKS["kernels"] for k in range(1, 200)}
+    assert not {t for t, _s, _e in got} & (others | (set(P.TRACKS.values()) - {P.TRACKS["kernels"]}))
+    named = {e["tid"] for e in events if e["name"] == "thread_name"}
+    assert named == {t for t, _s, _e in got} - {P.TRACKS["kernels"]}

@@ -17,7 +17,8 @@ start_ns, end_ns}``: every memcpy of the trace is one event.
 Tracks never hold overlapping events (Perfetto draws a slice that overlaps another on its track
 without nesting in it wrongly, or drops it): concurrent kernels (several streams, or a stream's
 kernels that overlap) and concurrent copies of one direction go on extra tracks of their lane,
-``tid`` = lane tid x 100 + k (k = 1, 2, ...; named ``kernels #2``, ...), sorted right after it.
+``tid`` = lane tid x :data:`TRACK_STRIDE` + k (k = 1, 2, ...; named ``kernels #2``, ...), sorted
+right after it.
 Each event takes the first of its lane's tracks that is free at its start (:class:`_Tracks`).
 
 Times: ``ts`` and ``dur`` in µs (the format's unit) as decimals with 3 places, so they are
@@ -39,6 +40,10 @@ from tracekit.render.data import ReportData, host_kind
 TRACKS = {"phases": 1, "sub-phases": 2, "H2D copies": 3, "D2H copies": 4, "other copies": 5, "kernels": 6,
           "findings": 7}
 
+#: Extra tracks of lane L are L x TRACK_STRIDE + k: room for more concurrent events than a GPU
+#: runs (128 concurrent kernels per device).
+TRACK_STRIDE = 1000
+
 
 def _us(ns: int) -> float:
     return round(int(ns) / 1000.0, 3)
@@ -46,7 +51,8 @@ def _us(ns: int) -> float:
 
 class _Tracks:
     """The track (``tid``) of each complete event of a lane, so that no two events of a track
-    overlap: first fit over the lane's tracks (the lane's own tid first, then tid x 100 + k),
+    overlap: first fit over the lane's tracks (the lane's own tid first, then tid x
+    :data:`TRACK_STRIDE` + k),
     events given in start order per lane. A new track's ``thread_name`` and
     ``thread_sort_index`` metadata are appended to ``events``."""
 
@@ -61,16 +67,16 @@ class _Tracks:
         for k, e in enumerate(ends):
             if e <= start:
                 ends[k] = max(end, start)
-                return base if k == 0 else base * 100 + k
+                return base if k == 0 else base * TRACK_STRIDE + k
         ends.append(max(end, start))
         k = len(ends) - 1
         if k == 0:
             return base
-        tid = base * 100 + k
+        tid = base * TRACK_STRIDE + k
         self.events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                             "args": {"name": f"{lane} #{k + 1}"}})
         self.events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                            "args": {"sort_index": base * 100 + k}})
+                            "args": {"sort_index": tid}})
         return tid
 
 
@@ -93,7 +99,7 @@ def trace_events(data: ReportData, findings: list[dict] | None = None) -> dict:
         for lane, tid in TRACKS.items():
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": lane}})
             events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                           "args": {"sort_index": tid * 100}})
+                           "args": {"sort_index": tid * TRACK_STRIDE}})
         win = windows.filter(pl.col("global_pid") == rk["global_pid"]).sort("start")
         first = {}
         for r in win.iter_rows(named=True):
