@@ -10,7 +10,9 @@ the 8-bit CSI ``\\x9b``). tracekit never lets them act:
   string, for tables and ``console.print``;
 - :func:`markup` escapes a cleaned string for embedding in a rich markup string;
 - :func:`md` and :func:`md_code` make a cleaned string inert in Markdown text and code spans;
-- :func:`mpl` makes it inert in a matplotlib label (no mathtext ``$...$``).
+- :func:`mpl` makes it inert in a matplotlib label (no mathtext ``$...$``);
+- :func:`csv_cell` / :func:`csv_frame` make it inert in a CSV opened by a spreadsheet (no
+  formula: ``=HYPERLINK(...)`` in an NVTX name).
 
 Which characters count as control characters: Unicode general category ``Cc`` (C0 controls
 U+0000-U+001F, DEL U+007F, C1 controls U+0080-U+009F), the bidirectional overrides and isolates
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["clean", "text", "markup", "md", "md_code", "mpl"]
+__all__ = ["clean", "text", "markup", "md", "md_code", "mpl", "csv_cell", "csv_frame"]
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
@@ -103,3 +105,34 @@ def mpl(value: object) -> str:
     """:func:`clean` ``(value)`` for a matplotlib title, label or tick: ``$`` escaped
     (``\\$``) so that no mathtext is parsed."""
     return clean(value).replace("$", r"\$")
+
+
+#: What a spreadsheet reads as the start of a formula (OWASP, "CSV Injection"): ``= + - @``,
+#: tab and carriage return.
+CSV_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: str) -> str:
+    """A text cell for a CSV file: prefixed with a single quote when it starts with one of
+    :data:`CSV_FORMULA_START` (OWASP's rule), so that Excel, LibreOffice and Google Sheets show
+    ``=HYPERLINK("http://x","y")`` as text instead of running it; otherwise unchanged. For text
+    cells only: numbers are written as numbers (``-5`` stays ``-5``)."""
+    return "'" + value if value.startswith(CSV_FORMULA_START) else value
+
+
+def csv_frame(frame):
+    """``frame`` (a polars DataFrame) with :func:`csv_cell` applied to every cell of its
+    String columns (nulls kept), for ``write_csv``; the same frame (no copy) when no text cell
+    needs it. Other columns (numbers, booleans, dates) are unchanged."""
+    import polars as pl
+
+    text = [c for c, t in frame.schema.items() if t == pl.String]
+    if not text:
+        return frame
+    starts = "^[" + "".join(re.escape(c) for c in CSV_FORMULA_START) + "]"
+    risky = [c for c in text if frame[c].str.contains(starts).any()]
+    if not risky:
+        return frame
+    return frame.with_columns(
+        pl.when(pl.col(c).str.contains(starts)).then(pl.lit("'") + pl.col(c)).otherwise(pl.col(c)).alias(c)
+        for c in risky)

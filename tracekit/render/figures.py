@@ -202,14 +202,31 @@ def _title(data: ReportData) -> str:
     (:func:`tracekit.render.config.trace_config`)."""
     from tracekit.render.config import trace_config
 
-    return mpl(trace_config(data).label())
+    return _text(trace_config(data).label())
+
+
+def _text(value, width: int | None = None) -> str:
+    """Text from the trace (or built around it: a label holding a memory-kind or NVTX name)
+    for a matplotlib title, label, tick, legend entry or text: control characters as visible
+    escapes (an ESC in an NVTX name otherwise breaks the SVG and warns about a missing glyph),
+    ``$`` escaped so that no mathtext is parsed (:func:`tracekit.textsafe.mpl`; ``a$\\frac{$b``
+    would otherwise fail the whole figure). TeX is never used (:mod:`tracekit.render.style`
+    sets ``text.usetex`` off). With ``width``, cut to that many characters with ``…`` (a
+    300-character memory-kind name in a legend would squeeze the axes to nothing). Every trace
+    string of this module's figures goes through here."""
+    s = "" if value is None else str(value)
+    if width is not None and len(s) > width:
+        s = s[: max(width - 1, 1)] + "…"
+    return mpl(s)
+
+
+#: Characters of a memory-kind name (pinned, pageable, ...) drawn in a label.
+KIND_WIDTH = 32
 
 
 def _short(name, width: int = 38) -> str:
-    """:func:`tracekit.vocab.short_name` made safe for matplotlib: control characters as visible
-    escapes (an ESC in an NVTX name otherwise breaks the SVG and warns about a missing glyph),
-    ``$`` escaped so that no mathtext is parsed (:func:`tracekit.textsafe.mpl`)."""
-    return mpl(short_name(name, width))
+    """:func:`tracekit.vocab.short_name` made safe for matplotlib (:func:`_text`)."""
+    return _text(short_name(name, width))
 
 
 def _sub_phase_names(names) -> dict:
@@ -320,7 +337,7 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
                     [S.phase_color(p) for p in bands["phase"].to_list()], (1.05, 0.9), edgecolor="white", lw=0.5)
     for r in bands.iter_rows(named=True):
         if r["phase"] != "other" and (r["t_end_ns"] - r["t_ns"]) / span > 0.03:
-            ax_b.text(x((r["t_ns"] + r["t_end_ns"]) / 2), 1.5, r["label"], ha="center", va="center", fontsize=8,
+            ax_b.text(x((r["t_ns"] + r["t_end_ns"]) / 2), 1.5, _text(r["label"]), ha="center", va="center", fontsize=8,
                       color="white", fontweight="bold")
     for a in axes[1:]:
         _spans(a, x(bands["t_ns"]), x(bands["t_end_ns"]), [S.phase_color(p) for p in bands["phase"].to_list()],
@@ -389,11 +406,12 @@ def iteration_timeline(data: ReportData, rank: int = 0, iteration: int | None = 
                               hatch=S.HOST_KIND_HATCH.get(k, ".."), alpha=1.0 if k == "pageable" else 0.8,
                               edge="#222222" if k == "pageable" else S.DIRECTION_COLORS[d])
             coll.set_gid(f"copies:{d}:{k}")
-            coll.set_label(f"{d} copies, {k} host memory ({ck.height})")
+            coll.set_label(f"{d} copies, {_text(k, KIND_WIDTH)} host memory ({ck.height})")
         ymax = float(c["gbps"].max() or 0)
         for r in ref.filter(pl.col("direction") == d).iter_rows(named=True):
             a.axhline(r["gbps"], color="#222222", lw=0.9, ls="--" if r["host_kind"] == "pinned" else ":",
-                      label=f"{r['host_kind']} reference: {r['gbps']:,.1f} GB/s (copies ≥ 1 MiB, steady iterations)")
+                      label=f"{_text(r['host_kind'], KIND_WIDTH)} reference: {r['gbps']:,.1f} GB/s (copies ≥ 1 MiB, "
+                            "steady iterations)")
             ymax = max(ymax, r["gbps"])
         a.set_ylabel(f"{d} copy\nbandwidth (GB/s)", fontsize=8)
         a.set_ylim(0, max(ymax * 1.2, 1.0))
@@ -644,7 +662,8 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
     for j, r in enumerate(ref.iter_rows(named=True)):
         ax_r.axvline(r["gbps"], color=S.DIRECTION_COLORS[r["direction"]], lw=1.0,
                      ls="--" if r["host_kind"] == "pinned" else ":", gid=f"ref:{r['direction']}:{r['host_kind']}")
-        ax_r.text(r["gbps"], 1.0 + 0.05 * j, f" {r['host_kind']} {r['direction']} {r['gbps']:,.1f} GB/s",
+        kind = _text(r["host_kind"], KIND_WIDTH)
+        ax_r.text(r["gbps"], 1.0 + 0.05 * j, f" {kind} {r['direction']} {r['gbps']:,.1f} GB/s",
                   transform=ax_r.get_xaxis_transform(), fontsize=7, color=S.DIRECTION_COLORS[r["direction"]],
                   va="bottom", clip_on=False)
         gmax = max(gmax, r["gbps"])
@@ -715,7 +734,7 @@ def overlap_contention(data: ReportData, rank: int = 0, iteration: int | None = 
     ax_o.set_title(f"Copy time hidden behind kernels vs exposed — pid {rk['pid']} GPU {rk['device']}, "
                    f"mean per iteration over {iterations_note(complete)}", loc="left")
     if left_out:
-        ax_o.text(0.99, 0.97, "not drawn (under 0.1% of the copy time): " + ", ".join(left_out),
+        ax_o.text(0.99, 0.97, _text("not drawn (under 0.1% of the copy time): " + ", ".join(left_out)),
                   transform=ax_o.transAxes, ha="right", va="top", fontsize=7, color="#666666")
     if ov.height:
         div, unit = S.time_unit(ov["copy_ns"].max())

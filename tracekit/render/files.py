@@ -85,9 +85,15 @@ def write_analysis(analysis, out_dir: str | Path, fmt: str = "csv") -> list[Path
     :func:`write_frames`: ``phases`` (per rank, iteration, phase and micro-step: the numbers of
     ``--json``), ``totals`` (per rank and phase, whole trace), ``sub_phases`` (every phase by
     sub-phase, per iteration) and the frames of the selected sections (all by default;
-    ``global_pid`` as the OS ``pid``). Returns the paths written; the sections skipped for
+    ``global_pid`` as the OS ``pid``). In CSV, a text cell starting with ``= + - @``, tab or CR
+    gets a leading ``'`` (:func:`tracekit.textsafe.csv_frame`: no formula in a spreadsheet).
+    Returns the paths written; the sections skipped for
     missing data are in ``analysis.notes`` (the caller prints them, on stderr)."""
     wanted = {n for s in (analysis.options.sections or SECTIONS) for n in SECTION_FRAMES[s]}
     frames = {"phases": analysis.phases, "totals": analysis.totals, "sub_phases": analysis.sub_phases}
     frames.update({k: v for k, v in analysis.section_frames().items() if k in wanted})
+    if fmt == "csv":  # text cells that a spreadsheet would run as a formula: quoted (textsafe.csv_frame)
+        from tracekit.textsafe import csv_frame
+
+        frames = {k: csv_frame(v) for k, v in frames.items()}
     return write_frames(frames, out_dir, fmt)

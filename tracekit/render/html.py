@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ import polars as pl
 from tracekit.render import data as D
 from tracekit.render import style as S
 from tracekit.render.data import ReportData
-from tracekit.textsafe import clean
+from tracekit.textsafe import clean, csv_frame
 from tracekit.vocab import UNITS_LINE, os_pid, short_name
 
 #: Kernels closer than this are drawn as one busy interval in the interactive timeline.
@@ -68,6 +69,25 @@ def _e(v) -> str:
     return "–" if v is None else _esc(str(v), quote=True)
 
 
+#: What plotly reads as markup in its strings, and the entity each is written as. plotly draws
+#: a subset of HTML in trace names, hover text and templates, bar text, annotations and titles
+#: (``<a href>``, ``<b>``, ``<br>``, ...) and decodes only ``&amp; &lt; &gt;`` (and a few
+#: others) and numeric entities: ``html.escape``'s ``&quot;`` / ``&#x27;`` work, but ``&quot;``
+#: is shown literally, so the quotes are numeric. ``%`` is numeric too, so that a ``%{x}`` in a
+#: name placed in a hover template is shown, not substituted.
+_PLOTLY_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;", "%": "&#37;"}
+_PLOTLY_SPECIAL = re.compile("[&<>\"'%]")
+
+
+def _plotly_text(value) -> str:
+    """Text from the trace (or built around it) for a plotly string: control characters as
+    visible escapes (:func:`tracekit.textsafe.clean`), then ``& < > " ' %`` as the entities of
+    :data:`_PLOTLY_ENTITIES`, once: plotly shows the string as written, never as a link or
+    markup, and never ``&quot;``. Every string of :func:`timeline_figure` that holds trace
+    text goes through here (and only once)."""
+    return _PLOTLY_SPECIAL.sub(lambda m: _PLOTLY_ENTITIES[m.group()], clean(value))
+
+
 def _script_json(obj) -> str:
     """JSON safe to place inside ``<script>``: no ``</script>``, no ``<!--``."""
     from plotly.utils import PlotlyJSONEncoder
@@ -77,7 +97,7 @@ def _script_json(obj) -> str:
 
 
 def _csv_link(frame: pl.DataFrame, name: str) -> str:
-    b64 = base64.b64encode(frame.write_csv().encode("utf-8")).decode("ascii")
+    b64 = base64.b64encode(csv_frame(frame).write_csv().encode("utf-8")).decode("ascii")
     return (f'<a class="dl" download="{_e(name)}.csv" href="data:text/csv;base64,{b64}" '
             f'data-rows="{frame.height}">download the data (CSV, {frame.height:,} rows)</a>')
 
@@ -152,9 +172,9 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
         w = win.filter(pl.col("phase") == p)
         fig.add_trace(go.Bar(
             y=["phase"] * w.height, x=ms(w["end"]) - ms(w["start"]), base=ms(w["start"]), orientation="h",
-            marker_color=S.phase_color(p), name=p if p != "other" else "gap", legendgroup="phases",
-            text=[_esc(x) for x, s in zip(lab, sel) if s], textposition="inside", insidetextanchor="middle",
-            hovertemplate="%{text}: %{x:.2f} ms<extra>" + _esc(p) + "</extra>"), row=row["phases"], col=1)
+            marker_color=S.phase_color(p), name=_plotly_text(p if p != "other" else "gap"), legendgroup="phases",
+            text=[_plotly_text(x) for x, s in zip(lab, sel) if s], textposition="inside", insidetextanchor="middle",
+            hovertemplate="%{text}: %{x:.2f} ms<extra>" + _plotly_text(p) + "</extra>"), row=row["phases"], col=1)
     segs = _sub_phase_segments(data, rk, it)
     if segs.height:
         totals = segs.with_columns(d=pl.col("e") - pl.col("s")).group_by("sub_phase").agg(pl.col("d").sum()) \
@@ -167,9 +187,9 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
                 S.SUB_PHASE_CYCLE[named.index(s) % len(S.SUB_PHASE_CYCLE)] if s in named else S.OTHER_SUB_COLOR)
             fig.add_trace(go.Bar(
                 y=["update sub-phase"] * g.height, x=ms(g["e"]) - ms(g["s"]), base=ms(g["s"]), orientation="h",
-                marker_color=color, name=_esc(short_name(names[s], 60)), legendgroup="sub",
+                marker_color=color, name=_plotly_text(short_name(names[s], 60)), legendgroup="sub",
                 showlegend=s in named or s == "(none)",
-                hovertemplate=_esc(names[s]) + "<br>%{base:.2f} ms + %{x:.3f} ms<extra>sub-phase</extra>"),
+                hovertemplate=_plotly_text(names[s]) + "<br>%{base:.2f} ms + %{x:.3f} ms<extra>sub-phase</extra>"),
                 row=row["phases"], col=1)
     # kernels: merged busy intervals
     ops = data.rank_ops(rk).filter((pl.col("end") > t0) & (pl.col("start") < t1))
@@ -202,21 +222,22 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
             mid = (ms(ck["start_ns"]) + ms(ck["end_ns"])) / 2
             width = np.maximum((ck["end_ns"] - ck["start_ns"]).to_numpy() / 1e6, 1e-4)
             cd = np.stack([ck["bytes"].to_numpy().astype(float) / 1e6, ck["duration_ns"].to_numpy() / 1e3,
-                           np.array([_esc(str(p)) for p in ck["phase"].to_list()], dtype=object),
-                           np.array([_esc(str(s)) for s in ck["sub_phase"].to_list()], dtype=object)], 1)
+                           np.array([_plotly_text(p) for p in ck["phase"].to_list()], dtype=object),
+                           np.array([_plotly_text(s) for s in ck["sub_phase"].to_list()], dtype=object)], 1)
             fig.add_trace(go.Bar(
-                x=mid, y=ck["gbps"].to_numpy(), width=width, name=f"{d} copies ({kind})",
+                x=mid, y=ck["gbps"].to_numpy(), width=width, name=_plotly_text(f"{d} copies ({kind})"),
                 marker_color=S.DIRECTION_COLORS[d], marker_line_color="#111111" if kind == "pageable" else
                 S.DIRECTION_COLORS[d], marker_line_width=0.8, marker_pattern_shape="x" if kind == "pageable" else "",
                 opacity=1.0 if kind == "pageable" else 0.8, customdata=cd,
-                hovertemplate=(f"{d} copy, {kind} host memory<br>%{{customdata[0]:,.3f}} MB in %{{customdata[1]:,.1f}} µs"
+                hovertemplate=(_plotly_text(f"{d} copy, {kind} host memory") + "<br>"
+                               f"%{{customdata[0]:,.3f}} MB in %{{customdata[1]:,.1f}} µs"
                                "<br>%{y:.2f} GB/s<br>phase: %{customdata[2]}<br>sub-phase: %{customdata[3]}"
                                "<extra></extra>")), row=row[d], col=1)
     ref = D.reference_bandwidths(data, rk, data.steady_iterations(rk))
     for r in ref.iter_rows(named=True):
         fig.add_hline(y=r["gbps"], line_dash="dash" if r["host_kind"] == "pinned" else "dot", line_width=1,
                       line_color="#333333", row=row[r["direction"]], col=1,
-                      annotation_text=f"{r['host_kind']} {r['gbps']:.1f} GB/s", annotation_font_size=10)
+                      annotation_text=_plotly_text(f"{r['host_kind']} {r['gbps']:.1f} GB/s"), annotation_font_size=10)
     if pm.height:
         bin_ns = D.nice_bin(t1 - t0)
         pmb = pm.with_columns(t_ns=t0 + (pl.col("t_ns") - t0) // bin_ns * bin_ns).group_by("metric", "t_ns") \
@@ -235,7 +256,7 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
     fig.update_xaxes(title_text=f"ms since the start of iteration {it}", row=len(rows), col=1)
     fig.update_layout(barmode="overlay", height=820, margin={"l": 60, "r": 20, "t": 30, "b": 40},
                       legend={"font": {"size": 10}}, hovermode="closest", bargap=0, template="plotly_white",
-                      title={"text": _esc(f"Iteration {it} — drag to zoom, double-click to reset"),
+                      title={"text": _plotly_text(f"Iteration {it} — drag to zoom, double-click to reset"),
                              "font": {"size": 13}})
     return fig.to_plotly_json()
 

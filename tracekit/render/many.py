@@ -152,7 +152,9 @@ def many_text(many, fmt: str) -> str:
              **{f"{p}_ns": r["phase_ns"].get(p, 0) for p in PHASES}} for r in rows]
     f = pl.DataFrame(flat, infer_schema_length=None)
     if fmt == "csv":
-        return f.write_csv()
+        from tracekit.textsafe import csv_frame
+
+        return csv_frame(f).write_csv()
     from tracekit.render.tables import markdown_table
     from tracekit.vocab import fmt_ms
 

@@ -14,6 +14,13 @@ copies, other copies (D2D, ...), kernels, and findings (``ph: "i"`` instant even
 events carry ``args: {bytes, gbps, host_kind, direction, iteration, phase, sub_phase,
 start_ns, end_ns}``: every memcpy of the trace is one event.
 
+Tracks never hold overlapping events (Perfetto draws a slice that overlaps another on its track
+without nesting in it wrongly, or drops it): concurrent kernels (several streams, or a stream's
+kernels that overlap) and concurrent copies of one direction go on extra tracks of their lane,
+``tid`` = lane tid x :data:`TRACK_STRIDE` + k (k = 1, 2, ...; named ``kernels #2``, ...), sorted
+right after it.
+Each event takes the first of its lane's tracks that is free at its start (:class:`_Tracks`).
+
 Times: ``ts`` and ``dur`` in µs (the format's unit) as decimals with 3 places, so they are
 exact to the ns; the exact integer ns are also in ``args.start_ns`` / ``args.end_ns`` of
 copies. Names from the trace are data (JSON strings), never markup.
@@ -33,9 +40,44 @@ from tracekit.render.data import ReportData, host_kind
 TRACKS = {"phases": 1, "sub-phases": 2, "H2D copies": 3, "D2H copies": 4, "other copies": 5, "kernels": 6,
           "findings": 7}
 
+#: Extra tracks of lane L are L x TRACK_STRIDE + k: room for more concurrent events than a GPU
+#: runs (128 concurrent kernels per device).
+TRACK_STRIDE = 1000
+
 
 def _us(ns: int) -> float:
     return round(int(ns) / 1000.0, 3)
+
+
+class _Tracks:
+    """The track (``tid``) of each complete event of a lane, so that no two events of a track
+    overlap: first fit over the lane's tracks (the lane's own tid first, then tid x
+    :data:`TRACK_STRIDE` + k),
+    events given in start order per lane. A new track's ``thread_name`` and
+    ``thread_sort_index`` metadata are appended to ``events``."""
+
+    def __init__(self, events: list[dict]) -> None:
+        self.events = events
+        self.ends: dict[tuple[int, int], list[int]] = {}  # (pid, lane tid) -> end (ns) per track
+
+    def tid(self, pid: int, lane: str, start: int, end: int) -> int:
+        """The tid for an event of ``lane`` from ``start`` to ``end`` (ns)."""
+        base = TRACKS[lane]
+        ends = self.ends.setdefault((pid, base), [])
+        for k, e in enumerate(ends):
+            if e <= start:
+                ends[k] = max(end, start)
+                return base if k == 0 else base * TRACK_STRIDE + k
+        ends.append(max(end, start))
+        k = len(ends) - 1
+        if k == 0:
+            return base
+        tid = base * TRACK_STRIDE + k
+        self.events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                            "args": {"name": f"{lane} #{k + 1}"}})
+        self.events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                            "args": {"sort_index": tid}})
+        return tid
 
 
 def trace_events(data: ReportData, findings: list[dict] | None = None) -> dict:
@@ -44,6 +86,7 @@ def trace_events(data: ReportData, findings: list[dict] | None = None) -> dict:
     from tracekit.render.figures import _segment_label
 
     events: list[dict] = []
+    tracks = _Tracks(events)
     ops_all = data.model.ops
     windows = data.model.windows
     names = _kernel_names(data)
@@ -55,13 +98,14 @@ def trace_events(data: ReportData, findings: list[dict] | None = None) -> dict:
                        "args": {"name": f"rank {i}: pid {rk['pid']} GPU {rk['device']}"}})
         for lane, tid in TRACKS.items():
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": lane}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                           "args": {"sort_index": tid * TRACK_STRIDE}})
         win = windows.filter(pl.col("global_pid") == rk["global_pid"]).sort("start")
         first = {}
         for r in win.iter_rows(named=True):
             label = _segment_label(r["phase"], r["micro_step"], r["boundary"])
             events.append({"ph": "X", "cat": "phase", "name": r["phase"] if r["phase"] != "other" else "gap",
-                           "pid": pid, "tid": TRACKS["phases"], "ts": _us(r["start"]),
+                           "pid": pid, "tid": tracks.tid(pid, "phases", r["start"], r["end"]), "ts": _us(r["start"]),
                            "dur": _us(r["end"] - r["start"]),
                            "args": {"iteration": r["iteration"], "micro_step": r["micro_step"],
                                     "boundary": bool(r["boundary"]), "label": label}})
@@ -73,7 +117,8 @@ def trace_events(data: ReportData, findings: list[dict] | None = None) -> dict:
             seg = breakdown.self_segments(data.model, wm).sort("s")
             for s, e, name, it in seg.select("s", "e", "sub_phase", "iteration").iter_rows():
                 events.append({"ph": "X", "cat": "sub_phase", "name": name, "pid": pid,
-                               "tid": TRACKS["sub-phases"], "ts": _us(s), "dur": _us(e - s), "args": {"iteration": it}})
+                               "tid": tracks.tid(pid, "sub-phases", s, e), "ts": _us(s), "dur": _us(e - s),
+                               "args": {"iteration": it}})
         ops = ops_all.filter((pl.col("global_pid") == rk["global_pid"]) & (pl.col("device") == rk["device"]))
         cp = ops.filter(pl.col("kind") == "memcpy").with_columns(host_kind=host_kind()).sort("start")
         for r in cp.select("start", "end", "bytes", "direction", "host_kind", "iteration", "phase",
@@ -82,14 +127,14 @@ def trace_events(data: ReportData, findings: list[dict] | None = None) -> dict:
             lane = f"{d} copies" if d in ("H2D", "D2H") else "other copies"
             dur = r["end"] - r["start"]
             events.append({"ph": "X", "cat": "copy", "name": f"{d} {r['bytes']:,} B", "pid": pid,
-                           "tid": TRACKS[lane], "ts": _us(r["start"]), "dur": _us(dur),
+                           "tid": tracks.tid(pid, lane, r["start"], r["end"]), "ts": _us(r["start"]), "dur": _us(dur),
                            "args": {"bytes": r["bytes"], "gbps": r["bytes"] / max(dur, 1), "direction": d,
                                     "host_kind": r["host_kind"], "iteration": r["iteration"], "phase": r["phase"],
                                     "sub_phase": r["sub_phase"], "start_ns": r["start"], "end_ns": r["end"]}})
         ks = ops.filter(pl.col("kind") == "kernel").sort("start")
         for s, e, nid, it, ph in ks.select("start", "end", "name_id", "iteration", "phase").iter_rows():
             events.append({"ph": "X", "cat": "kernel", "name": names.get(nid, "kernel"), "pid": pid,
-                           "tid": TRACKS["kernels"], "ts": _us(s), "dur": _us(e - s),
+                           "tid": tracks.tid(pid, "kernels", s, e), "ts": _us(s), "dur": _us(e - s),
                            "args": {"iteration": it, "phase": ph}})
         t_first = int(win["start"].min()) if win.height else int(ops["start"].min() or 0)
         for f in findings or []:

@@ -12,7 +12,8 @@ nothing else is touched)::
 Units in the report: ms (1e6 ns), MB / GB (1e6 / 1e9 bytes), GB/s (1e9 B/s). Text from the
 trace (its path, NVTX names, the nsys version string) is written inert: Markdown syntax
 escaped, code spans fenced to fit, control characters as visible escapes
-(:mod:`tracekit.textsafe`).
+(:mod:`tracekit.textsafe`); in the CSVs, a text cell that a spreadsheet would run as a formula
+(starting with ``= + - @``, tab or CR) gets a leading ``'`` (:func:`tracekit.textsafe.csv_frame`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tracekit.render import summary
 from tracekit.render.data import ReportData
 from tracekit.render.report_cache import (  # noqa: F401 (FORMATS, ReportResult, prepare_dir: this module's API)
     FORMATS, PERFETTO_MEMBER, TIMED, ReportResult, prepare_dir, write_file)
-from tracekit.textsafe import md, md_code
+from tracekit.textsafe import csv_frame, md, md_code
 from tracekit.vocab import UNITS_LINE, fmt_count, fmt_gb, fmt_gbps, fmt_mb, fmt_ms, fmt_pct, os_pid
 
 
@@ -163,7 +164,7 @@ def write_report(
                     fig, frame = fn(data, rank=rank)
                 png, vector = (_savefig(fig, ext, dpi if ext == "png" else None) for ext in ("png", fmt))
                 S.close(fig)
-                csv = frame.write_csv().encode("utf-8")
+                csv = csv_frame(frame).write_csv().encode("utf-8")
                 if fkey is not None:
                     report_cache.store_figure(tc, fkey, name, fmt, png, vector, csv, frame)
             put(f"{name}.png", png)
@@ -173,7 +174,7 @@ def write_report(
             put(f"data/{name}.csv", csv)
         step("key numbers and findings")
         metrics = summary.iteration_metrics(data, rk)
-        put("data/key_numbers.csv", metrics.write_csv().encode("utf-8"))
+        put("data/key_numbers.csv", csv_frame(metrics).write_csv().encode("utf-8"))
         findings = _findings(data, rk, res.notes)
         md = render_markdown(data, rk, it, metrics, frames, findings, fmt)
         md = _with_advice(md, data, rk, trace, ds_config, res.notes)

@@ -8,10 +8,14 @@ two and are labelled in binary units (KiB, MiB, GiB) because that is what they a
 from __future__ import annotations
 
 import io
+import warnings
 
 import matplotlib
 
 matplotlib.use("Agg")  # figures are written to files; never open a window
+# text is drawn by matplotlib itself, never by TeX (a matplotlibrc's usetex would hand trace
+# text to LaTeX: `_`, `%`, `#` would fail); `$` in trace text is escaped where it is drawn
+matplotlib.rcParams["text.usetex"] = False
 
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
@@ -132,8 +136,23 @@ def figure_bytes(fig, ext: str, dpi: float | None = None) -> bytes:
     SVG's axes (up to about 1 % of the figure on the 624 MB trace's timeline). Call the
     formats in the same order as before (PNG first) to keep the bytes. Should a matplotlib
     save without that pre-draw (no real draw reached here), the figure is saved again by plain
-    ``savefig``.
+    ``savefig``. The warnings of :data:`QUIET_WARNINGS` are not printed.
     """
+    with warnings.catch_warnings():
+        for message in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=UserWarning)
+        return _figure_bytes(fig, ext, dpi)
+
+
+#: matplotlib warnings that ``report`` does not print (they went to the user's stderr, with a
+#: line of tracekit's code): a layout that cannot be made (axes squeezed to nothing by a long
+#: label; the figure is drawn without it, as matplotlib does), and a character of trace text
+#: that the font has no glyph for (drawn as a box).
+QUIET_WARNINGS = (r"constrained_layout not applied", r"[Tt]ight.?layout not applied",
+                  r"Glyph \d+ .*missing from (current )?font")
+
+
+def _figure_bytes(fig, ext: str, dpi: float | None) -> bytes:
     buf = io.BytesIO()
     engine = fig.get_layout_engine()
     if engine is None:

@@ -283,7 +283,9 @@ def render_text(analysis, fmt: str = "table", wide: bool = False) -> str:
     colour terminal), ``csv`` (:attr:`Analysis.phases`, raw units: ns, bytes, GB/s) or ``md``
     (:func:`render_markdown`)."""
     if fmt == "csv":
-        return analysis.phases.write_csv()
+        from tracekit.textsafe import csv_frame
+
+        return csv_frame(analysis.phases).write_csv()
     if fmt == "md":
         return render_markdown(analysis.to_json(), wide)
     import io

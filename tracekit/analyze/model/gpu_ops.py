@@ -7,8 +7,10 @@ outside the capture) fall back to their GPU start as launch time and have no lau
 
 Rows that cannot be placed or summed are set aside, counted and reported (issue 9, d04/d18),
 never used: a NULL ``start`` or ``end``, a NULL ``globalPid``, ``end < start``, negative
-``bytes``, and ``bytes`` above :data:`MAX_PLAUSIBLE_BYTES` (a forged 9.2e18 would wrap the
-int64 sums). The counts land in ``Export.set_aside`` under ``KIND_REASON`` keys
+``bytes``, ``bytes`` of :data:`MAX_PLAUSIBLE_BYTES` or more (a forged 9.2e18 would wrap the
+int64 sums), and copies faster than any link or memory can move bytes (:data:`MAX_PLAUSIBLE_GBPS`
+across a link, :data:`MAX_PLAUSIBLE_DEVICE_GBPS` within a device: 1e15 B in 0.25 ms would
+read as 4e6 GB/s). The counts land in ``Export.set_aside`` under ``KIND_REASON`` keys
 (:data:`SET_ASIDE_REASONS`); a table whose every row is set aside is an error.
 """
 
@@ -20,9 +22,15 @@ from tracekit.analyze.trace.export import Export, quote_ident
 from tracekit.vocab import global_pid_expr as global_pid
 from tracekit.errors import TracekitError
 
-#: One copy or memset of more than this many bytes (1 PB, 1e15 B) is not real: no GPU or host
+#: One copy or memset of this many bytes or more (1 PB, 1e15 B) is not real: no GPU or host
 #: holds that much; such rows are set aside, which also keeps the byte sums far from int64's end.
 MAX_PLAUSIBLE_BYTES = 10**15
+#: A copy across a link (host <-> device, peer to peer) faster than this (GB/s = bytes per ns,
+#: as tracekit computes it: bytes / max(duration, 1 ns)) is not real: PCIe 6 x16 moves 128 GB/s
+#: per direction, NVLink-C2C 450; set aside.
+MAX_PLAUSIBLE_GBPS = 10_000
+#: The same bound for a copy within one device (D2D: HBM, 2.4 TB/s on an H200): set aside above it.
+MAX_PLAUSIBLE_DEVICE_GBPS = 100_000
 
 #: Why a GPU-operation row is set aside, in the order tested (a row counts under the first):
 #: reason -> the words of the report.
@@ -31,7 +39,9 @@ SET_ASIDE_REASONS = {
     "without_process": "NULL globalPid",
     "end_before_start": "end before start",
     "negative_bytes": "negative bytes",
-    "implausible_bytes": f"bytes above {MAX_PLAUSIBLE_BYTES:.0e}",
+    "implausible_bytes": f"bytes of {MAX_PLAUSIBLE_BYTES:.0e} or more",
+    "implausible_rate": f"copies faster than {MAX_PLAUSIBLE_GBPS:,} GB/s across a link "
+                        f"({MAX_PLAUSIBLE_DEVICE_GBPS:,} GB/s within a device)",
 }
 _TABLES = {"kernel": "CUPTI_ACTIVITY_KIND_KERNEL", "memcpy": "CUPTI_ACTIVITY_KIND_MEMCPY",
            "memset": "CUPTI_ACTIVITY_KIND_MEMSET"}
@@ -142,7 +152,8 @@ def load_gpu_ops(export: Export) -> pl.DataFrame:
 
 def set_aside(export: Export, ops: pl.DataFrame, kind: str) -> pl.DataFrame:
     """``ops`` (rows of one table, :func:`_load_table`) without the rows that cannot be used,
-    counting them per reason in ``export.set_aside[f"{kind}_{reason}"]``.
+    counting them per reason in ``export.set_aside[f"{kind}_{reason}"]`` (every reason of
+    :data:`SET_ASIDE_REASONS` that applies to ``kind``; ``implausible_rate`` to memcpys only).
 
     Raises :class:`TracekitError` naming the table and the columns when every row is set aside.
     """
@@ -152,8 +163,12 @@ def set_aside(export: Export, ops: pl.DataFrame, kind: str) -> pl.DataFrame:
         "without_process": pl.col("global_pid").is_null(),
         "end_before_start": pl.col("end") < pl.col("start"),
         "negative_bytes": b < 0,
-        "implausible_bytes": b > MAX_PLAUSIBLE_BYTES,
+        "implausible_bytes": b >= MAX_PLAUSIBLE_BYTES,
     }
+    if kind == "memcpy":  # GB/s = bytes per ns; within a device (D2D) HBM's bound
+        d2d = [i for i, label in export.enum_labels("copy").items() if label == "D2D"]
+        bound = pl.when(pl.col("copy_kind").is_in(d2d)).then(MAX_PLAUSIBLE_DEVICE_GBPS).otherwise(MAX_PLAUSIBLE_GBPS)
+        conds["implausible_rate"] = b.cast(pl.Float64) / (pl.col("end") - pl.col("start")).clip(lower_bound=1) > bound
     reason = pl.lit(None, pl.String)
     for name in reversed(list(conds)):  # the first matching condition wins
         reason = pl.when(conds[name]).then(pl.lit(name)).otherwise(reason)

@@ -29,6 +29,11 @@ for the baseline median and saturation runs (a run open at a chunk's end continu
 next) before reading on, and every frame is rolled up from that one reduction: memory grows
 with the number of phase windows, not with the samples. The samples themselves
 (:func:`pcie_series`) are built only for ``--out`` and figures.
+
+Out-of-range samples: a share of the link is within 0-100 %; a sample outside it (a damaged
+or hand-edited export: ``1e308``, ``-5``, ``inf``) is set aside, counted per direction in
+:attr:`PcieReduction.set_aside` (the ``pcie`` section notes how many), and the next sample
+of its metric then covers its interval too.
 """
 
 from __future__ import annotations
@@ -130,12 +135,40 @@ def _mapping(types: list, gpus: list, model: PhaseModel | None) -> dict:
     return mapping
 
 
-def _clean_samples(s: pl.DataFrame, ids: pl.DataFrame) -> pl.DataFrame:
-    """Raw rows -> ``type_id, time, value_pct, direction``, damaged rows (a null) dropped."""
+#: The range of a plausible sample (% of the link's peak); others are set aside.
+PCT_RANGE = (0.0, 100.0)
+
+
+def in_range(values: np.ndarray) -> np.ndarray:
+    """Mask of the samples within :data:`PCT_RANGE` (NaN and infinities are not)."""
+    return (values >= PCT_RANGE[0]) & (values <= PCT_RANGE[1])
+
+
+def set_aside_note(set_aside: dict) -> str:
+    """The note for samples set aside (``set_aside``: direction -> count), e.g. ``pcie: 2
+    GPU_METRICS samples outside 0-100 % set aside (PCIe RX 1, PCIe TX 1): not used``."""
+    metric = {v: k for k, v in DIRECTION.items()}
+    named = sorted((metric.get(d, d), n) for d, n in set_aside.items())
+    parts = ", ".join(f"PCIe {m} {n:,}" for m, n in named)
+    total = sum(set_aside.values())
+    return (f"pcie: {total:,} GPU_METRICS sample(s) outside {PCT_RANGE[0]:g}-{PCT_RANGE[1]:g} % set aside "
+            f"({parts}): not used")
+
+
+def _clean_samples(s: pl.DataFrame, ids: pl.DataFrame, set_aside: dict | None = None) -> pl.DataFrame:
+    """Raw rows -> ``type_id, time, value_pct, direction``, damaged rows (a null) dropped and
+    samples outside :data:`PCT_RANGE` set aside (counted per direction into ``set_aside``)."""
     s = s.drop_nulls(["type_id", "metric_id", "time", "value_pct"])  # a damaged sample cannot be placed
     dirs = dict(zip(ids["metric_id"].to_list(), ids["direction"].to_list()))
-    return s.with_columns(direction=pl.col("metric_id").replace_strict(dirs, default=None, return_dtype=pl.String)) \
+    s = s.with_columns(direction=pl.col("metric_id").replace_strict(dirs, default=None, return_dtype=pl.String)) \
         .drop_nulls("direction").drop("metric_id")
+    ok = in_range(s["value_pct"].to_numpy())
+    if not ok.all():
+        if set_aside is not None:
+            for d, n in s.filter(~pl.Series(ok)).group_by("direction").len().iter_rows():
+                set_aside[d] = set_aside.get(d, 0) + int(n)
+        s = s.filter(pl.Series(ok))
+    return s
 
 
 def _by_metric_with_start(s: pl.DataFrame) -> pl.DataFrame:
@@ -269,6 +302,7 @@ class PcieReduction:
         series: the samples (:func:`pcie_series` with a model) when asked for, else None.
         samples: samples attributed to a rank (0: the sampled GPUs could not be matched).
         streamed: False when the samples had to be read whole (not in time order by rowid).
+        set_aside: direction -> samples outside :data:`PCT_RANGE` left out (all GPUs).
     """
 
     threshold: float
@@ -278,6 +312,7 @@ class PcieReduction:
     series: pl.DataFrame | None
     samples: int
     streamed: bool = True
+    set_aside: dict | None = None
 
 
 class _Reducer:
@@ -295,6 +330,7 @@ class _Reducer:
         self.pending: list = []  # first sample of each metric: (type_id, direction, time, value)
         self.seen: set = set()
         self.parts: list = []
+        self.set_aside: dict = {}  # direction -> samples outside PCT_RANGE
 
     def group(self, gpid: int, dev: int, d: str) -> _Group:
         g = self.groups.get((gpid, dev, d))
@@ -322,6 +358,16 @@ class _Reducer:
             chunk = chunk.drop_nulls()  # a damaged sample cannot be placed
         if chunk.height == 0:
             return
+        ok = in_range(chunk["value_pct"].to_numpy())
+        if not ok.all():  # out of range: set aside, counted per direction
+            me = chunk["metric_id"].to_numpy()
+            for d, mids in by_dir.items():
+                n = int((~ok & np.isin(me, mids)).sum())
+                if n:
+                    self.set_aside[d] = self.set_aside.get(d, 0) + n
+            chunk = chunk.filter(pl.Series(ok))
+            if chunk.height == 0:
+                return
         ty, me = chunk["type_id"].to_numpy(), chunk["metric_id"].to_numpy()
         t_all, v_all = chunk["time"].to_numpy(), chunk["value_pct"].to_numpy()
         tids = [int(ty[0])] if (ty == ty[0]).all() else np.unique(ty).tolist()
@@ -452,7 +498,8 @@ class _Reducer:
         series = None
         if self.keep:
             series = self._series(fills)
-        return PcieReduction(self.threshold, windows, baseline, runs, series, samples)
+        return PcieReduction(self.threshold, windows, baseline, runs, series, samples,
+                             set_aside=dict(sorted(self.set_aside.items())))
 
     def _series(self, fills: list) -> pl.DataFrame:
         schema = {"global_pid": pl.Int64, "device": pl.Int64, "type_id": pl.Int64, "direction": pl.String,
@@ -485,7 +532,8 @@ def reduce_pcie(export: Export, model: PhaseModel, threshold: float = 80.0, keep
     :attr:`PcieReduction.series`. When a metric's samples are not in time order by rowid, or
     the typeIds sampled differ from those ``TARGET_INFO_GPU_METRICS`` lists (the device
     mapping may change), the samples are read whole and reduced as one chunk: the same
-    results either way.
+    results either way. Samples outside :data:`PCT_RANGE` are left out of everything and
+    counted in :attr:`PcieReduction.set_aside`.
 
     Raises :class:`~tracekit.errors.MissingDataError` without PCIe metrics.
     """
@@ -517,9 +565,11 @@ def reduce_pcie(export: Export, model: PhaseModel, threshold: float = 80.0, keep
     if red is not None:
         return red.finish()
     # the exact fallback: every sample at once, in metric and time order (rowid order for equal times)
-    s = _clean_samples(pl.concat(list(export.query_chunks(*args, **kw)), rechunk=True), ids)
+    set_aside: dict = {}
+    s = _clean_samples(pl.concat(list(export.query_chunks(*args, **kw)), rechunk=True), ids, set_aside)
     s = s.sort("type_id", "direction", "time", maintain_order=True)
     red = _Reducer(model, _mapping(sorted(s["type_id"].unique().to_list()), gpus, model), threshold, keep_samples)
+    red.set_aside = set_aside
     red.add(s)
     out = red.finish()
     out.streamed = False

@@ -308,6 +308,8 @@ def analyze_transfers(
             if red.samples == 0:
                 notes.append("pcie: the PCIe samples of GPU_METRICS could not be matched to the devices with work "
                              "(TARGET_INFO_GPU lists a different number of GPUs than were sampled)")
+            if red.set_aside:
+                notes.append(pcie_metrics.set_aside_note(red.set_aside))
             if red.series is not None:
                 frames["pcie_series"] = red.series
             frames["pcie"] = pcie_metrics.pcie_phase_stats(export, model, by=PER_WINDOW, reduction=red)
