@@ -117,11 +117,15 @@ def cut_trace(run: str, traces: Path | None) -> Path:
     """The baseline trace to predict from: ``traces/RUN.sqlite`` (a full export) when ``traces``
     is given, else the committed cut, decompressed once into ``~/.cache/tracekit-whatif-bench``."""
     if traces is not None:
+        if not (traces / f"{run}.sqlite").exists():
+            raise FileNotFoundError(2, "missing", str(traces / f"{run}.sqlite"))
         return traces / f"{run}.sqlite"
     src = HERE / "traces" / f"{run}.sqlite.xz"
     cache = Path.home() / ".cache" / "tracekit-whatif-bench"
     cache.mkdir(parents=True, exist_ok=True)
     dst = cache / f"{run}.sqlite"
+    if not src.exists():
+        raise FileNotFoundError(2, "missing", str(src))
     if not dst.exists() or dst.stat().st_mtime < src.stat().st_mtime:
         tmp = dst.with_suffix(".tmp")
         with lzma.open(src) as f, open(tmp, "wb") as g:
@@ -212,6 +216,7 @@ def rows(traces: Path | None = None) -> dict:
         pieces, sett = cache[base]
         pb = pieces["iteration_ns"] / 1e6
         row["predicted_from"] = f"{len(pieces['iterations'])} steady iterations of the baseline ({pb:,.1f} ms)"
+        row["prediction_baseline_ms"] = round(pb, 1)
         if scenario is None:
             pred, delta, s = pb, {}, {"confidence": "-", "applicable": False, "why_not": "no scenario in the model"}
         else:
@@ -247,15 +252,18 @@ def rows(traces: Path | None = None) -> dict:
         rho[base] = spearman([bm] + [r["predicted_ms"] for r in rs], [bm] + [r["measured_ms"] for r in rs])
         rho[base] = None if rho[base] is None else round(rho[base], 2)
     stats["rank_correlation"] = rho
-    return {"rows": out, "stats": stats}
+    return {"rows": out, "stats": stats, "from_cuts": traces is None}
 
 
 def render(res: dict) -> str:
     """The Markdown tables of ``res`` (:func:`rows`)."""
     L = ["All times: ms per steady iteration (mean over the run's steady iterations, warm-up iteration 0 "
-         "left out); error % = 100 * (predicted - measured) / measured.", "",
+         "left out); error % = 100 * (predicted - measured) / measured. Measured: the changed run's full trace "
+         "(summaries.json). Predicted: the what-if model on the baseline's trace alone"
+         + (" (the committed cuts: steady iterations 1-4 of each baseline; *prediction's basis* is their mean)."
+            if res.get("from_cuts", True) else " (full exports)."), "",
          "## Pairs", "",
-         "| pair | change | baseline ms | predicted ms | measured ms (min-max, n) | error % | interval | inside | confidence |",
+         "| pair | change | baseline ms (all steady / prediction's basis) | predicted ms | measured ms (min-max, n) | error % | interval | inside | confidence |",
          "|---|---|---:|---:|---:|---:|---|---|---|"]
     for r in res["rows"]:
         if r["scenario"] == "noise":
@@ -263,7 +271,7 @@ def render(res: dict) -> str:
         iv = "no interval in the model yet" if r["interval"] is None else f"{r['interval'][0]:,.1f}-{r['interval'][1]:,.1f}"
         ins = "-" if r["inside"] is None else ("yes" if r["inside"] else "no")
         pred = f"{r['predicted_ms']:,.1f}" + (" (no scenario)" if r["scenario"] is None else "")
-        L.append(f"| {r['pair']} | {r['change']} | {r['baseline_ms']:,.1f} | {pred} | {r['measured_ms']:,.1f} "
+        L.append(f"| {r['pair']} | {r['change']} | {r['baseline_ms']:,.1f} / {r['prediction_baseline_ms']:,.1f} | {pred} | {r['measured_ms']:,.1f} "
                  f"({r['measured_spread_ms'][0]:,.1f}-{r['measured_spread_ms'][1]:,.1f}, {r['measured_steady']}) | "
                  f"{r['error_pct']:+.1f} | {iv} | {ins} | {r.get('confidence', '-')} |")
     L += ["", "## Noise floor (same config recorded twice; 'predicted' = the first run)", "",
@@ -308,7 +316,11 @@ def main(argv: list[str]) -> int:
             print("--traces needs a folder of full exports (NAME.sqlite)", file=sys.stderr)
             return 2
         traces = Path(argv[i + 1])
-    res = rows(traces)
+    try:
+        res = rows(traces)
+    except FileNotFoundError as exc:
+        print(f"{exc.filename}: missing (record the runs with benchmarks/whatif/record.sh; README.md)", file=sys.stderr)
+        return 2
     print(json.dumps(res, indent=1) if "--json" in argv else render(res), end="" if "--json" not in argv else "\n")
     return 0
 
