@@ -1,0 +1,329 @@
+"""The what-if benchmark: predicted vs measured iteration time on recorded pairs of real runs.
+
+    python benchmarks/whatif/run.py                  # the table (results.md is its output)
+    python benchmarks/whatif/run.py --json           # the rows as JSON
+    python benchmarks/whatif/run.py --traces DIR     # predict from full exports in DIR instead
+    python benchmarks/whatif/run.py --summarize DIR  # rewrite summaries.json from full exports
+
+Each pair is a baseline run and a run with one DeepSpeed setting changed, recorded in the same
+device call (benchmarks/whatif/record.sh; README.md says what and how). The *prediction* is the
+what-if model (:mod:`tracekit.analyze.sections.whatif`) applied to the baseline's trace alone:
+by default the committed cut ``traces/BASELINE.sqlite.xz`` (steady iterations 1-N, see README),
+decompressed once into a cache folder. The *measured* side is the changed run's own full trace,
+kept as ``summaries.json``: per steady iteration (warm-up iteration 0 left out) its wall time
+and the wall time of each phase (ns, tracekit's phase table of rank 0); the measured iteration
+time is their mean, the same basis as the prediction (ms per steady iteration).
+
+Error % = 100 * (predicted - measured) / measured. Per phase, the prediction is the baseline's
+phase plus the scenario's ``phase_delta_ns`` where it gives one, else the whole saving taken
+from the update. *Interval*: the scenario's ``interval_ns`` ``[low, high]`` where the model gives
+one; the model has none yet, so the column says so; the noise rows (a baseline recorded twice,
+no change) give the measured spread. A pair whose change has no scenario in the model is shown
+with the baseline as the prediction ("no scenario") and counted apart in the statistics.
+Rank correlation: Spearman's rho of predicted vs measured iteration time over a baseline and its
+changed runs (the baseline counts with predicted = measured = its own time), for baselines with
+at least 2 modelled changes.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PHASES = ("forward", "backward", "update", "other")
+
+#: changed run -> (baseline run, scenario or None, scenario changes, what changed)
+PAIRS = {
+    # call 1: ZeRO-3, 134 M, fp16, offload_optimizer cpu pin_memory false, micro-batch 1 x gas 2
+    "z3s_base2": ("z3s_base", "noise", {}, "ZeRO-3 134M: baseline again (noise floor)"),
+    "z3s_pin": ("z3s_base", "pin_memory", {}, "ZeRO-3 134M: offload_optimizer.pin_memory false -> true"),
+    "z3s_bf16": ("z3s_base", "bf16", {}, "ZeRO-3 134M: fp16 -> bf16"),
+    "z3s_nooffload": ("z3s_base", "no_offload", {"gpu_optimizer": "torch"},
+                      "ZeRO-3 134M: no offload_optimizer (torch.optim.AdamW on the GPU)"),
+    "z3s_sg1e8": ("z3s_base", "sub_group_size", {"sub_group_size": 1e8}, "ZeRO-3 134M: sub_group_size 1e9 -> 1e8"),
+    "z3s_base@sg1e8": ("z3s_sg1e8", "sub_group_size", {"sub_group_size": 1e9},
+                       "ZeRO-3 134M: sub_group_size 1e8 -> 1e9 (reverse pair)"),
+    # call 2: the same ZeRO-3 baseline recorded again, and ZeRO-2 134M (same keys, stage 2)
+    "z3s_mb2": ("z3s_base3", None, {}, "ZeRO-3 134M: micro-batch 1 x gas 2 -> 2 x gas 1 (same global batch)"),
+    "z3s_sg2e7": ("z3s_base3", "sub_group_size", {"sub_group_size": 2e7}, "ZeRO-3 134M: sub_group_size 1e9 -> 2e7"),
+    "z2s_base2": ("z2s_base", "noise", {}, "ZeRO-2 134M: baseline again (noise floor)"),
+    "z2s_pin": ("z2s_base", "pin_memory", {}, "ZeRO-2 134M: offload_optimizer.pin_memory false -> true"),
+    "z2s_bf16": ("z2s_base", "bf16", {}, "ZeRO-2 134M: fp16 -> bf16"),
+    "z2s_nooffload": ("z2s_base", "no_offload", {"gpu_optimizer": "torch"},
+                      "ZeRO-2 134M: no offload_optimizer (torch.optim.AdamW on the GPU)"),
+    # call 3: SuperOffload and ZenFlow, 134 M, bf16 (examples/ds_superoffload.json, ds_zenflow.json)
+    "so_noclip": ("so_base", "superoffload_no_clipping", {}, "SuperOffload 134M: gradient_clipping 1.0 -> 0.0"),
+    "zf_topk05": ("zf_base", None, {}, "ZenFlow 134M: topk_ratio 0.1 -> 0.05"),
+}
+#: noise pairs across calls (same config, different device calls): shown with the noise rows
+CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call 1")}
+
+
+def trace_of(run: str) -> str:
+    """The run whose trace a pair name reads (``z3s_base@sg1e8`` is the run ``z3s_base``)."""
+    return run.split("@")[0]
+
+
+# ----------------------------------------------------------------------------- measuring
+
+def summarize_trace(path: Path) -> dict:
+    """Measured summary of one full export (rank 0): ``steady`` (iteration numbers), ``warmup``,
+    ``iterations`` ``{str(i): {"wall_ns": int, "phases": {phase: ns}}}`` per steady iteration,
+    and ``iteration_ns`` / ``phase_ns`` (means over the steady iterations, ns)."""
+    import polars as pl
+
+    from tracekit.analyze.model import phases
+    from tracekit.analyze.sections import breakdown, whatif
+    from tracekit.analyze.trace.export import Export
+
+    with Export.open(path) as ex:
+        model = phases.build(ex)
+        pieces = whatif.measure(ex, model)[0]
+        t = breakdown.phase_table(model)
+        t = t.filter((pl.col("global_pid") == pieces["global_pid"]) & (pl.col("device") == pieces["device"])
+                     & pl.col("iteration").is_in(pieces["iterations"]))
+        its = {}
+        for (i,), g in sorted(t.group_by(["iteration"]), key=lambda kv: kv[0][0]):
+            ph = g.group_by("phase").agg(pl.col("wall_ns").sum())
+            phs = {p: int(w) for p, w in ph.iter_rows()}
+            its[str(i)] = {"wall_ns": int(sum(phs.values())), "phases": {p: phs.get(p, 0) for p in PHASES}}
+    return {"steady": pieces["iterations"], "warmup": pieces["warmup"], "iterations": its,
+            "iteration_ns": pieces["iteration_ns"], "phase_ns": {p: pieces["phase_ns"].get(p, 0.0) for p in PHASES}}
+
+
+def summarize(d: Path) -> dict:
+    """``{run: summary}`` of every ``NAME.sqlite`` in ``d`` with its manifest's DeepSpeed config."""
+    out = {}
+    for p in sorted(d.glob("*.sqlite")):
+        s = summarize_trace(p)
+        man = p.with_suffix(".json")
+        if man.exists():
+            m = json.loads(man.read_text())
+            s["deepspeed_config"] = m.get("deepspeed_config")
+            s["command_line"] = m.get("command_line")
+        out[p.stem] = s
+        print(f"{p.stem}: {s['iteration_ns'] / 1e6:,.1f} ms x {len(s['steady'])} steady iterations", file=sys.stderr)
+    return out
+
+
+# ----------------------------------------------------------------------------- predicting
+
+def cut_trace(run: str, traces: Path | None) -> Path:
+    """The baseline trace to predict from: ``traces/RUN.sqlite`` (a full export) when ``traces``
+    is given, else the committed cut, decompressed once into ``~/.cache/tracekit-whatif-bench``."""
+    if traces is not None:
+        if not (traces / f"{run}.sqlite").exists():
+            raise FileNotFoundError(2, "missing", str(traces / f"{run}.sqlite"))
+        return traces / f"{run}.sqlite"
+    src = HERE / "traces" / f"{run}.sqlite.xz"
+    cache = Path.home() / ".cache" / "tracekit-whatif-bench"
+    cache.mkdir(parents=True, exist_ok=True)
+    dst = cache / f"{run}.sqlite"
+    if not src.exists():
+        raise FileNotFoundError(2, "missing", str(src))
+    if not dst.exists() or dst.stat().st_mtime < src.stat().st_mtime:
+        tmp = dst.with_suffix(".tmp")
+        with lzma.open(src) as f, open(tmp, "wb") as g:
+            shutil.copyfileobj(f, g)
+        tmp.replace(dst)
+    return dst
+
+
+def baseline_pieces(path: Path, manifest: Path | None) -> tuple[dict, dict]:
+    """``(pieces of rank 0, settings map)`` of a baseline trace; ``manifest`` (the capture's
+    JSON) gives the DeepSpeed config when the trace sits apart from it."""
+    from tracekit.analyze.model import phases
+    from tracekit.analyze.sections import advice, whatif
+    from tracekit.analyze.trace import dsconfig
+    from tracekit.analyze.trace.export import Export
+
+    with Export.open(path) as ex:
+        pieces = whatif.measure(ex, phases.build(ex))[0]
+    has = manifest is not None and manifest.exists()
+    loaded = dsconfig.load(None if has else path, ds_config=manifest if has else None)
+    inferred = dsconfig.infer_settings(whatif.trace_facts(pieces))
+    return pieces, advice.settings_map(dsconfig.settings(loaded, inferred))
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None for fewer than 3 points or a
+    constant side."""
+    if len(xs) < 3:
+        return None
+
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2 + 1
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    return sxy / (sxx * syy) ** 0.5 if sxx and syy else None
+
+
+def percentile(v: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``v``, linear between order statistics."""
+    s = sorted(v)
+    k = (len(s) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def rows(traces: Path | None = None) -> dict:
+    """Every pair of :data:`PAIRS` (and :data:`CROSS_CALL`): prediction, measurement, error."""
+    from tracekit.analyze.sections import whatif
+
+    summ = json.loads((HERE / "summaries.json").read_text())
+    man_dir = HERE / "manifests"
+    cache: dict[str, tuple[dict, dict]] = {}
+    out = []
+    for name, (base, scenario, changes, what) in {**PAIRS, **{k: (b, "noise", {}, w) for k, (b, w) in
+                                                              CROSS_CALL.items()}}.items():
+        run = trace_of(name)
+        m, b = summ[run], summ[base]
+        meas = m["iteration_ns"] / 1e6
+        row = {"pair": name, "baseline": base, "run": run, "change": what, "scenario": scenario,
+               "baseline_ms": round(b["iteration_ns"] / 1e6, 1), "measured_ms": round(meas, 1),
+               "measured_steady": len(m["steady"]),
+               "measured_spread_ms": [round(min(v["wall_ns"] for v in m["iterations"].values()) / 1e6, 1),
+                                      round(max(v["wall_ns"] for v in m["iterations"].values()) / 1e6, 1)],
+               "measured_phases_ms": {p: round(m["phase_ns"][p] / 1e6, 1) for p in PHASES}}
+        if scenario == "noise":
+            row.update(predicted_ms=row["baseline_ms"], error_pct=round(100 * (b["iteration_ns"] / 1e6 - meas) / meas, 1),
+                       predicted_from="the baseline's full trace (no change)", interval=None, inside=None,
+                       predicted_phases_ms={p: round(b["phase_ns"][p] / 1e6, 1) for p in PHASES})
+            out.append(row)
+            continue
+        if base not in cache:
+            cache[base] = baseline_pieces(cut_trace(base, traces), man_dir / f"{base}.json")
+        pieces, sett = cache[base]
+        pb = pieces["iteration_ns"] / 1e6
+        row["predicted_from"] = f"{len(pieces['iterations'])} steady iterations of the baseline ({pb:,.1f} ms)"
+        row["prediction_baseline_ms"] = round(pb, 1)
+        if scenario is None:
+            pred, delta, s = pb, {}, {"confidence": "-", "applicable": False, "why_not": "no scenario in the model"}
+        else:
+            s = {r["scenario"]: r for r in whatif.predict(pieces, sett, changes)}[scenario]
+            pred = s["predicted_ns"] / 1e6
+            delta = s.get("phase_delta_ns") or {"update": -s["saving_ns"]}
+        iv = s.get("interval_ns")
+        interval = None if iv is None else [round(iv[0] / 1e6, 1), round(iv[1] / 1e6, 1)]
+        row.update(predicted_ms=round(pred, 1), error_pct=round(100 * (pred - meas) / meas, 1),
+                   confidence=s["confidence"], applicable=s["applicable"], why_not=s["why_not"],
+                   interval=interval, inside=None if interval is None else interval[0] <= meas <= interval[1],
+                   predicted_phases_ms={p: round((pieces["phase_ns"].get(p, 0.0) + delta.get(p, 0.0)) / 1e6, 1)
+                                        for p in PHASES})
+        out.append(row)
+    modelled = [r for r in out if r["scenario"] not in (None, "noise")]
+    errs = [abs(r["error_pct"]) for r in modelled]
+    stats = {"pairs_modelled": len(modelled),
+             "median_abs_error_pct": round(statistics.median(errs), 1) if errs else None,
+             "p90_abs_error_pct": round(percentile(errs, 0.9), 1) if errs else None,
+             "inside_interval": sum(1 for r in modelled if r["inside"]),
+             "with_interval": sum(1 for r in modelled if r["interval"] is not None)}
+    allc = [r for r in out if r["scenario"] != "noise"]
+    e2 = [abs(r["error_pct"]) for r in allc]
+    stats.update(pairs_all=len(allc), median_abs_error_pct_all=round(statistics.median(e2), 1),
+                 p90_abs_error_pct_all=round(percentile(e2, 0.9), 1))
+    rho = {}
+    for base in sorted({r["baseline"] for r in allc}):
+        rs = [r for r in allc if r["baseline"] == base and r["scenario"] is not None]
+        if len(rs) < 2:
+            rho[base] = None
+            continue
+        bm = summ[base]["iteration_ns"] / 1e6
+        rho[base] = spearman([bm] + [r["predicted_ms"] for r in rs], [bm] + [r["measured_ms"] for r in rs])
+        rho[base] = None if rho[base] is None else round(rho[base], 2)
+    stats["rank_correlation"] = rho
+    return {"rows": out, "stats": stats, "from_cuts": traces is None}
+
+
+def render(res: dict) -> str:
+    """The Markdown tables of ``res`` (:func:`rows`)."""
+    L = ["All times: ms per steady iteration (mean over the run's steady iterations, warm-up iteration 0 "
+         "left out); error % = 100 * (predicted - measured) / measured. Measured: the changed run's full trace "
+         "(summaries.json). Predicted: the what-if model on the baseline's trace alone"
+         + (" (the committed cuts: steady iterations 1-4 of each baseline; *prediction's basis* is their mean)."
+            if res.get("from_cuts", True) else " (full exports)."), "",
+         "## Pairs", "",
+         "| pair | change | baseline ms (all steady / prediction's basis) | predicted ms | measured ms (min-max, n) | error % | interval | inside | confidence |",
+         "|---|---|---:|---:|---:|---:|---|---|---|"]
+    for r in res["rows"]:
+        if r["scenario"] == "noise":
+            continue
+        iv = "no interval in the model yet" if r["interval"] is None else f"{r['interval'][0]:,.1f}-{r['interval'][1]:,.1f}"
+        ins = "-" if r["inside"] is None else ("yes" if r["inside"] else "no")
+        pred = f"{r['predicted_ms']:,.1f}" + (" (no scenario)" if r["scenario"] is None else "")
+        L.append(f"| {r['pair']} | {r['change']} | {r['baseline_ms']:,.1f} / {r['prediction_baseline_ms']:,.1f} | {pred} | {r['measured_ms']:,.1f} "
+                 f"({r['measured_spread_ms'][0]:,.1f}-{r['measured_spread_ms'][1]:,.1f}, {r['measured_steady']}) | "
+                 f"{r['error_pct']:+.1f} | {iv} | {ins} | {r.get('confidence', '-')} |")
+    L += ["", "## Noise floor (same config recorded twice; 'predicted' = the first run)", "",
+          "| pair | what | first ms | second ms (min-max, n) | difference % |", "|---|---|---:|---:|---:|"]
+    for r in res["rows"]:
+        if r["scenario"] == "noise":
+            L.append(f"| {r['pair']} | {r['change']} | {r['baseline_ms']:,.1f} | {r['measured_ms']:,.1f} "
+                     f"({r['measured_spread_ms'][0]:,.1f}-{r['measured_spread_ms'][1]:,.1f}, {r['measured_steady']}) "
+                     f"| {r['error_pct']:+.1f} |")
+    L += ["", "## Per phase (predicted / measured ms per steady iteration)", "",
+          "| pair | " + " | ".join(PHASES) + " |", "|---|" + "---:|" * len(PHASES)]
+    for r in res["rows"]:
+        if r["scenario"] == "noise":
+            continue
+        cells = [f"{r['predicted_phases_ms'][p]:,.1f} / {r['measured_phases_ms'][p]:,.1f}" for p in PHASES]
+        L.append(f"| {r['pair']} | " + " | ".join(cells) + " |")
+    s = res["stats"]
+    L += ["", "## Summary", "",
+          f"- modelled pairs: {s['pairs_modelled']}; median |error| {s['median_abs_error_pct']} %, "
+          f"p90 |error| {s['p90_abs_error_pct']} %",
+          f"- all pairs (changes without a scenario predicted as no change): {s['pairs_all']}; median |error| "
+          f"{s['median_abs_error_pct_all']} %, p90 |error| {s['p90_abs_error_pct_all']} %",
+          f"- measured run inside the prediction's interval: {s['inside_interval']} of {s['with_interval']} pairs with "
+          f"an interval" + (" (the model gives no interval yet)" if not s["with_interval"] else ""),
+          "- rank correlation (Spearman) of predicted vs measured per baseline (baseline + its modelled changes): "
+          + ", ".join(f"{b}: {'n/a (< 2 modelled changes)' if v is None else v}" for b, v in s["rank_correlation"].items())]
+    return "\n".join(L) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--summarize"]:
+        if len(argv) < 2 or not Path(argv[1]).is_dir():
+            print("--summarize needs a folder of full exports (NAME.sqlite, NAME.json)", file=sys.stderr)
+            return 2
+        res = summarize(Path(argv[1]))
+        (HERE / "summaries.json").write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
+        return 0
+    traces = None
+    if "--traces" in argv:
+        i = argv.index("--traces")
+        if i + 1 >= len(argv) or not Path(argv[i + 1]).is_dir():
+            print("--traces needs a folder of full exports (NAME.sqlite)", file=sys.stderr)
+            return 2
+        traces = Path(argv[i + 1])
+    try:
+        res = rows(traces)
+    except FileNotFoundError as exc:
+        print(f"{exc.filename}: missing (record the runs with benchmarks/whatif/record.sh; README.md)", file=sys.stderr)
+        return 2
+    print(json.dumps(res, indent=1) if "--json" in argv else render(res), end="" if "--json" not in argv else "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

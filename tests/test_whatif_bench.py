@@ -1,0 +1,121 @@
+"""The what-if benchmark's committed table (benchmarks/whatif/results.md) against its data.
+
+The measured side is recomputed independently: per steady iteration, the ``update`` phase is
+the sum of the ``update`` NVTX ranges inside the ``iteration N`` range and the iteration's wall
+time is the ``iteration N`` range's duration (plain SQL on the committed cut traces); the
+summaries (benchmarks/whatif/summaries.json, from the full traces) must agree with them for
+every iteration the cut holds, and results.md's measured columns must be the summaries' means.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import re
+import sqlite3
+import statistics
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "whatif"
+SUMMARIES = json.loads((BENCH / "summaries.json").read_text())
+RESULTS = (BENCH / "results.md").read_text()
+RUNS = sorted(p.name[: -len(".sqlite.xz")] for p in (BENCH / "traces").glob("*.sqlite.xz"))
+#: the iterations each cut was trimmed to (README.md): baselines 1-4, every other run 1-1 (a cut
+#: also holds the start of the next iteration's range, without its phases)
+CUT_LAST = {"z3s_base": 4, "z3s_sg1e8": 4, "z3s_base3": 4, "z2s_base": 4, "so_base": 4, "zf_base": 4}
+
+
+def _table(title: str) -> list[list[str]]:
+    """Data rows of the Markdown table under ``## title`` in results.md (cells stripped)."""
+    part = RESULTS.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in part.splitlines() if ln.startswith("|")][2:]
+    return [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
+
+
+def _num(cell: str) -> float:
+    return float(re.match(r"[+-]?[\d,]+\.?\d*", cell).group(0).replace(",", ""))
+
+
+def test_every_run_has_a_cut_trace_and_eight_steady_iterations():
+    assert set(RUNS) == set(SUMMARIES)
+    for run, s in SUMMARIES.items():
+        assert len(s["steady"]) >= 8, run
+        assert sorted(int(i) for i in s["iterations"]) == s["steady"]
+        assert 0 not in s["steady"]
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_summary_matches_plain_sql_on_the_cut_trace(run, tmp_path):
+    db = tmp_path / f"{run}.sqlite"
+    db.write_bytes(lzma.decompress((BENCH / "traces" / f"{run}.sqlite.xz").read_bytes()))
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    its = con.execute("SELECT s.value, e.start, e.end FROM NVTX_EVENTS e JOIN StringIds s ON s.id = e.textId "
+                      "WHERE s.value LIKE 'iteration %' AND e.end IS NOT NULL").fetchall()
+    upd = con.execute("SELECT e.start, e.end FROM NVTX_EVENTS e JOIN StringIds s ON s.id = e.textId "
+                      "WHERE s.value = 'update' AND e.end IS NOT NULL").fetchall()
+    con.close()
+    summ = SUMMARIES[run]["iterations"]
+    checked = 0
+    for name, a, b in its:
+        i = name.split()[1]
+        if not 1 <= int(i) <= CUT_LAST.get(run, 1):
+            continue
+        checked += 1
+        u = sum(e - s for s, e in upd if a <= s < b)
+        assert summ[i]["phases"]["update"] == u, (run, i)
+        # the phase windows tile the process's span: the iteration ends where the next one's first
+        # window starts, a little after the NVTX range closes (at most 1.34 % on these runs)
+        assert abs(summ[i]["wall_ns"] - (b - a)) <= 0.015 * (b - a), (run, i, summ[i]["wall_ns"], b - a)
+        assert summ[i]["wall_ns"] == sum(summ[i]["phases"].values())
+    assert checked == CUT_LAST.get(run, 1), run
+
+
+def test_results_measured_columns_are_the_summaries_means():
+    rows = _table("Pairs")
+    assert len(rows) >= 10
+    for r in rows:
+        pair = r[0]
+        run = pair.split("@")[0]
+        s = SUMMARIES[run]
+        walls = [v["wall_ns"] for v in s["iterations"].values()]
+        mean_ms = statistics.fmean(walls) / 1e6
+        m = re.match(r"([\d,.]+) \(([\d,.]+)-([\d,.]+), (\d+)\)", r[4])
+        assert m, r[4]
+        assert _num(m.group(1)) == pytest.approx(mean_ms, abs=0.051)
+        assert _num(m.group(2)) == pytest.approx(min(walls) / 1e6, abs=0.051)
+        assert _num(m.group(3)) == pytest.approx(max(walls) / 1e6, abs=0.051)
+        assert int(m.group(4)) == len(walls)
+        # error % from the table's own predicted and measured columns
+        pred = _num(r[3])
+        assert _num(r[5]) == pytest.approx(100 * (pred - _num(m.group(1))) / _num(m.group(1)), abs=0.11)
+    phases = {r[0]: r[1:] for r in _table("Per phase (predicted / measured ms per steady iteration)")}
+    for pair, cells in phases.items():
+        s = SUMMARIES[pair.split("@")[0]]
+        for k, phase in enumerate(("forward", "backward", "update", "other")):
+            meas = _num(cells[k].split("/")[1].strip())
+            want = statistics.fmean(v["phases"][phase] for v in s["iterations"].values()) / 1e6
+            assert meas == pytest.approx(want, abs=0.051), (pair, phase)
+
+
+def test_results_statistics_recomputed_from_the_table():
+    rows = [r for r in _table("Pairs") if "(no scenario)" not in r[3]]
+    errs = sorted(abs(_num(r[5])) for r in rows)
+    k = (len(errs) - 1) * 0.9
+    p90 = errs[int(k)] + (errs[min(int(k) + 1, len(errs) - 1)] - errs[int(k)]) * (k - int(k))
+    m = re.search(r"modelled pairs: (\d+); median \|error\| ([\d.]+) %, p90 \|error\| ([\d.]+) %", RESULTS)
+    assert m
+    assert int(m.group(1)) == len(rows)
+    assert float(m.group(2)) == pytest.approx(statistics.median(errs), abs=0.051)
+    assert float(m.group(3)) == pytest.approx(p90, abs=0.051)
+
+
+def test_noise_rows_are_the_two_baselines_means():
+    for r in _table("Noise floor (same config recorded twice; 'predicted' = the first run)"):
+        pair = r[0]
+        first = {"z3s_base2": "z3s_base", "z2s_base2": "z2s_base", "z3s_base3": "z3s_base"}[pair]
+        a = statistics.fmean(v["wall_ns"] for v in SUMMARIES[first]["iterations"].values()) / 1e6
+        b = statistics.fmean(v["wall_ns"] for v in SUMMARIES[pair]["iterations"].values()) / 1e6
+        assert _num(r[2]) == pytest.approx(a, abs=0.051)
+        assert _num(r[3]) == pytest.approx(b, abs=0.051)
