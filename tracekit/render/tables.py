@@ -16,7 +16,7 @@ from tracekit.render.transfer_tables import render_findings, render_rank_transfe
 from tracekit.render.terminal import add_num_column, make_console, new_table, terminal_width, view  # noqa: F401
 from tracekit.textsafe import text as _t
 from tracekit.vocab import fmt_gbps as _gbps
-from tracekit.vocab import UNITS_LINE, fmt_mb, fmt_mb_at, phase_label, short_name
+from tracekit.vocab import NO_NVTX, NO_NVTX_NOTE, UNITS_LINE, fmt_mb, fmt_mb_at, phase_label, short_name
 from tracekit.vocab import fmt_ms as _ms
 from tracekit.vocab import fmt_pct as _pct
 
@@ -88,6 +88,8 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
                 f"pid {pid}: no phase ranges (tracekit capture or DeepSpeed NVTX) in this trace, so all "
                 "its GPU work is 'other'; map your own NVTX ranges with --phase-map PHASE=REGEX"
             ))
+        elif s == NO_NVTX:
+            console.print(_t(f"pid {pid}: {NO_NVTX_NOTE}"))
     render_config_and_advice(console, result)
     if not result["ranks"]:
         console.print(_t("no process with GPU work in this trace"))
