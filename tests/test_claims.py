@@ -170,3 +170,160 @@ def test_public_openmp_export_without_nvtx_whole_trace_numbers():
     assert set(res["phase_source"].values()) == {NO_NVTX}
     other = res["ranks"][0]["totals"]["other"]
     assert (other["kernel_count"], other["h2d_bytes"], other["h2d_count"]) == (kernels, h2d, n_h2d)
+
+
+# ---------------------------------------------------------------------- 3. the significance rule
+from tracekit.analyze import significance as sig  # noqa: E402
+
+MS = 1_000_000
+MIB = 1 << 20
+
+
+def test_amounts_at_the_size_edge():
+    # 1 ms is the smallest time difference; the relative part is large here (b = 0)
+    assert not sig.differs(MS - 1, 0, "ns")
+    assert sig.differs(MS, 0, "ns")
+    assert not sig.differs(MIB - 1, 0, "bytes")
+    assert sig.differs(MIB, 0, "bytes")
+    assert sig.differs(0, MS, "ns")  # either direction
+
+
+def test_relative_difference_at_the_5_percent_edge():
+    assert sig.differs(105 * MS, 100 * MS, "ns")  # exactly 5 %
+    assert not sig.differs(104_999_999, 100 * MS, "ns")  # just under
+    assert sig.differs(95 * MS, 100 * MS, "ns")
+    assert not sig.differs(256.1e6, 253.7e6, "ns")  # 0.95 %: the waiting-rank reason of nsys-ai's export
+    assert sig.differs(120, 100, "ns", min_rel=0.1) .why == "too small"  # size first
+
+
+def test_spread_must_be_exceeded():
+    assert not sig.differs(110 * MS, 100 * MS, "ns", spread=10 * MS)  # equal to the spread
+    assert sig.differs(110 * MS, 100 * MS, "ns", spread=10 * MS - 1)
+    assert sig.differs(110 * MS, 100 * MS, "ns", spread=None)  # not measurable: rules 1 and 2
+    assert sig.differs(110 * MS, 100 * MS, "ns", spread=10 * MS).why == "within the spread"
+
+
+def test_rates_need_their_samples():
+    big = ((100 * MIB, 2 * MS), (100 * MIB, 2 * MS))
+    # "slower copies: 0.0 GB/s vs 0.0 GB/s": 16 copies of 8 B
+    assert not sig.differs(0.004, 0.006, "GB/s", samples=((128, 30_000), (128, 20_000)))
+    # "52.58 vs 52.62 GB/s": 0.08 %
+    assert not sig.differs(52.58, 52.62, "GB/s", samples=big)
+    assert sig.differs(40.0, 52.62, "GB/s", samples=big)
+    assert not sig.differs(40.0, 52.62, "GB/s")  # no samples: never compared
+    # each side at the edges: 1 MiB, 1 ms
+    ok = (MIB, MS)
+    assert sig.differs(40.0, 52.0, "GB/s", samples=(ok, ok))
+    assert not sig.differs(40.0, 52.0, "GB/s", samples=((MIB - 1, MS), ok))
+    assert not sig.differs(40.0, 52.0, "GB/s", samples=(ok, (MIB, MS - 1)))
+    # a ratio of times: 1 ms on each side
+    assert sig.differs(1.2, 1.0, "x", samples=(MS, MS))
+    assert not sig.differs(1.2, 1.0, "x", samples=(MS - 1, MS))
+    assert not sig.differs(1.04, 1.0, "x", samples=(10 * MS, 10 * MS))
+
+
+def test_not_comparable_and_bad_unit():
+    assert sig.differs(None, 1, "ns").why == "not comparable"
+    assert not sig.differs(float("nan"), 1, "ns")
+    assert not sig.differs(5 * MS, float("inf"), "ns")
+    with pytest.raises(ValueError, match="unit"):
+        sig.differs(1, 2, "ms")
+    assert sig.spread([3, None, 7, 5]) == 4 and sig.spread([3]) is None
+
+
+def test_slowest_against_the_runner_up():
+    assert sig.slowest([(100 * MS, "a"), (106 * MS, "b"), (50 * MS, "c")]) == "b"
+    assert sig.slowest([(100 * MS, "a"), (104 * MS, "b"), (50 * MS, "c")]) is None  # 4 % over a
+    assert sig.slowest([(5 * MS, "only")]) == "only"  # one: nothing compared
+    assert sig.slowest([]) is None
+    # b's iteration-to-iteration spread of 7 ms hides a 6 ms lead
+    assert sig.slowest([(100 * MS, "a"), (106 * MS, "b")], spreads={"a": 1 * MS, "b": 7 * MS}) is None
+    assert sig.slowest([(100 * MS, "a"), (106 * MS, "b")], spreads={"a": 1 * MS, "b": 5 * MS}) == "b"
+
+
+# the users of the rule ---------------------------------------------------------------
+def _waiting_case(slow_row: dict, other_row: dict, iterations=(1,), other_spread: dict | None = None):
+    """hand-made: two ranks, one collective wait each, rank 1 the slow one (no wait), and their
+    phase-table rows (``*_row``: metric -> value, the rest 100 ms / 100 MiB / 50 ms busy)."""
+    import polars as pl
+
+    from tracekit.analyze.sections import waiting_ranks
+
+    base = {"gpu_idle_ns": 100 * MS, "kernel_busy_ns": 100 * MS, "h2d_bytes": 100 * MIB, "d2h_bytes": 0,
+            "h2d_busy_ns": 50 * MS, "d2h_busy_ns": 0}
+    per, table = [], []
+    for it in iterations:
+        for rank, gpid, row, wait in ((0, 10 << 24, other_row, 5 * MS), (1, 11 << 24, slow_row, 0)):
+            per.append({"rank": rank, "global_pid": gpid, "device": rank, "iteration": it, "phase": "backward",
+                        "collectives": 1, "collective_ns": 10 * MS, "wait_ns": wait, "wait_share": 0.5,
+                        "last_arrivals": 1 - rank})
+            vals = base | row
+            if rank == 0 and other_spread:
+                vals = vals | {k: vals[k] + (d if it == iterations[-1] else 0) for k, d in other_spread.items()}
+            table.append({"global_pid": gpid, "device": rank, "iteration": it, "phase": "backward", **vals})
+    out = waiting_ranks.slowest_ranks(pl.DataFrame(per), pl.DataFrame(table), pl.DataFrame())
+    return out.row(0, named=True)
+
+
+def test_waiting_rank_reason_of_8_byte_copies_is_not_said():
+    # 16 copies of 8 B: 128 B in 30 us against 128 B in 20 us ("0.0 GB/s vs 0.0 GB/s")
+    tiny = {"h2d_bytes": 128, "h2d_busy_ns": 30_000}
+    r = _waiting_case(tiny, {"h2d_bytes": 128, "h2d_busy_ns": 20_000})
+    assert r["reason_metric"] is None
+    assert r["reason"] == "no significant difference in CPU-only time, compute, copy bytes or copy speed"
+
+
+def test_waiting_rank_reason_at_the_edges():
+    # copy speed 52.58 vs 52.62 GB/s on 100 MiB: 0.08 %, not said
+    nb = 100 * MIB
+    r = _waiting_case({"h2d_busy_ns": round(nb / 52.58)}, {"h2d_busy_ns": round(nb / 52.62)})
+    assert r["reason_metric"] is None
+    # 40 vs 52.62 GB/s: said, with both values
+    r = _waiting_case({"h2d_busy_ns": round(nb / 40.0)}, {"h2d_busy_ns": round(nb / 52.62)})
+    assert (r["reason_metric"], round(r["value"], 2), round(r["others_mean"], 2)) == ("copy_gbps", 40.0, 52.62)
+    # compute 104.9 vs 100 ms: under 5 %; 105 ms: said
+    assert _waiting_case({"kernel_busy_ns": 104_900_000}, {})["reason_metric"] is None
+    assert _waiting_case({"kernel_busy_ns": 105 * MS}, {})["reason_metric"] == "kernel_busy_ns"
+
+
+def test_waiting_rank_reason_beyond_the_other_ranks_spread():
+    # two iterations; the other rank's compute varies by 12 ms between them, rank 1 is 10 ms above
+    r = _waiting_case({"kernel_busy_ns": 110 * MS}, {}, iterations=(1, 2), other_spread={"kernel_busy_ns": 12 * MS})
+    assert r["reason_metric"] is None
+    r = _waiting_case({"kernel_busy_ns": 110 * MS}, {}, iterations=(1, 2), other_spread={"kernel_busy_ns": 2 * MS})
+    assert r["reason_metric"] == "kernel_busy_ns"
+
+
+def test_summary_slowest_rank_pid_needs_a_significant_lead():
+    from tracekit.analyze.result import summarize
+
+    def ranks(walls):
+        return [{"pid": p, "iterations": [], "totals": {"update": {"wall_ns": w}}} for p, w in walls]
+
+    assert summarize(ranks([(1, 100 * MS), (2, 104 * MS)]))["per_phase"]["update"]["slowest_rank_pid"] is None
+    assert summarize(ranks([(1, 100 * MS), (2, 105 * MS)]))["per_phase"]["update"]["slowest_rank_pid"] == 2
+    assert summarize(ranks([(7, 3 * MS)]))["per_phase"]["update"]["slowest_rank_pid"] == 7  # one rank
+
+
+def _compare_result(a_walls, b_walls):
+    """hand-made compare result: one phase, per-iteration walls of A and B (ns)."""
+    def diff(a, b):
+        return {"a": a, "b": b, "delta": b - a, "pct": 100 * (b - a) / a}
+
+    ma, mb = sum(a_walls) / len(a_walls), sum(b_walls) / len(b_walls)
+    per_it = [{"position": k, "a_iteration": k, "b_iteration": k, "phase": "update",
+               "metrics": {"wall_ns": diff(a, b)}} for k, (a, b) in enumerate(zip(a_walls, b_walls))]
+    return {"per_phase": [{"phase": "update", "metrics": {"wall_ns": diff(ma, mb)}}],
+            "iteration_total": {"wall_ns": diff(ma, mb)}, "per_iteration": per_it}
+
+
+def test_compare_fail_above_needs_a_regression_beyond_the_spread():
+    from tracekit.render.compare import regressions
+
+    # B 12 % slower on average, its iterations 100 and 124 ms apart by 24 ms: within the spread
+    assert regressions(_compare_result([100 * MS, 100 * MS], [100 * MS, 124 * MS]), 10) == []
+    # the same mean with iterations 111 and 113 ms: a regression of the phase and the iteration
+    slow = regressions(_compare_result([100 * MS, 100 * MS], [111 * MS, 113 * MS]), 10)
+    assert [r["what"] for r in slow] == ["update", "iteration"] and slow[0]["pct"] == pytest.approx(12.0)
+    # 12 % of 5 ms is 0.6 ms: too small to be a regression
+    assert regressions(_compare_result([5 * MS, 5 * MS], [5.6 * MS, 5.6 * MS]), 10) == []

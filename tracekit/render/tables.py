@@ -123,7 +123,8 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
         for c in ("mean ms", "max ms", "slowest rank pid", "spread ms"):
             add_num_column(s, c)
         for ph, v in result["summary"]["per_phase"].items():
-            s.add_row(*map(_t, (ph, _ms(v["mean_wall_ns"]), _ms(v["max_wall_ns"]), str(v["slowest_rank_pid"]),
+            who = v["slowest_rank_pid"]  # null: no rank stands out (tracekit.analyze.significance)
+            s.add_row(*map(_t, (ph, _ms(v["mean_wall_ns"]), _ms(v["max_wall_ns"]), "–" if who is None else str(who),
                                 _ms(v["spread_ns"]))))
         console.print(s)
     render_multi_gpu(console, result, wide)
