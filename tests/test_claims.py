@@ -327,3 +327,127 @@ def test_compare_fail_above_needs_a_regression_beyond_the_spread():
     assert [r["what"] for r in slow] == ["update", "iteration"] and slow[0]["pct"] == pytest.approx(12.0)
     # 12 % of 5 ms is 0.6 ms: too small to be a regression
     assert regressions(_compare_result([5 * MS, 5 * MS], [5.6 * MS, 5.6 * MS]), 10) == []
+
+
+def _host_frames(conc_bytes: int, conc_ns: int, alone_bytes: int, alone_ns: int, n: int = 16) -> dict:
+    """hand-made: host h with GPUs 0 and 1, ``n`` concurrent H2D copies of ``conc_bytes`` taking
+    ``conc_ns`` each (all inside host windows) and ``n`` alone ones of ``alone_bytes`` in
+    ``alone_ns``; the frames :func:`multi_gpu_findings` reads, the bandwidth frame computed by
+    host_contention.bandwidth_vs_alone from the per-copy rows."""
+    import polars as pl
+
+    from tracekit.analyze.sections import host_contention
+
+    rows = []
+    for k in range(n):
+        for nbytes, ns, conc in ((conc_bytes, conc_ns, True), (alone_bytes, alone_ns, False)):
+            rows.append({"host": "h", "direction": "H2D", "host_kind": "pinned", "bytes": nbytes,
+                         "duration_ns": ns, "gbps": nbytes / ns, "concurrent_ns": ns if conc else 0,
+                         "shared_ns": ns if conc else 0, "concurrent": conc, "alone": not conc,
+                         "bucket": max(nbytes.bit_length() - 1, -1)})
+    bw = host_contention.bandwidth_vs_alone(None, pl.DataFrame(rows))
+    busy = 100 * MS
+    return {
+        "rank_ids": pl.DataFrame({"rank": [0, 1], "pid": [1, 2], "device": [0, 1], "host": ["h", "h"]}),
+        "host_summary": pl.DataFrame({"host": ["h"], "gpus": [[0, 1]], "concurrent_ns": [20 * MS],
+                                      "copy_busy_ns": [busy], "h2d_ns": [20 * MS], "d2h_ns": [0], "mixed_ns": [0]}),
+        "host_phase": pl.DataFrame({"host": ["h"], "phase": ["update"], "iteration": [1], "concurrent_ns": [20 * MS],
+                                    "h2d_ns": [20 * MS], "d2h_ns": [0]}),
+        "host_bandwidth": bw,
+    }
+
+
+def test_host_contention_speed_needs_enough_bytes_and_5_percent():
+    from tracekit.analyze.sections.multi_gpu import multi_gpu_findings
+
+    def text(*a):
+        (f,) = [f for f in multi_gpu_findings(_host_frames(*a)) if f["topic"] == "host-contention"]
+        return f
+
+    # 16 copies of 8 B at once and alone: "0.0 GB/s then vs 0.0 GB/s alone" is not said
+    f = text(8, 2_000, 8, 1_000)
+    assert "GB/s" not in f["text"] and "gbps" not in f["values"]
+    assert "copy at once: 20.0 ms" in f["text"]  # the times stay
+    # 16 x 4 MiB: 64 MiB in 16 x 100 us = 1.6 ms each side; 41.9 vs 52.4 GB/s (20 % slower): said
+    f = text(4 * MIB, 100_000, 4 * MIB, 80_000)
+    bw = _host_frames(4 * MIB, 100_000, 4 * MIB, 80_000)["host_bandwidth"].row(0, named=True)
+    assert (bw["alone_bytes"], bw["alone_ns"]) == (16 * 4 * MIB, 16 * 80_000)  # the baseline's sample
+    assert f"{4 * MIB / 100_000:.1f} GB/s then vs {4 * MIB / 80_000:.1f} GB/s alone (20 % slower" in f["text"]
+    # 52.58 vs 52.62 GB/s: 0.08 %, not said
+    f = text(4 * MIB, round(4 * MIB / 52.58), 4 * MIB, round(4 * MIB / 52.62))
+    assert "GB/s" not in f["text"]
+    # 16 x 4 MiB in 16 x 60 us = 0.96 ms of copy time on each side: too little time
+    f = text(4 * MIB, 60_000, 4 * MIB, 40_000)
+    assert "GB/s" not in f["text"]
+
+
+def _pageable_frames(nbytes: int, ns: int, pinned_gbps: float, ref_bytes: int, ref_ns: int) -> dict:
+    """hand-made frames of one pageable H2D group in update and its pinned reference."""
+    import polars as pl
+
+    pinned_ns = nbytes / pinned_gbps
+    row = {"global_pid": 5 << 24, "device": 0, "phase": "update", "sub_phase": "(none)", "direction": "H2D",
+           "count": 4, "bytes": nbytes, "copy_ns": ns, "gbps": nbytes / ns, "pinned_gbps": pinned_gbps,
+           "pinned_ns": pinned_ns, "saving_ns": max(ns - pinned_ns, 0), "blocking_count": 0, "blocking_host_ns": 0,
+           "host_ns": 0}
+    ref = {"global_pid": 5 << 24, "device": 0, "phase": "update", "sub_phase": "(none)", "direction": "H2D",
+           "ref_bytes": ref_bytes, "ref_ns": ref_ns}
+    return {"pageable_phase": pl.DataFrame([row]), "pageable_reference": pl.DataFrame([ref])}
+
+
+def test_pageable_finding_needs_a_real_pinned_reference():
+    from tracekit.analyze.sections.findings import build_findings
+
+    def found(*a):
+        return [f for f in build_findings(_pageable_frames(*a), {(5 << 24, 0): {"update": 1}}) if f["topic"] == "pageable"]
+
+    # 100 MiB pageable at 10 GB/s against pinned at 50 GB/s measured on 1 GiB: said
+    (f,) = found(100 * MIB, 100 * MIB // 10, 50.0, 1 << 30, (1 << 30) // 50)
+    assert f"at {100 * MIB / (100 * MIB // 10):.1f} GB/s vs 50.0 GB/s for pinned copies" in f["text"]
+    # the same, but the pinned speed rests on 16 copies of 8 B: not said
+    assert found(100 * MIB, 100 * MIB // 10, 50.0, 128, 3) == []
+    # pageable 2 % slower than pinned (a 2 ms "saving" on 100 ms of copies): not said
+    assert found(100 * MIB, 100 * MS, 100 * MIB / (98 * MS), 1 << 30, 10 * MS) == []
+
+
+def test_contention_slowdown_needs_5_percent_and_1_ms_each_side():
+    import polars as pl
+
+    from tracekit.analyze.sections.findings import build_findings
+
+    def text(slowdown, contention_ns, busy_ns=20 * MS):
+        row = {"global_pid": 5 << 24, "device": 0, "phase": "backward", "copy_busy_ns": busy_ns, "windows": 3,
+               "same_direction_ns": contention_ns, "bidirectional_ns": 0, "contention_ns": contention_ns,
+               "contention_share": contention_ns / busy_ns, "median_slowdown": slowdown}
+        (f,) = [f for f in build_findings({"contention_phase": pl.DataFrame([row])}, {(5 << 24, 0): {}})
+                if f["topic"] == "contention"]
+        return f["text"]
+
+    assert "copies ran 1.5x slower than uncontended (median)" in text(1.5, 5 * MS)
+    assert "slower" not in text(1.04, 5 * MS)  # under 5 %
+    assert "slower" not in text(1.5, MS - 1)  # under 1 ms of contended copy time
+    assert "slower" not in text(1.5, 5 * MS, busy_ns=5 * MS + MS - 1)  # under 1 ms uncontended
+    assert "slower" in text(1.05, MS, busy_ns=2 * MS)  # at the edges
+
+
+def test_compare_explains_only_a_significant_difference():
+    from rich.console import Console
+
+    from tracekit.render.compare import _render_config
+
+    def said(a_walls, b_walls):
+        res = _compare_result(a_walls, b_walls)
+        d = res["iteration_total"]["wall_ns"]["delta"]
+        res["explanations"] = [{"key": "zero_optimization.offload_optimizer.pin_memory", "a": True, "b": False,
+                                "scenario": "pin_memory", "applicable": True, "why_not": None,
+                                "predicted_cost_ms": 9.0, "confidence": "high", "phases": {}, "advice": None,
+                                "measured_iteration_delta_ms": d / 1e6}]
+        con = Console(record=True, width=400, color_system=None)
+        _render_config(res, con)
+        return con.export_text()
+
+    assert said([100 * MS, 100 * MS], [111 * MS, 113 * MS]).startswith("explained by advice: ")
+    # 12 ms slower on average, but B's iterations are 24 ms apart: nothing significant to explain
+    out = said([100 * MS, 100 * MS], [100 * MS, 124 * MS])
+    assert out.startswith("advice on a differing key (B - A is no significant difference): ")
+    assert "measured B - A: +12.0 ms per iteration" in out
