@@ -151,6 +151,19 @@ def test_synthetic_kernels_and_copies_without_phase_ranges_get_the_whole_trace(t
                 "`tracekit capture`") in flat
 
 
+def test_synthetic_report_and_compare_without_nvtx_say_why(tmp_path):
+    """report and compare need iterations: one line saying the trace has no NVTX at all (not
+    "see --phase-map", which cannot help), and that analyze reports the whole trace."""
+    path, _ = _gpu_work(tmp_path / "none.sqlite", "none")
+    for args in (("compare", path, path), ("report", path, "--out", tmp_path / "rep")):
+        rc, out, err = run(*args)
+        assert_one_line_error(rc, out, err, f"{path}: no iteration found")
+        assert "no NVTX ranges in this trace" in err and "--phase-map" not in err
+    other, _ = _gpu_work(tmp_path / "other.sqlite", "other")
+    rc, out, err = run("compare", other, other)
+    assert_one_line_error(rc, out, err, "(no forward/backward/update NVTX ranges; see --phase-map)")
+
+
 def test_synthetic_phase_map_on_a_trace_without_nvtx(tmp_path):
     path, _ = _gpu_work(tmp_path / "none.sqlite", "none")
     rc, out, err = run("analyze", path, "--phase-map", "forward=fwd")

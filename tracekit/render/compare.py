@@ -73,7 +73,10 @@ def _side(data: ReportData, rank: int) -> tuple[dict, pl.DataFrame, list[int]]:
     rk = data.rank(rank)
     steady = data.steady_iterations(rk)
     if not steady:
-        raise TracekitError(f"{data.path.name}: no iteration found (no forward/backward/update NVTX ranges)")
+        from tracekit.vocab import NO_NVTX, no_iteration_reason
+
+        raise TracekitError(f"{data.path}: no iteration found "
+                            + no_iteration_reason(data.model.source.get(rk["global_pid"]) == NO_NVTX))
     return rk, summary.iteration_metrics(data, rk), steady
 
 
