@@ -224,14 +224,16 @@ def test_rates_need_their_samples():
     assert not sig.differs(52.58, 52.62, "GB/s", samples=big)
     assert sig.differs(40.0, 52.62, "GB/s", samples=big)
     assert not sig.differs(40.0, 52.62, "GB/s")  # no samples: never compared
-    # each side at the edges: 1 MiB, 1 ms
-    ok = (MIB, MS)
+    # each side at the edges: 1 MiB, 0.1 ms
+    t = sig.MIN_RATE_NS
+    assert t == 100_000
+    ok = (MIB, t)
     assert sig.differs(40.0, 52.0, "GB/s", samples=(ok, ok))
-    assert not sig.differs(40.0, 52.0, "GB/s", samples=((MIB - 1, MS), ok))
-    assert not sig.differs(40.0, 52.0, "GB/s", samples=(ok, (MIB, MS - 1)))
-    # a ratio of times: 1 ms on each side
-    assert sig.differs(1.2, 1.0, "x", samples=(MS, MS))
-    assert not sig.differs(1.2, 1.0, "x", samples=(MS - 1, MS))
+    assert not sig.differs(40.0, 52.0, "GB/s", samples=((MIB - 1, t), ok))
+    assert not sig.differs(40.0, 52.0, "GB/s", samples=(ok, (MIB, t - 1)))
+    # a ratio of times: 0.1 ms on each side
+    assert sig.differs(1.2, 1.0, "x", samples=(t, t))
+    assert not sig.differs(1.2, 1.0, "x", samples=(t - 1, t))
     assert not sig.differs(1.04, 1.0, "x", samples=(10 * MS, 10 * MS))
 
 
@@ -279,7 +281,8 @@ def _waiting_case(slow_row: dict, other_row: dict, iterations=(1,), other_spread
 
 
 def test_waiting_rank_reason_of_8_byte_copies_is_not_said():
-    # 16 copies of 8 B: 128 B in 30 us against 128 B in 20 us ("0.0 GB/s vs 0.0 GB/s")
+    # 16 copies of 8 B: 128 B in 30 us against 128 B in 20 us ("0.0 GB/s vs 0.0 GB/s"); also
+    # too little time for a rate (0.1 ms)
     tiny = {"h2d_bytes": 128, "h2d_busy_ns": 30_000}
     r = _waiting_case(tiny, {"h2d_bytes": 128, "h2d_busy_ns": 20_000})
     assert r["reason_metric"] is None
@@ -389,9 +392,12 @@ def test_host_contention_speed_needs_enough_bytes_and_5_percent():
     # 52.58 vs 52.62 GB/s: 0.08 %, not said
     f = text(4 * MIB, round(4 * MIB / 52.58), 4 * MIB, round(4 * MIB / 52.62))
     assert "GB/s" not in f["text"]
-    # 16 x 4 MiB in 16 x 60 us = 0.96 ms of copy time on each side: too little time
-    f = text(4 * MIB, 60_000, 4 * MIB, 40_000)
+    # 16 x 64 KiB = 1 MiB in 16 x 6 us = 96 us of copy time on each side: too little time
+    f = text(64 << 10, 6_000, 64 << 10, 4_000)
     assert "GB/s" not in f["text"]
+    # 16 x 64 KiB in 16 x 7 us = 112 us against 16 x 6.5 us = 104 us (9.4 vs 10.1 GB/s, 7 %): said
+    f = text(64 << 10, 7_000, 64 << 10, 6_500)
+    assert "9.4 GB/s then vs 10.1 GB/s alone (7 % slower" in f["text"]
 
 
 def _pageable_frames(nbytes: int, ns: int, pinned_gbps: float, ref_bytes: int, ref_ns: int) -> dict:
@@ -419,6 +425,9 @@ def test_pageable_finding_needs_a_real_pinned_reference():
     assert f"at {100 * MIB / (100 * MIB // 10):.1f} GB/s vs 50.0 GB/s for pinned copies" in f["text"]
     # the same, but the pinned speed rests on 16 copies of 8 B: not said
     assert found(100 * MIB, 100 * MIB // 10, 50.0, 128, 3) == []
+    # or on 16 MiB in 90 us: too little copy time (0.1 ms); in 0.4 ms: said
+    assert found(100 * MIB, 100 * MIB // 10, 50.0, 16 * MIB, 90_000) == []
+    assert len(found(100 * MIB, 100 * MIB // 10, 50.0, 16 * MIB, 400_000)) == 1
     # pageable 2 % slower than pinned (a 2 ms "saving" on 100 ms of copies): not said
     assert found(100 * MIB, 100 * MS, 100 * MIB / (98 * MS), 1 << 30, 10 * MS) == []
 
@@ -438,9 +447,10 @@ def test_contention_slowdown_needs_5_percent_and_1_ms_each_side():
 
     assert "copies ran 1.5x slower than uncontended (median)" in text(1.5, 5 * MS)
     assert "slower" not in text(1.04, 5 * MS)  # under 5 %
-    assert "slower" not in text(1.5, MS - 1)  # under 1 ms of contended copy time
-    assert "slower" not in text(1.5, 5 * MS, busy_ns=5 * MS + MS - 1)  # under 1 ms uncontended
-    assert "slower" in text(1.05, MS, busy_ns=2 * MS)  # at the edges
+    t = sig.MIN_RATE_NS
+    assert "slower" not in text(1.5, t - 1)  # under 0.1 ms of contended copy time
+    assert "slower" not in text(1.5, 5 * MS, busy_ns=5 * MS + t - 1)  # under 0.1 ms uncontended
+    assert "slower" in text(1.05, t, busy_ns=2 * t)  # at the edges
 
 
 def test_compare_explains_only_a_significant_difference():

@@ -9,10 +9,10 @@ alone, run A) and returns a :class:`Verdict`. The claim is made only when all of
    difference is at least :data:`MIN_NS` (1 ms) or :data:`MIN_BYTES` (1 MiB): a 0 on one side is
    a measurement, a 40 us difference is not worth a sentence. For a rate (``"GB/s"``: copy
    bandwidth) each side's sample (``samples``: (bytes, ns) per side) holds at least
-   :data:`MIN_BYTES` moved in at least :data:`MIN_NS` of copy time (16 copies of 8 B say nothing
-   about bandwidth); for a ratio of times (``"x"``: a slowdown against 1) each side rests on at
-   least :data:`MIN_NS` (``samples``: (ns_a, ns_b)). A rate or ratio without its samples is
-   never compared.
+   :data:`MIN_BYTES` moved in at least :data:`MIN_RATE_NS` (0.1 ms, ten times the ~10 us fixed
+   cost of one copy) of copy time: 16 copies of 8 B say nothing about bandwidth; for a ratio of
+   times (``"x"``: a slowdown against 1) each side rests on at least :data:`MIN_RATE_NS`
+   (``samples``: (ns_a, ns_b)). A rate or ratio without its samples is never compared.
 2. **Relative difference.** ``|a - b| / |b|`` is at least :data:`MIN_REL` (5 %; a reference of 0
    counts as an infinite relative difference).
 3. **Spread.** ``|a - b|`` exceeds ``spread``, the measured iteration-to-iteration spread of the
@@ -27,8 +27,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: the smallest time difference, and the least copy time behind a rate, that a claim rests on (ns)
+#: the smallest time difference that a claim rests on (ns)
 MIN_NS = 1_000_000
+#: the least copy time behind a rate or a ratio of times, on each side (ns): 0.1 ms
+MIN_RATE_NS = 100_000
 #: the smallest byte difference, and the least bytes behind a rate, that a claim rests on (1 MiB)
 MIN_BYTES = 1 << 20
 #: the smallest relative difference |a - b| / |b| that a claim rests on (5 %)
@@ -84,7 +86,7 @@ def differs(a, b, unit: str, samples=None, spread=None, min_rel: float = MIN_REL
             na, nb = (_num(x) for x in samples)
         except (TypeError, ValueError):
             return Verdict(False, "not comparable")
-        if na is None or nb is None or min(na, nb) < MIN_NS:
+        if na is None or nb is None or min(na, nb) < MIN_RATE_NS:
             return Verdict(False, "too little time")
     else:
         try:
@@ -93,7 +95,7 @@ def differs(a, b, unit: str, samples=None, spread=None, min_rel: float = MIN_REL
             return Verdict(False, "not comparable")
         for nbytes, ns in ((ba, na), (bb, nb)):
             nbytes, ns = _num(nbytes), _num(ns)
-            if nbytes is None or ns is None or nbytes < MIN_BYTES or ns < MIN_NS:
+            if nbytes is None or ns is None or nbytes < MIN_BYTES or ns < MIN_RATE_NS:
                 return Verdict(False, "too few bytes or too little copy time")
     rel = diff / abs(b) if b else (math.inf if diff else 0.0)
     if rel < min_rel:

@@ -24,7 +24,7 @@ Definitions (times ns, on the GPU clock of one export):
   copy bytes (H2D + D2H), slower copies (lower bytes / copy busy time), each compared to the
   mean of the other ranks; ``reason`` names it with both values. A reason is given only when
   its difference is significant (:func:`tracekit.analyze.significance.differs`: at least 1 ms
-  or 1 MiB, for copy speed at least 1 MiB in 1 ms of copy time on each side; at least 5 %; beyond
+  or 1 MiB, for copy speed at least 1 MiB in 0.1 ms of copy time on each side; at least 5 %; beyond
   the other ranks' iteration-to-iteration spread of the metric in that phase).
 
 Exports of several ranks are compared only within one export (one clock); per-rank exports
