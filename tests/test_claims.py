@@ -474,3 +474,25 @@ def test_compare_explains_only_a_significant_difference():
     out = said([100 * MS, 100 * MS], [100 * MS, 124 * MS])
     assert out.startswith("advice on a differing key (B - A is no significant difference): ")
     assert "measured B - A: +12.0 ms per iteration" in out
+
+
+def test_waiting_rank_finding_needs_the_others_to_wait_significantly_longer():
+    import polars as pl
+
+    from tracekit.analyze.sections.multi_gpu import multi_gpu_findings
+
+    def found(own_ns, others_ns, ranks=2):
+        slow = pl.DataFrame([{"iteration": 1, "phase": "backward", "rank": 1, "global_pid": 2 << 24, "device": 1,
+                              "wait_ns": own_ns, "others_wait_ns": others_ns, "ranks": ranks, "reason": "x",
+                              "reason_metric": None, "value": None, "others_mean": None}])
+        frames = {"rank_ids": pl.DataFrame({"rank": [0, 1], "pid": [1, 2], "device": [0, 1], "host": ["h", "h"]}),
+                  "host_summary": pl.DataFrame(schema={"host": pl.String, "gpus": pl.List(pl.Int64)}),
+                  "waiting_slowest": slow}
+        return [f for f in multi_gpu_findings(frames) if f["topic"] == "waiting-rank"]
+
+    assert len(found(2 * MS, 10 * MS)) == 1  # nsys-ai's 2.5 vs 10.9 ms, in round numbers
+    assert found(9.6e6, 10 * MS) == []  # 0.4 ms more: too small
+    assert found(100 * MS, 104 * MS) == []  # 4 %: under 5 %
+    # three ranks: the two others waited 20 ms together, 10 ms each, against the rank's own 9 ms
+    assert len(found(9 * MS, 20 * MS, ranks=3)) == 1
+    assert found(9.5e6, 20 * MS, ranks=3) == []  # 10 vs 9.5 ms: 0.5 ms

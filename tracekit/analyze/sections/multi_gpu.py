@@ -215,10 +215,13 @@ def multi_gpu_findings(frames: dict[str, pl.DataFrame]) -> list[dict]:
     slow = frames.get("waiting_slowest")
     if slow is not None and slow.height:
         for (phase,), g in slow.group_by(["phase"], maintain_order=True):
-            counts = g.group_by("rank").agg(n=pl.len(), others=pl.col("others_wait_ns").sum()).sort("n", "others",
-                                                                                                     descending=True)
+            counts = g.group_by("rank").agg(n=pl.len(), others=pl.col("others_wait_ns").sum(),
+                                            own=pl.col("wait_ns").sum(),
+                                            others_mean=(pl.col("others_wait_ns") / (pl.col("ranks") - 1)).sum()
+                                            ).sort("n", "others", descending=True)
             top = counts.row(0, named=True)
-            if top["others"] < MIN_NS:
+            # the others (each, on average) waited significantly longer than the rank itself
+            if top["others"] < MIN_NS or not differs(top["others_mean"], top["own"], "ns"):
                 continue
             rk = int(top["rank"])
             row = g.filter(pl.col("rank") == rk).sort("others_wait_ns", descending=True).row(0, named=True)
