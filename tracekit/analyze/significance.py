@@ -16,8 +16,9 @@ alone, run A) and returns a :class:`Verdict`. The claim is made only when all of
 2. **Relative difference.** ``|a - b| / |b|`` is at least :data:`MIN_REL` (5 %; a reference of 0
    counts as an infinite relative difference).
 3. **Spread.** ``|a - b|`` exceeds ``spread``, the measured iteration-to-iteration spread of the
-   quantity (max - min over the steady iterations, the larger of the two sides), where the
-   caller can measure it (None: not measurable, the rule is 1 and 2).
+   quantity (max - min over the steady iterations: :func:`spread`), where the caller can measure
+   it (None: not measurable, the rule is 1 and 2). Which side's spread each caller passes is in
+   docs/transfers.md.
 
 Plain Python, no polars: the renderers of stored results use it too.
 """
@@ -69,8 +70,9 @@ def differs(a, b, unit: str, samples=None, spread=None, min_rel: float = MIN_REL
     ``unit``: ``"ns"`` or ``"bytes"`` (amounts); ``"GB/s"`` (a rate, which needs ``samples`` =
     ((bytes_a, ns_a), (bytes_b, ns_b)): what each side's rate was measured on) or ``"x"`` (a
     ratio of times, ``samples`` = (ns_a, ns_b)). ``spread``: the quantity's
-    iteration-to-iteration spread in ``unit`` (None when not measurable). ``min_rel``: the relative minimum (:data:`MIN_REL`; ``compare --fail-above``
-    passes its own). Raises ValueError for an unknown ``unit``.
+    iteration-to-iteration spread in ``unit`` (None when not measurable). ``min_rel``: the
+    relative minimum (:data:`MIN_REL`; ``compare --fail-above`` passes its own). Returns a
+    :class:`Verdict` (true when significant). Raises ValueError for an unknown ``unit``.
     """
     if unit not in UNITS:
         raise ValueError(f"unit {unit!r}: one of {', '.join(UNITS)}")
