@@ -71,9 +71,15 @@ def test_trimmed_rank_known_differences(runs):
     assert per_it[1]["ranks"] == 3 and per_it[2]["ranks"] == 2 and per_it[2]["spread_ns"] == 0
     assert s["iterations"] == {"min": 1, "max": 2}
     walls = {r["rank"]: r["mean_iteration_ns"] for r in s["rank_rows"]}
-    slowest = max(walls, key=walls.get)
-    assert s["slowest_rank"]["rank"] == slowest
-    assert s["slowest_rank"]["mean_iteration_ns"] == walls[slowest]
+    # ranks 0 and 1 are copies: the two longest mean iterations are equal, so no rank is "the
+    # slowest" (issue 25: a comparative claim needs a significant lead over the runner-up)
+    top, second = sorted(walls.values())[-2:]
+    assert top == second == walls[0] == walls[1] > walls[2]
+    assert s["slowest_rank"] is None
+    # with the copy left out, the full rank's 650.3 ms mean over iterations 626.9 and 673.6 ms
+    # (spread 46.6 ms) leads the cut's 626.9 ms by 23.3 ms (3.7 %): under 5 %, still no claim
+    two = summarize_ranks([r for r in out["traces"] if not r["trace"].endswith("rank1.sqlite")])
+    assert two["slowest_rank"] is None
 
 
 def test_processes_equal_in_process(runs):

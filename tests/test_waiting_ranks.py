@@ -75,10 +75,12 @@ def test_waits_match_hand_values(tmp_path):
     slow = waiting_ranks.slowest_ranks(per, breakdown.phase_table(m), ranks)
     r = slow.filter(pl.col("phase") == "backward").row(0, named=True)
     assert (r["rank"], r["wait_ns"], r["others_wait_ns"]) == (1, 200, 2500)
-    assert r["reason_metric"] == "gpu_idle_ns"  # rank 1 ran 990 ns less compute in the same window
+    # rank 1 ran 990 ns less compute in the same window (GPU idle 8,500 vs 7,510 ns): far under
+    # the 1 ms a comparative claim needs (issue 25, tracekit.analyze.significance), so no reason
     tab = breakdown.phase_table(m).filter(pl.col("phase") == "backward").sort("device")
-    assert r["value"] == tab["gpu_idle_ns"][1] == 10_000 - 1500
-    assert r["others_mean"] == tab["gpu_idle_ns"][0] == 10_000 - 2490
+    assert (tab["gpu_idle_ns"][1], tab["gpu_idle_ns"][0]) == (10_000 - 1500, 10_000 - 2490)
+    assert r["reason_metric"] is None and r["value"] is None and r["others_mean"] is None
+    assert r["reason"].startswith("no significant difference")
 
 
 @pytest.mark.parametrize("as_range", [False, True])
@@ -102,8 +104,10 @@ def test_fallback_says_device_order(tmp_path):
     rc, out, err = run_cli("analyze", _skew_trace(tmp_path), "--no-cache")
     assert rc == 0, err
     assert "rank numbers: device order" in out
-    assert "slowest rank in iteration 0 backward: rank 1 (device 1)" in out
-    assert "more CPU-only time" in out
+    # rank 0 waited 2,500 ns for rank 1, rank 1 200 ns: far under the 1 ms a comparative claim
+    # needs (issue 25, tracekit.analyze.significance), so no rank is called the slowest
+    assert "slowest rank in" not in out and "more CPU-only time" not in out
+    assert "iteration 0 backward: no rank stands out (the other ranks waited 0.00 ms in all, rank 1 0.00 ms)" in out
 
 
 def test_rank_pattern_accepts_unknown_fields():

@@ -21,6 +21,24 @@ MICRO_STEP_PHASES: tuple[str, ...] = ("forward", "backward")
 #: Sub-phase of time in a phase window with no NVTX range of its own open.
 NO_SUB_PHASE = "(none)"
 
+#: Phase source of a process in a trace without NVTX ranges, and the note printed for it: the
+#: whole trace is reported, all of its GPU work as ``other``.
+NO_NVTX = "no NVTX"
+NO_NVTX_NOTE = ("no NVTX ranges in this trace: phases cannot be told apart, so the report covers the whole "
+                "trace and all its GPU work is 'other'; record with `nsys profile -t cuda,nvtx` and "
+                "`tracekit capture` for forward, backward and update")
+
+
+
+def no_iteration_reason(no_nvtx: bool) -> str:
+    """Why a rank has no iteration, for ``report`` and ``compare``'s one-line error: the trace
+    has no NVTX at all (``no_nvtx``), or no phase ranges among its NVTX ranges."""
+    if no_nvtx:
+        return ("(no NVTX ranges in this trace: phases cannot be told apart; record with `nsys profile -t "
+                "cuda,nvtx` and `tracekit capture`; `tracekit analyze` reports the whole trace)")
+    return "(no forward/backward/update NVTX ranges; see --phase-map)"
+
+
 #: ns per ms, bytes per MB / GB (decimal units, as nsys reports them).
 NS_PER_MS = 1e6
 B_PER_MB = 1e6

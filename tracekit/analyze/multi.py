@@ -622,6 +622,16 @@ def _who(row: dict) -> dict:
     return {k: row[k] for k in ("trace", "rank", "pid", "device")}
 
 
+def _slowest(vals: list[tuple], spreads: dict | None = None) -> int | None:
+    """Index of the largest of ``vals`` ([(ns, index)], the first of equal values, as ``max``
+    picks) when it differs from the runner-up (:func:`tracekit.analyze.significance.slowest`)."""
+    from tracekit.analyze.significance import slowest
+
+    order = {k: n for n, (_, k) in enumerate(vals)}
+    # significance.slowest breaks ties towards the later item: list them last-first
+    return slowest(sorted(vals, key=lambda t: -order[t[1]]), spreads=spreads)
+
+
 def summarize_ranks(
     results: list[dict], paths: list[Path] | None = None, expected_ranks: int | None = None,
     failed: list[Path] | None = None,
@@ -641,10 +651,15 @@ def summarize_ranks(
 
     ``per_phase`` compares each rank's phase time summed over its iterations; ``spread_ns`` is
     max - min and ``spread_share`` spread / mean (None when the mean is 0). The slowest rank
-    has the longest mean iteration. ``per_iteration`` compares ranks at equal iteration
+    has the longest mean iteration. A ``slowest`` (and ``slowest_rank``) is named only when it
+    differs from the runner-up by the one rule of a comparative claim
+    (:func:`tracekit.analyze.significance.slowest`: >= 1 ms, >= 5 %, and for the mean
+    iteration beyond either rank's iteration-to-iteration spread); else it is None. ``per_iteration`` compares ranks at equal iteration
     indices. ``missing_ranks``: numbers absent from 0..max of the ranks read from file names
     (:func:`rank_numbers`), or from 0..expected_ranks-1 when given.
     """
+    from tracekit.analyze.significance import spread as spread_of
+
     rows = rank_rows(results, paths)
     timed = [r for r in rows if r["iterations"]]
     per_phase = {}
@@ -656,13 +671,14 @@ def summarize_ranks(
         mx = max(vals, key=lambda t: t[0])
         mean = sum(walls) / len(walls)
         spread = max(walls) - min(walls)
+        slow = _slowest(vals)
         per_phase[phase] = {
             "min_ns": min(walls),
             "max_ns": mx[0],
             "mean_ns": mean,
             "spread_ns": spread,
             "spread_share": spread / mean if mean else None,
-            "slowest": _who(timed[mx[1]]),
+            "slowest": None if slow is None else _who(timed[slow]),
         }
     per_iteration = []
     walls_of = [{d["index"]: d["wall_ns"] for d in r["per_iteration"]} for r in timed]
@@ -670,6 +686,7 @@ def summarize_ranks(
     for idx in indices:
         vals = [(w[idx], k) for k, w in enumerate(walls_of) if idx in w]
         mx = max(vals, key=lambda t: t[0])
+        slow = _slowest(vals)
         per_iteration.append(
             {
                 "index": idx,
@@ -677,13 +694,18 @@ def summarize_ranks(
                 "min_ns": min(v for v, _ in vals),
                 "max_ns": mx[0],
                 "spread_ns": mx[0] - min(v for v, _ in vals),
-                "slowest": _who(timed[mx[1]]),
+                "slowest": None if slow is None else _who(timed[slow]),
             }
         )
     slowest = None
     if timed:
-        s = max(timed, key=lambda r: r["mean_iteration_ns"])
-        slowest = _who(s) | {"mean_iteration_ns": s["mean_iteration_ns"]}
+        # the rank with the longest mean iteration, when it stands out from the next beyond
+        # either's iteration-to-iteration spread
+        k = _slowest([(r["mean_iteration_ns"], i) for i, r in enumerate(timed)],
+                     {i: spread_of(w.values()) for i, w in enumerate(walls_of)})
+        if k is not None:
+            s = timed[k]
+            slowest = _who(s) | {"mean_iteration_ns": s["mean_iteration_ns"]}
     numbers = {r["rank"] if r["rank"] is not None else r["node"] for r in rows} - {None}
     if failed:
         all_paths = list(paths or [Path(r["trace"]) for r in results]) + list(failed)

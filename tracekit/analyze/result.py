@@ -3,7 +3,7 @@
 Shape (times in ns, sizes in bytes, rates in GB/s = 1e9 B/s)::
 
     {"trace": str, "schema_version": str, "nsys_version": str|null,
-     "phase_source": {pid: "tracekit"|"DeepSpeed"|"phase-map"|"none"[+"+inferred-update"]},
+     "phase_source": {pid: "tracekit"|"DeepSpeed"|"phase-map"|"none"|"no NVTX"[+"+inferred-update"]},
      "nvtx_anomalies": {"unclosed_ranges": int, "start_end_ranges": int, "marks": int,
                         "cross_thread_ranges": int},
      "gpu_op_anomalies": {KIND_REASON: int},  # rows set aside (tracekit.analyze.model.gpu_ops.SET_ASIDE_REASONS)
@@ -17,7 +17,7 @@ Shape (times in ns, sizes in bytes, rates in GB/s = 1e9 B/s)::
                 "totals": {PHASE: {same numeric keys}},
                 "sub_phases": {PHASE: [{"iteration": int, "sub_phase": str, ...}]}}],
      "summary": {"ranks": int, "iterations": int, "per_phase": {PHASE: {"mean_wall_ns": float,
-                 "max_wall_ns": int, "slowest_rank_pid": int, "spread_ns": int}}},
+                 "max_wall_ns": int, "slowest_rank_pid": int|null, "spread_ns": int}}},
      "incomplete_iterations": [{"pid": int, "iteration": int, "phase": str, "micro_step": int|null,
                                 "range": str, "form": "duration"|"null"|"stop", "reason": str,
                                 "start_ns": int, "end_ns": int}]}
@@ -71,6 +71,7 @@ import polars as pl
 
 from tracekit.analyze.sections import breakdown
 from tracekit.analyze.model import phases
+from tracekit.analyze.significance import slowest
 from tracekit.analyze.trace.export import Export
 from tracekit.errors import TracekitError
 from tracekit.options import Options  # the one Options of every command, importable from here too
@@ -249,7 +250,9 @@ def _scoped_findings(export: Export, model, tr, options: Options) -> list[dict]:
 
 def summarize(ranks: list[dict]) -> dict:
     """Across ranks: count, iterations, and per phase the mean and max total wall time, the
-    pid of the slowest rank and the spread (max - min), from each rank's ``totals``."""
+    pid of the slowest rank and the spread (max - min), from each rank's ``totals``. The
+    slowest rank is named only when its total differs from the next one's by
+    :func:`tracekit.analyze.significance.slowest` (else ``slowest_rank_pid`` is null)."""
     per_phase: dict[str, dict] = {}
     for phase in PHASE_ORDER:
         vals = [(r["totals"][phase]["wall_ns"], r["pid"]) for r in ranks if phase in r["totals"]]
@@ -257,10 +260,11 @@ def summarize(ranks: list[dict]) -> dict:
             continue
         walls = [v for v, _ in vals]
         slow = max(vals)
+        pid = slowest(sorted(vals))  # None: no rank's total differs from the next (the one rule)
         per_phase[phase] = {
             "mean_wall_ns": json_number("mean_wall_ns", sum(walls) / len(walls)),
             "max_wall_ns": int(slow[0]),
-            "slowest_rank_pid": int(slow[1]),
+            "slowest_rank_pid": None if pid is None else int(pid),
             "spread_ns": int(max(walls) - min(walls)),
         }
     n_it = max((len(r["iterations"]) for r in ranks), default=0)

@@ -73,7 +73,10 @@ def _side(data: ReportData, rank: int) -> tuple[dict, pl.DataFrame, list[int]]:
     rk = data.rank(rank)
     steady = data.steady_iterations(rk)
     if not steady:
-        raise TracekitError(f"{data.path.name}: no iteration found (no forward/backward/update NVTX ranges)")
+        from tracekit.vocab import NO_NVTX, no_iteration_reason
+
+        raise TracekitError(f"{data.path}: no iteration found "
+                            + no_iteration_reason(data.model.source.get(rk["global_pid"]) == NO_NVTX))
     return rk, summary.iteration_metrics(data, rk), steady
 
 
@@ -300,6 +303,47 @@ def frame(result: dict, section: str = "per_phase") -> pl.DataFrame:
     return pl.DataFrame(rows, schema_overrides={"a": pl.Float64, "b": pl.Float64, "delta": pl.Float64, "pct": pl.Float64})
 
 
+# ---------------------------------------------------------------------- significance
+#: unit of :func:`tracekit.analyze.significance.differs` per metric (shares and counts: none)
+_UNIT = {"wall_ns": "ns", "gpu_idle_ns": "ns", "h2d_exposed_ns": "ns", "d2h_exposed_ns": "ns",
+         "h2d_bytes": "bytes", "d2h_bytes": "bytes", "pageable_bytes": "bytes", "peak_bytes": "bytes"}
+
+
+def _spread(result: dict, phase: str, metric: str) -> float | None:
+    """The iteration-to-iteration spread of ``metric`` in ``phase`` (``"iteration"``: the sum of
+    the phases), from ``per_iteration``: the larger of A's and B's max - min over their steady
+    iterations (None when not measurable)."""
+    from tracekit.analyze.significance import spread
+
+    per = {}
+    for r in result.get("per_iteration") or []:
+        if phase != "iteration" and r["phase"] != phase:
+            continue
+        d = r["metrics"].get(metric) or {}
+        for side in ("a", "b"):
+            if d.get(side) is not None:
+                key = (side, r["position"])
+                per[key] = per.get(key, 0) + d[side]
+    spreads = [spread([v for (sd, _), v in per.items() if sd == side]) for side in ("a", "b")]
+    known = [x for x in spreads if x is not None]
+    return max(known) if known else None
+
+
+def significant(result: dict, phase: str, metric: str, d: dict, min_rel: float | None = None) -> bool:
+    """Whether B differs from A in ``metric`` of ``phase`` (``d``: its ``{"a", "b", ...}``) by the
+    one rule of a comparative claim (:func:`tracekit.analyze.significance.differs`, with the
+    iteration-to-iteration spread of :func:`_spread`); metrics without a unit there (shares,
+    counts) only need 5 %. ``min_rel``: the relative minimum (default 5 %)."""
+    from tracekit.analyze.significance import MIN_REL, differs
+
+    rel = MIN_REL if min_rel is None else min_rel
+    a, b = d.get("a"), d.get("b")
+    unit = _UNIT.get(metric)
+    if unit is None:
+        return a is not None and b is not None and (abs(b - a) / abs(a) >= rel if a else b != a)
+    return bool(differs(b, a, unit, spread=_spread(result, phase, metric), min_rel=rel))
+
+
 # ---------------------------------------------------------------------- terminal
 def _pct_text(pct: float) -> str:
     if abs(pct) >= 1000:  # from a near-zero A: the ratio says nothing, the values do
@@ -355,8 +399,8 @@ def render(result: dict, console=None, wide: bool = False) -> None:
                 continue  # zero (or absent) in both runs
             label, _div, unit = METRICS[m]
             delta, pct = _fmt_delta(m, d)
-            style = ""
-            if d["pct"] is not None and abs(d["pct"]) >= 10:
+            style = ""  # a colour says "worse"/"better": only for a significant change of 10 % or more
+            if d["pct"] is not None and abs(d["pct"]) >= 10 and significant(result, r["phase"], m, d):
                 style = "red" if (d["delta"] > 0) != (m == "overlap_ratio") else "green"
             t.add_row(*map(_t, (r["phase"] if first else "", label, unit, _fmt(m, d["a"]), _fmt(m, d["b"]), delta)),
                       _t(pct, style))
@@ -408,7 +452,11 @@ def _render_sub_phases(result: dict, console) -> None:
     for r in rows:
         w, c = r["metrics"]["wall_ns"], r["metrics"]["cpu_ns"]
         pct = "–" if w["pct"] is None else _pct_text(w["pct"])
+        from tracekit.analyze.significance import differs
+
         style = "red" if (w["pct"] or 0) >= 10 else "green" if (w["pct"] or 0) <= -10 else ""
+        if style and not differs(w["b"], w["a"], "ns"):  # a colour says "worse"/"better": significant only
+            style = ""
         t.add_row(*map(_t, (r["sub_phase"], _ms_text(w["a"]), _ms_text(w["b"]), _ms_text(w["delta"]))),
                   _t(pct, style), _t(_ms_text(c["delta"])))
     console.print(t)
@@ -440,9 +488,13 @@ def _render_config(result: dict, console) -> None:
         console.print(t)
     elif result.get("config"):
         console.print(_t("config: no key of the shown settings differs between A and B"))
+    total = (result.get("iteration_total") or {}).get("wall_ns") or {}
+    real = bool(total) and significant(result, "iteration", "wall_ns", total)
     for e in result.get("explanations") or []:
         meas = e.get("measured_iteration_delta_ms")
-        head = (f"explained by advice: {e['key']} {e['a']} (A) -> {e['b']} (B) costs B "
+        # "explained" only when there is a significant measured difference to explain
+        lead = "explained by advice" if real else "advice on a differing key (B - A is no significant difference)"
+        head = (f"{lead}: {e['key']} {e['a']} (A) -> {e['b']} (B) costs B "
                 f"{e['predicted_cost_ms']:,.1f} ms per iteration by the what-if model run on B "
                 f"({e['scenario']}, {e['confidence']} confidence); measured B - A: "
                 + ("–" if meas is None else f"{meas:+,.1f} ms per iteration"))
@@ -519,11 +571,14 @@ def compare_figure(result: dict, labels: tuple[str, str] = ("A", "B")):
 def regressions(result: dict, fail_above_pct: float) -> list[dict]:
     """Phases, and the whole iteration, whose mean wall time per steady iteration got slower
     from A to B by more than ``fail_above_pct`` percent: ``[{"what", "a_ms", "b_ms", "pct"}]``
-    (``what`` = a phase name or ``"iteration"``), for ``tracekit compare --fail-above PCT``."""
+    (``what`` = a phase name or ``"iteration"``), for ``tracekit compare --fail-above PCT``.
+    A regression is also significant (:func:`significant` with ``fail_above_pct`` as the
+    relative minimum: at least 1 ms slower and beyond the iteration-to-iteration spread)."""
     out = []
     rows = [(r["phase"], r["metrics"]["wall_ns"]) for r in result["per_phase"]]
     rows.append(("iteration", result["iteration_total"]["wall_ns"]))
     for what, d in rows:
-        if d["pct"] is not None and d["pct"] > fail_above_pct:
+        if d["pct"] is not None and d["pct"] > fail_above_pct \
+                and significant(result, what, "wall_ns", d, min_rel=fail_above_pct / 100):
             out.append({"what": what, "a_ms": d["a"] / 1e6, "b_ms": d["b"] / 1e6, "pct": d["pct"]})
     return out

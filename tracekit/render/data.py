@@ -151,9 +151,11 @@ class ReportData:
         :class:`TracekitError` when the rank has no such iteration."""
         spans = self.iteration_spans(rank)
         if spans.height == 0:
+            from tracekit.vocab import NO_NVTX, no_iteration_reason
+
             raise TracekitError(
-                f"{self.path.name}: no iteration found for pid {rank['pid']} device {rank['device']} "
-                "(no forward/backward/update NVTX ranges; see --phase-map)"
+                f"{self.path}: no iteration found for pid {rank['pid']} device {rank['device']} "
+                + no_iteration_reason(self.model.source.get(rank["global_pid"]) == NO_NVTX)
             )
         if iteration is not None:
             if iteration not in spans["iteration"].to_list():

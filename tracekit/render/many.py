@@ -56,19 +56,25 @@ def render_many(out: dict, console=None, wide: bool = False) -> None:
             add_num_column(t, col)
         t.add_column("slowest", overflow="fold")
         for phase, v in s["per_phase"].items():
-            who = v["slowest"]
+            who = v["slowest"]  # None: no rank stands out (tracekit.analyze.significance)
             t.add_row(
                 phase, ms(v["min_ns"]), ms(v["mean_ns"]), ms(v["max_ns"]), ms(v["spread_ns"]),
                 "" if v["spread_share"] is None else f"{100 * v['spread_share']:.1f}%",
-                text(f"{Path(who['trace']).name} pid {who['pid']}"),
+                text("–" if who is None else f"{Path(who['trace']).name} pid {who['pid']}"),
             )
         console.print(t)
+        if any(v["slowest"] is None for v in s["per_phase"].values()):
+            console.print(text("slowest: – where no rank's phase time differs from the next one's by at least "
+                               "1 ms and 5 %"))
     if s["slowest_rank"]:
         w = s["slowest_rank"]
         console.print(
             text(f"slowest rank: {Path(w['trace']).name} pid {w['pid']} device {w['device']} "
             f"({ms(w['mean_iteration_ns'])} ms per iteration)")
         )
+    elif sum(1 for r in s["rank_rows"] if r["iterations"]) > 1:
+        console.print(text("slowest rank: none stands out (no rank's mean iteration differs from the next one's "
+                           "by at least 1 ms and 5 % and beyond their iteration-to-iteration spread)"))
     if s["missing_ranks"]:
         console.print(f"[bold red]missing ranks:[/] {', '.join(map(str, s['missing_ranks']))}")
     for w in s["ranks_without_iterations"]:

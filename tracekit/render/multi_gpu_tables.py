@@ -98,8 +98,15 @@ def render_multi_gpu(console: Console, result: dict, wide: bool = False) -> None
                                 r["phase"], str(r["collectives"]), _ms(r["collective_ns"]), _ms(r["wait_ns"]),
                                 _pct(r["wait_share"]), str(r["last_arrivals"]))))
         console.print(t)
+        from tracekit.analyze.significance import differs
+
         for s in w.get("slowest") or []:
             at = "" if s["iteration"] is None else f"iteration {s['iteration']} "
+            others_mean = s["others_wait_ns"] / max(s["ranks"] - 1, 1)
+            if not differs(others_mean, s["wait_ns"], "ns"):  # the one rule of a comparative claim
+                console.print(_t(f"{at}{s['phase']}: no rank stands out (the other ranks waited "
+                                 f"{_ms(s['others_wait_ns'])} ms in all, rank {s['rank']} {_ms(s['wait_ns'])} ms)"))
+                continue
             console.print(_t(f"slowest rank in {at}{s['phase']}: rank {s['rank']} (device {s['device']}); the other "
                              f"ranks waited {_ms(s['others_wait_ns'])} ms for it; {s['reason']}"))
         if w.get("unmatched_collectives"):

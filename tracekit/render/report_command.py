@@ -109,7 +109,8 @@ def register(app: typer.Typer) -> None:
         fail_above: Annotated[
             Optional[float],
             typer.Option("--fail-above", help="exit 1 when a phase or the iteration (mean wall time per steady "
-                         "iteration) got slower from A to B by more than this percent (for CI; also with --json)"),
+                         "iteration) got slower from A to B by more than this percent, and by at least 1 ms and more "
+                         "than the iteration-to-iteration spread (for CI; also with --json)"),
         ] = None,
         ds_config_a: Annotated[
             Optional[Path], typer.Option("--ds-config-a", help="A's DeepSpeed JSON config (or capture manifest); "

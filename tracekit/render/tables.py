@@ -16,7 +16,7 @@ from tracekit.render.transfer_tables import render_findings, render_rank_transfe
 from tracekit.render.terminal import add_num_column, make_console, new_table, terminal_width, view  # noqa: F401
 from tracekit.textsafe import text as _t
 from tracekit.vocab import fmt_gbps as _gbps
-from tracekit.vocab import UNITS_LINE, fmt_mb, fmt_mb_at, phase_label, short_name
+from tracekit.vocab import NO_NVTX, NO_NVTX_NOTE, UNITS_LINE, fmt_mb, fmt_mb_at, phase_label, short_name
 from tracekit.vocab import fmt_ms as _ms
 from tracekit.vocab import fmt_pct as _pct
 
@@ -88,6 +88,8 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
                 f"pid {pid}: no phase ranges (tracekit capture or DeepSpeed NVTX) in this trace, so all "
                 "its GPU work is 'other'; map your own NVTX ranges with --phase-map PHASE=REGEX"
             ))
+        elif s == NO_NVTX:
+            console.print(_t(f"pid {pid}: {NO_NVTX_NOTE}"))
     render_config_and_advice(console, result)
     if not result["ranks"]:
         console.print(_t("no process with GPU work in this trace"))
@@ -121,7 +123,8 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
         for c in ("mean ms", "max ms", "slowest rank pid", "spread ms"):
             add_num_column(s, c)
         for ph, v in result["summary"]["per_phase"].items():
-            s.add_row(*map(_t, (ph, _ms(v["mean_wall_ns"]), _ms(v["max_wall_ns"]), str(v["slowest_rank_pid"]),
+            who = v["slowest_rank_pid"]  # null: no rank stands out (tracekit.analyze.significance)
+            s.add_row(*map(_t, (ph, _ms(v["mean_wall_ns"]), _ms(v["max_wall_ns"]), "–" if who is None else str(who),
                                 _ms(v["spread_ns"]))))
         console.print(s)
     render_multi_gpu(console, result, wide)

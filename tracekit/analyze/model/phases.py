@@ -44,6 +44,7 @@ from tracekit.analyze.trace import enums
 from tracekit.analyze.model import nvtx
 from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.gpu_ops import load_gpu_ops
+from tracekit.vocab import NO_NVTX
 
 PHASES = ("forward", "backward", "update", "other")
 
@@ -337,11 +338,15 @@ def build(
     ``phase_map``: ``["PHASE=REGEX", ...]`` (see :func:`parse_phase_map`); ``gas``: gradient
     accumulation steps, used only when updates must be inferred.
 
+    A trace without NVTX ranges gets the whole-trace model: every process's source is
+    :data:`NO_NVTX` and all its GPU work is 'other'.
+
     Raises :class:`~tracekit.errors.MissingDataError` when the trace has no CUDA kernels/copies.
     """
     if not (export.has("CUPTI_ACTIVITY_KIND_KERNEL", 1) or export.has("CUPTI_ACTIVITY_KIND_MEMCPY", 1)):
         export.require("CUPTI_ACTIVITY_KIND_KERNEL", "phase attribution")
-    export.require("NVTX_EVENTS", "finding training phases (forward, backward, update)")
+    # no NVTX at all: the whole-trace report, every process's work 'other' (source NO_NVTX)
+    no_nvtx = not export.has("NVTX_EVENTS", 1)
     pmap = parse_phase_map(phase_map)
     # the two large scans in background threads (SQLite releases the GIL) while the GPU tables load
     nvtx.prefetch_ranges(export)
@@ -355,6 +360,11 @@ def build(
     if pmap and not source:
         from tracekit.errors import TracekitError
 
+        if no_nvtx:
+            raise TracekitError(
+                f"--phase-map {' '.join(phase_map)}: {export.path} has no NVTX ranges to match; record "
+                "with `nsys profile -t cuda,nvtx` (or `tracekit capture`), or drop --phase-map"
+            )
         raise TracekitError(
             f"--phase-map {' '.join(phase_map)}: matched no NVTX range in "
             f"{export.path.name}; check the names with `nsys stats -r nvtx_sum` or drop --phase-map"
@@ -387,7 +397,7 @@ def build(
     nested = _nested(ranges, source)
     ops = _attribute(ops, windows, nested)
     for pid in pids:
-        source.setdefault(int(pid), "none")
+        source.setdefault(int(pid), NO_NVTX if no_nvtx else "none")
     return PhaseModel(
         windows=windows,
         ops=ops,

@@ -18,6 +18,10 @@ Built only from the frames of the transfer analyses (no new measurement), per ra
   (:func:`tracekit.analyze.sections.pcie_metrics.pcie_phase_stats`); within 25 % of each other the
   copies account for the traffic.
 
+A comparison in a finding (pageable vs pinned speed, contended vs uncontended copies, a rank
+against the others) is said only when it passes :func:`tracekit.analyze.significance.differs`
+(the one rule of a comparative claim, docs/transfers.md).
+
 Each finding is a dict ``{"topic", "pid", "device", "phase", "text", "values"}``; ``values``
 holds the numbers of the sentence in base units (ns, bytes, GB/s). Per-iteration figures
 divide by the number of iterations that have the phase.
@@ -29,6 +33,7 @@ import re
 
 import polars as pl
 
+from tracekit.analyze.significance import differs
 from tracekit.vocab import B_PER_MB, fmt_gb, fmt_mb, fmt_ms, os_pid
 
 MIN_SAVING_NS = 1_000_000
@@ -107,8 +112,15 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
                     copy_busy_ns=r["copy_busy_ns"], overlap_ratio=r["overlap_ratio"])
 
         pg = _rank_filter(frames.get("pageable_phase"), gpid, dev)
+        refs = _rank_filter(frames.get("pageable_reference"), gpid, dev)
+        refs = {} if refs is None else {(x["phase"], x["sub_phase"], x["direction"]): (x["ref_bytes"], x["ref_ns"])
+                                         for x in refs.iter_rows(named=True)}
         if pg is not None and pg.height:
             for r in pg.filter(pl.col("saving_ns").fill_null(0) >= MIN_SAVING_NS).sort("saving_ns", descending=True).iter_rows(named=True):
+                ref = refs.get((r["phase"], r.get("sub_phase"), r["direction"]))
+                if ref is not None and not differs(r["gbps"], r["pinned_gbps"], "GB/s",
+                                                   samples=((r["bytes"], r["copy_ns"]), ref)):
+                    continue  # the pinned speed rests on too little, or is not 5 % faster
                 where = r["phase"] if r["phase"] != "other" else "outside the training phases (start-up/other)"
                 sub = _short(r.get("sub_phase"))
                 sub = f" in {sub}" if sub else ""
@@ -135,7 +147,8 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
                     f"on this device ({_ms(busy)} of copy time, all serialized)", 0, contention_ns=0, copy_busy_ns=busy)
             for r in hit.iter_rows(named=True):
                 slow = f"; copies ran {r['median_slowdown']:.1f}x slower than uncontended (median)" \
-                    if r["median_slowdown"] is not None else ""
+                    if differs(r["median_slowdown"], 1.0, "x", samples=(
+                        r["contention_ns"], r["copy_busy_ns"] - r["contention_ns"])) else ""
                 add("contention", r["phase"],
                     f"{r['phase']}: {r['windows']} PCIe contention windows, {_ms(r['contention_ns'])} "
                     f"({100 * (r['contention_share'] or 0):.0f}% of its copy time; same-direction "

@@ -202,7 +202,9 @@ def bandwidth_vs_alone(copies: pl.DataFrame, concurrency: pl.DataFrame | None = 
     summed time inside windows), ``gbps`` (median bytes/duration of those copies),
     ``alone_bucket`` (the class the baseline comes from: the same, else the nearest with alone
     copies of that direction and host kind; null when none), ``alone_copies``, ``alone_gbps``
-    (median), ``slower_share`` = 1 - gbps / alone_gbps. Only classes with concurrent copies.
+    (median), ``slower_share`` = 1 - gbps / alone_gbps, ``alone_bytes`` and ``alone_ns`` (the
+    baseline's bytes and summed copy durations: the sample its GB/s rests on, for
+    :func:`tracekit.analyze.significance.differs`). Only classes with concurrent copies.
     """
     c = concurrency if concurrency is not None else copy_concurrency(copies)
     c = c.filter(pl.col("duration_ns") > 0)
@@ -211,7 +213,8 @@ def bandwidth_vs_alone(copies: pl.DataFrame, concurrency: pl.DataFrame | None = 
         copies=pl.len().cast(pl.Int64), bytes=pl.col("bytes").sum(), concurrent_ns=pl.col("concurrent_ns").sum(),
         gbps=pl.col("gbps").median())
     alone = c.filter(pl.col("alone")).group_by(*keys, "bucket").agg(
-        alone_copies=pl.len().cast(pl.Int64), alone_gbps=pl.col("gbps").median())
+        alone_copies=pl.len().cast(pl.Int64), alone_gbps=pl.col("gbps").median(),
+        alone_bytes=pl.col("bytes").sum(), alone_ns=pl.col("duration_ns").sum())
     rows = []
     for r in conc.iter_rows(named=True):
         a = alone.filter((pl.col("host") == r["host"]) & (pl.col("direction") == r["direction"])
@@ -222,15 +225,18 @@ def bandwidth_vs_alone(copies: pl.DataFrame, concurrency: pl.DataFrame | None = 
             best = a.row(0, named=True)
         rows.append({**r, "alone_bucket": best["bucket"] if best else None,
                      "alone_copies": best["alone_copies"] if best else 0,
-                     "alone_gbps": best["alone_gbps"] if best else None})
+                     "alone_gbps": best["alone_gbps"] if best else None,
+                     "alone_bytes": best["alone_bytes"] if best else 0, "alone_ns": best["alone_ns"] if best else 0})
     schema = {"host": pl.String, "direction": pl.String, "host_kind": pl.String, "bucket": pl.Int64,
               "copies": pl.Int64, "bytes": pl.Int64, "concurrent_ns": pl.Int64, "gbps": pl.Float64,
-              "alone_bucket": pl.Int64, "alone_copies": pl.Int64, "alone_gbps": pl.Float64}
+              "alone_bucket": pl.Int64, "alone_copies": pl.Int64, "alone_gbps": pl.Float64,
+              "alone_bytes": pl.Int64, "alone_ns": pl.Int64}
+    order = [k for k in schema if k not in ("alone_bytes", "alone_ns")] + ["slower_share", "alone_bytes", "alone_ns"]
     if not rows:
-        return pl.DataFrame(schema=schema).with_columns(slower_share=pl.lit(None, pl.Float64))
+        return pl.DataFrame(schema=schema).with_columns(slower_share=pl.lit(None, pl.Float64)).select(order)
     out = pl.DataFrame(rows, schema=schema)
     out = out.with_columns(slower_share=pl.when(pl.col("alone_gbps") > 0)
-                           .then(1 - pl.col("gbps") / pl.col("alone_gbps")).otherwise(None))
+                           .then(1 - pl.col("gbps") / pl.col("alone_gbps")).otherwise(None)).select(order)
     return out.sort("host", "direction", "host_kind", "bucket")
 
 

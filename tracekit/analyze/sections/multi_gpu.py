@@ -27,6 +27,7 @@ from tracekit.analyze.model import rank_ids
 from tracekit.analyze.sections.transfer_common import model_kernel_frames
 from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.significance import differs
 
 #: Below this, concurrency or communication is not worth a finding (ns).
 MIN_NS = 1_000_000
@@ -132,7 +133,8 @@ def multi_gpu_findings(frames: dict[str, pl.DataFrame]) -> list[dict]:
     ``host-contention`` (concurrent copies of several GPUs of a host and their bandwidth
     against alone copies, or that there were none), ``communication`` (time in communication
     kernels and the share spent waiting), ``waiting-rank`` (the slowest rank per phase and
-    why). Figures are totals over the trace; rows without frames give nothing."""
+    why). Figures are totals over the trace; rows without frames give nothing. A speed or a
+    reason compared is said only when it passes :func:`tracekit.analyze.significance.differs`."""
     if "rank_ids" not in frames:
         return []
     out: list[dict] = []
@@ -169,6 +171,11 @@ def multi_gpu_findings(frames: dict[str, pl.DataFrame]) -> list[dict]:
                 f"two or more GPUs in flight (both H2D {_ms(s['h2d_ns'])}, both D2H {_ms(s['d2h_ns'])}, one of each "
                 f"{_ms(s['mixed_ns'])}; totals over the trace), most in {top['phase']} ({_ms(top['concurrent_ns'])}{its})")
         values = dict(concurrent_ns=s["concurrent_ns"], h2d_ns=s["h2d_ns"], d2h_ns=s["d2h_ns"], mixed_ns=s["mixed_ns"])
+        # the largest size class whose speed differs by the one rule of a comparative claim
+        bw = bw.filter(pl.Series([bool(differs(r["gbps"], r["alone_gbps"], "GB/s",
+                                               samples=((r["bytes"], r["concurrent_ns"]),
+                                                        (r["alone_bytes"], r["alone_ns"]))))
+                                  for r in bw.iter_rows(named=True)], dtype=pl.Boolean)) if bw.height else bw
         if bw.height:
             b = bw.row(0, named=True)
             kind = f"{b['host_kind']} " if b["host_kind"] else ""
@@ -208,10 +215,13 @@ def multi_gpu_findings(frames: dict[str, pl.DataFrame]) -> list[dict]:
     slow = frames.get("waiting_slowest")
     if slow is not None and slow.height:
         for (phase,), g in slow.group_by(["phase"], maintain_order=True):
-            counts = g.group_by("rank").agg(n=pl.len(), others=pl.col("others_wait_ns").sum()).sort("n", "others",
-                                                                                                     descending=True)
+            counts = g.group_by("rank").agg(n=pl.len(), others=pl.col("others_wait_ns").sum(),
+                                            own=pl.col("wait_ns").sum(),
+                                            others_mean=(pl.col("others_wait_ns") / (pl.col("ranks") - 1)).sum()
+                                            ).sort("n", "others", descending=True)
             top = counts.row(0, named=True)
-            if top["others"] < MIN_NS:
+            # the others (each, on average) waited significantly longer than the rank itself
+            if top["others"] < MIN_NS or not differs(top["others_mean"], top["own"], "ns"):
                 continue
             rk = int(top["rank"])
             row = g.filter(pl.col("rank") == rk).sort("others_wait_ns", descending=True).row(0, named=True)

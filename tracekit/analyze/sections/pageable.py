@@ -81,6 +81,24 @@ def pageable_copies(model: PhaseModel, export: Export | None = None) -> pl.DataF
     return c.sort([*RANK, "start", "correlation_id"]).select(COPY_COLUMNS)
 
 
+def pinned_reference(model: PhaseModel, copies: pl.DataFrame, by=PHASE_KEYS) -> pl.DataFrame:
+    """The pinned copies that ``copies``' (:func:`pageable_copies`) ``pinned_gbps`` rests on,
+    per group: columns ``global_pid, device``, the ``by`` columns, ``direction``,
+    ``ref_bytes`` and ``ref_ns`` (bytes and summed durations of the pinned copies of the size
+    classes used as the reference), for :func:`tracekit.analyze.significance.differs`."""
+    keys = [*RANK, *(b for b in by if b not in RANK), "direction"]
+    ref = pinned_bandwidth(model, by_size=True).filter(pl.col("pinned_gbps").is_not_null())
+    schema = {k: copies.schema[k] for k in keys} | {"ref_bytes": pl.Int64, "ref_ns": pl.Int64}
+    if copies.height == 0 or ref.height == 0:
+        return pl.DataFrame(schema=schema)
+    c = copies.select(*keys, bucket=pl.Series(size_bucket(copies["bytes"].to_numpy()), dtype=pl.Int64)).sort("bucket")
+    c = c.join_asof(ref.select("direction", "bucket", "pinned_bytes", "pinned_ns", ref_bucket="bucket").sort("bucket"),
+                    on="bucket", by="direction", strategy="nearest", check_sortedness=False)
+    c = c.filter(pl.col("ref_bucket").is_not_null()).select(*keys, "ref_bucket", "pinned_bytes", "pinned_ns").unique()
+    return c.group_by(keys).agg(ref_bytes=pl.col("pinned_bytes").sum().cast(pl.Int64),
+                                ref_ns=pl.col("pinned_ns").sum().cast(pl.Int64)).cast(schema)
+
+
 def pageable_summary(model: PhaseModel, by=PHASE_KEYS, copies: pl.DataFrame | None = None,
                      export: Export | None = None) -> pl.DataFrame:
     """Pageable copies per rank, group ``by`` and direction.

@@ -343,8 +343,9 @@ def _findings_frames(export: Export, model: PhaseModel, steady: PhaseModel, fram
     ff["overlap_phase"] = overlap.overlap(steady, by=("phase",))
     ff["contention_phase"] = contention.contention_summary(steady, by=("phase",),
                                                            windows=contention.contention_windows(steady))
-    ff["pageable_phase"] = pageable.pageable_summary(steady, by=("phase", "sub_phase"),
-                                                     copies=pageable.pageable_copies(steady, export))
+    pcopies = pageable.pageable_copies(steady, export)
+    ff["pageable_phase"] = pageable.pageable_summary(steady, by=("phase", "sub_phase"), copies=pcopies)
+    ff["pageable_reference"] = pageable.pinned_reference(steady, pcopies, by=("phase", "sub_phase"))
     trips = opportunities.gradient_round_trips(steady)
     ff["round_trip_summary"] = opportunities.gradient_round_trip_summary(export, steady, trips)
     ff["update_opportunity"] = opportunities.update_opportunity(export, steady)

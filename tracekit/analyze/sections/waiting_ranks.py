@@ -22,7 +22,10 @@ Definitions (times ns, on the GPU clock of one export):
   (:func:`tracekit.analyze.sections.breakdown.phase_table`) of the same iteration and phase, the
   largest of: more CPU-only time (``gpu_idle_ns``), more compute (``kernel_busy_ns``), more
   copy bytes (H2D + D2H), slower copies (lower bytes / copy busy time), each compared to the
-  mean of the other ranks; ``reason`` names it with both values.
+  mean of the other ranks; ``reason`` names it with both values. A reason is given only when
+  its difference is significant (:func:`tracekit.analyze.significance.differs`: at least 1 ms
+  or 1 MiB, for copy speed at least 1 MiB in 0.1 ms of copy time on each side; at least 5 %; beyond
+  the other ranks' iteration-to-iteration spread of the metric in that phase).
 
 Exports of several ranks are compared only within one export (one clock); per-rank exports
 would need their clocks aligned first.
@@ -35,6 +38,7 @@ import polars as pl
 
 from tracekit.analyze.model.intervals import grouped_union_length
 from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.significance import differs, spread
 from tracekit.analyze.sections.transfer_common import model_kernel_frames
 
 RANK = ["global_pid", "device"]
@@ -104,12 +108,25 @@ def waiting(model: PhaseModel, ranks: pl.DataFrame, coll: pl.DataFrame | None = 
 
 
 _REASONS = [
-    # (label, column of the phase table, more is slower)
-    ("more CPU-only time (GPU idle)", "gpu_idle_ns", True),
-    ("more compute (kernel busy)", "kernel_busy_ns", True),
-    ("more copy bytes (H2D + D2H)", "copy_bytes", True),
-    ("slower copies (GB/s)", "copy_gbps", False),
+    # (label, column of the phase table, more is slower, unit of tracekit.analyze.significance)
+    ("more CPU-only time (GPU idle)", "gpu_idle_ns", True, "ns"),
+    ("more compute (kernel busy)", "kernel_busy_ns", True, "ns"),
+    ("more copy bytes (H2D + D2H)", "copy_bytes", True, "bytes"),
+    ("slower copies (GB/s)", "copy_gbps", False, "GB/s"),
 ]
+
+
+def _spreads(t: pl.DataFrame) -> dict:
+    """{(global_pid, device, phase, column): iteration-to-iteration spread} of the reasons'
+    columns (:func:`tracekit.analyze.significance.spread`; absent with fewer than two iterations)."""
+    out = {}
+    tt = t.filter(pl.col("iteration").is_not_null())
+    for (gp, dev, ph), g in tt.group_by(["global_pid", "device", "phase"]):
+        for _label, col, _more, _unit in _REASONS:
+            s = spread(g[col].to_list())
+            if s is not None:
+                out[(gp, dev, ph, col)] = s
+    return out
 
 
 def slowest_ranks(per_rank: pl.DataFrame, table: pl.DataFrame, ranks: pl.DataFrame) -> pl.DataFrame:
@@ -132,6 +149,7 @@ def slowest_ranks(per_rank: pl.DataFrame, table: pl.DataFrame, ranks: pl.DataFra
         copy_bytes=(pl.col("h2d_bytes") + pl.col("d2h_bytes")).sum(),
         copy_busy=(pl.col("h2d_busy_ns") + pl.col("d2h_busy_ns")).sum(),
     ).with_columns(copy_gbps=pl.when(pl.col("copy_busy") > 0).then(pl.col("copy_bytes") / pl.col("copy_busy")))
+    spreads = _spreads(t)
     rows = []
     for (it, ph), g in per_rank.group_by(["iteration", "phase"], maintain_order=True):
         if g["rank"].n_unique() < 2:
@@ -145,7 +163,7 @@ def slowest_ranks(per_rank: pl.DataFrame, table: pl.DataFrame, ranks: pl.DataFra
         best = None
         if mine.height and rest.height:
             m = mine.row(0, named=True)
-            for label, col, more_is_slower in _REASONS:
+            for label, col, more_is_slower, unit in _REASONS:
                 v, o = m[col], rest[col].mean()
                 if v is None or o is None:
                     continue
@@ -153,13 +171,22 @@ def slowest_ranks(per_rank: pl.DataFrame, table: pl.DataFrame, ranks: pl.DataFra
                 score = (v - o) / o if o > 0 else (np.inf if v > 0 else 0.0)
                 if not more_is_slower:
                     score = (o - v) / o if o > 0 else 0.0
-                if score > 0 and (best is None or score > best[0]):
+                if score <= 0:
+                    continue
+                # the one rule of a comparative claim: enough data, >= 5 %, beyond the others' spread
+                samples = ((m["copy_bytes"], m["copy_busy"]),
+                           (rest["copy_bytes"].mean(), rest["copy_busy"].mean())) if unit == "GB/s" else None
+                ref_spread = max((spreads.get((gp, dev, ph, col)) or 0.0
+                                  for gp, dev in rest.select(*RANK).iter_rows()), default=None)
+                if not differs(v, o, unit, samples=samples, spread=ref_spread):
+                    continue
+                if best is None or score > best[0]:
                     best = (score, label, col, v, o)
         rows.append({
             "iteration": it, "phase": ph, "rank": slow["rank"], "global_pid": slow["global_pid"],
             "device": slow["device"], "wait_ns": slow["wait_ns"], "others_wait_ns": int(others["wait_ns"].sum()),
             "ranks": g.height,
-            "reason": best[1] if best else "no difference in CPU-only time, compute, copy bytes or copy speed",
+            "reason": best[1] if best else "no significant difference in CPU-only time, compute, copy bytes or copy speed",
             "reason_metric": best[2] if best else None, "value": best[3] if best else None,
             "others_mean": best[4] if best else None,
         })

@@ -328,13 +328,22 @@ class Export:
     def require(self, table: str, purpose: str) -> None:
         """Raise :class:`MissingDataError` unless ``table`` exists and has rows.
 
-        The message names the table, what needed it (``purpose``) and the nsys option that
-        records it (:data:`tracekit.analyze.trace.enums.RECORDED_BY`).
+        The message names the file (the path as given for a CUDA table, else its name), the
+        table, what needed it (``purpose``) and the nsys option that records it
+        (:data:`tracekit.analyze.trace.enums.RECORDED_BY`);
+        for a CUDA table, what the export holds and whether CUDA tracing was on
+        (:func:`tracekit.analyze.trace.recording.missing_cuda_advice`: ``-t cuda`` is suggested
+        only when it was off or unknown).
         """
         if not self.has(table, min_rows=1):
             option = enums.RECORDED_BY.get(table, "the matching -t option")
             state = "has no rows in" if table in self.tables else "is missing from"
-            raise MissingDataError(
+            if option == "-t cuda" and table != "TARGET_INFO_GPU":
+                from tracekit.analyze.trace.recording import missing_cuda_advice
+
+                raise MissingDataError(f"{self.path}: {table} {state} this trace, and {purpose} needs it; "
+                                       + missing_cuda_advice(self))
+            raise MissingDataError(  # the file's name: this line is also a note of --json (rel-values' path audit)
                 f"{self.path.name}: {table} {state} this trace, and {purpose} needs it; "
                 f"record it with `nsys profile {option}`"
             )
