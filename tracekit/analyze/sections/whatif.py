@@ -417,20 +417,24 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                        why="" if s > 0 else "no pageable copy in the steady iterations",
                        phase_delta_ns=_phase_delta(pieces, copies)))
     cb = copies.filter(pl.col("role") == "copy_back")
+    cb_pinned_by_config, stage_why = copy_back_pinned_by_pin_memory(pieces, settings)
     s_cb, _, _ = _pin_saving(pieces, cb)
-    out[-1]["copy_back_saving_ns"] = s_cb
+    # ZeRO-1/2: pin_memory pins the copy-back's source too, so no code change is needed for it
+    out[-1]["copy_back_saving_ns"] = 0.0 if cb_pinned_by_config else s_cb
 
-    # 2. pin_memory false -> true: every pageable copy but DeepSpeed's copy-back temporary
-    not_cb = copies.filter(pl.col("role").is_null() | (pl.col("role") != "copy_back"))
-    s, measured, bases = _pin_saving(pieces, not_cb)
+    # 2. pin_memory false -> true: every pageable copy but (ZeRO-3) DeepSpeed's copy-back temporary
+    pinnable = copies if cb_pinned_by_config else copies.filter(pl.col("role").is_null() | (pl.col("role") != "copy_back"))
+    s, measured, bases = _pin_saving(pieces, pinnable)
     ok = offload not in (None, "none") and pin is not True
+    what = ("pageable copies, the parameter copy-back included (" + stage_why + ")" if cb_pinned_by_config else
+            "pageable gradient copies (all but the parameter copy-back, whose fp32->16-bit temporary "
+            "stays pageable)")
     out.append(_result(pieces, "pin_memory", s if ok else 0.0,
-                       "pageable gradient copies (all but the parameter copy-back, whose fp32->16-bit temporary "
-                       "stays pageable): the longer of each one's host stall in the API call and its exposed time, "
+                       what + ": the longer of each one's host stall in the API call and its exposed time, "
                        "replaced by its bytes at the pinned bandwidth of its size (" + "; ".join(bases) + ")", "high" if measured else "medium",
                        applicable=ok and s > 0,
                        why="" if ok else ("pin_memory is already true" if pin is True else "no optimizer offload"),
-                       phase_delta_ns=_phase_delta(pieces, not_cb) if ok else {}))
+                       phase_delta_ns=_phase_delta(pieces, pinnable) if ok else {}))
 
     # 3. fp16 -> bf16: no overflow check (has_overflow) and loss-scale bookkeeping
     oc = roles["overflow_check"]
@@ -588,6 +592,33 @@ def gpu_step_bytes(settings: dict, changes: dict | None = None) -> tuple[str, in
     zero = "ZeRO-1/2" if stage == "1 or 2" else f"ZeRO-{stage}" if type(stage) is int else "ZeRO"
     return impl, adam + GPU_STEP_OTHER_BYTES_PER_PARAM, (
         f"{name} {adam} B + {zero} fp32 gradient, norm, unscale and 16-bit copy {GPU_STEP_OTHER_BYTES_PER_PARAM} B")
+
+
+def copy_back_pinned_by_pin_memory(pieces: dict, settings: dict) -> tuple[bool, str]:
+    """``(pinned, why)``: whether ``offload_optimizer.pin_memory: true`` makes the parameter
+    copy-back's host source pinned, by ZeRO stage (the config's, else the trace's).
+
+    - ZeRO-1/2 (``stage_1_and_2.py``): the step converts the fp32 partition into
+      ``param_buffer_of_bit16_for_cpu_offload_groups[i]``, a buffer allocated once and passed
+      through ``get_accelerator().pin_memory`` when pin_memory is set, then copies it to the GPU
+      (``non_blocking=True``): pinned.
+    - ZeRO-3 (``stage3.py`` ``_reassign_or_swap_out_partitioned_parameters``):
+      ``fp16_partitioned_groups_flat.copy_(fp32_partitioned_groups_flat)`` converts on the CPU
+      into a fresh pageable temporary: stays pageable.
+
+    An unknown stage counts as ZeRO-3 unless the trace's copy-back range is tracekit's ZeRO-1/2
+    ``param_copy_to_device`` with no ``DeepSpeedZeroOptimizer_Stage3`` range."""
+    stage = settings.get("zero_optimization.stage")
+    if stage in (1, 2, "1 or 2"):
+        return True, (f"ZeRO-{stage if type(stage) is int else '1/2'}: pin_memory also pins "
+                      "param_buffer_of_bit16_for_cpu_offload_groups, the 16-bit buffer the step copies to the GPU")
+    if stage == 3:
+        return False, "ZeRO-3"
+    names = pieces.get("range_names") or set()
+    if "param_copy_to_device" in names and not any("Stage3" in n for n in names):
+        return True, ("ZeRO-1/2 by its param_copy_to_device range: pin_memory also pins "
+                      "param_buffer_of_bit16_for_cpu_offload_groups, the 16-bit buffer the step copies to the GPU")
+    return False, ""
 
 
 def _boundary_fp32_d2h(bwd_host: pl.DataFrame, n: int) -> float:
