@@ -69,3 +69,126 @@ def test_synthetic_pin_memory_counts_the_copy_back_in_zero2_only(tmp_path):
     # the stage unknown: the ZeRO-3 rule (the conservative one) unless the trace is ZeRO-1/2
     unknown = {s["scenario"]: s for s in whatif.predict(p, OFFLOAD)}
     assert unknown["pin_memory"]["saving_ns"] == pytest.approx(grad)
+
+
+# ---------------------------------------------------------------- 2. config from the trace alone
+def _truth(manifest: dict) -> dict:
+    """The values a trace should be read as, from its capture manifest (DeepSpeed's defaults for
+    unset keys)."""
+    cfg = manifest["deepspeed_config"]
+    z = cfg.get("zero_optimization", {})
+    oo, op = z.get("offload_optimizer") or {}, z.get("offload_param") or {}
+    return {"stage": z.get("stage", 0), "device": oo.get("device", "none"), "param": op.get("device", "none"),
+            "precision": "bf16" if (cfg.get("bf16") or {}).get("enabled") else
+                         "fp16" if (cfg.get("fp16") or {}).get("enabled") else "fp32",
+            "gas": cfg.get("gradient_accumulation_steps", 1), "super_offload": bool(oo.get("super_offload")),
+            "zenflow": z.get("zenflow"), "sub_group_size": z.get("sub_group_size", 1e9)}
+
+
+def _inferred_without_manifest(tmp_path, name):
+    src = FIXTURES / f"{name}.sqlite"
+    dst = tmp_path / f"{name}_alone.sqlite"  # no manifest beside it under any name tried
+    shutil.copyfile(src, dst)
+    loaded = dsconfig.load(dst)
+    assert loaded["source"] is None
+    from tracekit.analyze.model import phases
+    from tracekit.analyze.trace.export import Export
+
+    with Export.open(dst) as ex:
+        res = advice.advise(ex, phases.build(ex), loaded)
+    rows = res["config"]["settings"]
+    assert all(r["source"] == "trace" and r["how"] for r in rows)
+    return {r["key"]: r["value"] for r in rows}, res
+
+
+def _kernels_with(path, word):
+    return _sql(path, "select count(*) from CUPTI_ACTIVITY_KIND_KERNEL k join StringIds s on s.id = k.demangledName "
+                      "where s.value like ?", (f"%{word}%",))[0][0]
+
+
+@pytest.mark.parametrize("name, manifest", [
+    ("zero2_offload_gas2_cut", "zero2_offload_gas2_capture.json"),
+    ("zero3_offload_param_cut", "zero3_offload_param_capture.json"),
+    ("superoffload_cut", "superoffload_capture.json"),
+    ("zenflow_cut", "zenflow_capture.json"),
+    ("advice_pair_base", "advice_pair_base.json"),
+])
+def test_config_from_the_trace_alone_matches_the_manifest(tmp_path, name, manifest):
+    """Each value read from the trace with its manifest hidden equals the manifest's."""
+    truth = _truth(json.loads((FIXTURES / manifest).read_text()))
+    got, _ = _inferred_without_manifest(tmp_path, name)
+    stage = got["zero_optimization.stage"]
+    assert stage == truth["stage"] or (stage == "1 or 2" and truth["stage"] in (1, 2))
+    assert got["zero_optimization.offload_optimizer.device"] == truth["device"]
+    if truth["stage"] == 3:
+        assert got["zero_optimization.offload_param.device"] == truth["param"]
+        assert got["zero_optimization.offload_optimizer.super_offload"] is truth["super_offload"]
+    else:
+        assert "zero_optimization.sub_group_size" not in got  # sub-groups are ZeRO-3's
+    assert got["precision"] == truth["precision"]
+    # the kernels' names say it (plain SQL): the 16-bit type of the run, and not the other
+    trace = FIXTURES / f"{name}.sqlite"
+    mine, other = ("BFloat16", "Half") if truth["precision"] == "bf16" else ("Half", "BFloat16")
+    assert _kernels_with(trace, mine) > 1000 and _kernels_with(trace, other) == 0
+    if truth["zenflow"]:
+        assert got["zero_optimization.zenflow"] == "on"
+        ui = truth["zenflow"]["update_interval"]
+        assert got["gradient_accumulation_steps"] == f"{truth['gas'] * ui} / update_interval"
+    else:
+        assert "zero_optimization.zenflow" not in got
+        assert got["gradient_accumulation_steps"] == truth["gas"]
+    if truth["stage"] == 3:
+        sg = got["zero_optimization.sub_group_size"]
+        if sg.startswith(">= "):  # one sub-group: the setting holds every parameter
+            assert truth["sub_group_size"] >= float(sg.split()[1]) * 1e6
+        else:
+            lo, hi = (float(x) * 1e6 for x in sg.split()[0].split("-"))
+            assert lo <= truth["sub_group_size"] <= hi
+
+
+# ---------------------------------------------------------------- 3. sub_group_size from the setting
+def _copy_back_numel(path):
+    """16-bit parameters of each H2D copy launched in a copy-back range of the first steady
+    iteration (iteration 1), by plain SQL: bytes / 2."""
+    rows = _sql(path, """
+        with it as (select n.start s, n.end e from NVTX_EVENTS n left join StringIds t on t.id = n.textId
+                    where coalesce(n.text, t.value) = 'iteration 1'),
+             r as (select n.start s, n.end e from NVTX_EVENTS n left join StringIds t on t.id = n.textId, it
+                   where coalesce(n.text, t.value) like '%_reassign_or_swap_out_partitioned_parameters'
+                   and n.start >= it.s and n.end <= it.e)
+        select m.bytes from CUPTI_ACTIVITY_KIND_MEMCPY m
+        join CUPTI_ACTIVITY_KIND_RUNTIME a on a.correlationId = m.correlationId
+        join r on a.start >= r.s and a.start < r.e where m.copyKind = 1 order by a.start""")
+    return [b / 2 for (b,) in rows]
+
+
+def test_sub_group_size_bracket_holds_the_setting_superoffload():
+    """superoffload_cut ran sub_group_size 1e7 (manifest) in 10 sub-groups. By SQL: every
+    sub-group but the last holds >= 1e7 parameters (DeepSpeed's closing rule), and the bracket's
+    upper bound is the smallest of them."""
+    numel = _copy_back_numel(FIXTURES / "superoffload_cut.sqlite")
+    assert len(numel) == 10
+    setting = json.loads((FIXTURES / "superoffload_capture.json").read_text())["deepspeed_config"][
+        "zero_optimization"]["sub_group_size"]
+    assert setting == 1e7 and all(x >= setting for x in numel[:-1])
+    lo, hi = dsconfig.sub_group_size_bracket([int(2 * x) for x in numel])
+    assert hi == max(min(numel[:-1]), min(numel[1:])) and lo <= setting <= hi
+
+
+def test_sub_group_size_not_proposed_at_or_below_the_setting():
+    """superoffload_cut (1e7, 10 sub-groups): no "-> 1e8" proposal, whether the setting comes
+    from the config or from the trace's bracket; a ZeRO-2 trace gets none at all."""
+    so = pieces_of(FIXTURES / "superoffload_cut.sqlite")[0]
+    base = {"zero_optimization.offload_optimizer.device": "cpu", "zero_optimization.stage": 3}
+    for sg in (1e7, "5.1-10.2 M (10 sub-groups)"):
+        sc = {s["scenario"]: s for s in whatif.predict(so, {**base, "zero_optimization.sub_group_size": sg})}
+        assert sc["sub_group_size"]["applicable"] is False and sc["sub_group_size"]["saving_ns"] == 0
+        assert "already at most 1e+08" in sc["sub_group_size"]["why_not"]
+    # asked for explicitly, the scenario still answers
+    sc = {s["scenario"]: s for s in whatif.predict(so, {**base, "zero_optimization.sub_group_size": 1e7},
+                                                   {"sub_group_size": 1e8})}
+    assert sc["sub_group_size"]["sub_groups"] == 2  # ceil(134.1 M / 1e8)
+    z2 = pieces_of(FIXTURES / "zero2_offload_gas2_cut.sqlite")[0]
+    sc = {s["scenario"]: s for s in whatif.predict(z2, {"zero_optimization.offload_optimizer.device": "cpu",
+                                                        "zero_optimization.stage": 2})}
+    assert sc["sub_group_size"]["applicable"] is False

@@ -206,6 +206,8 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         d2d_gbps = (2.0 * d2d["bytes"].sum() / (d2d["end"] - d2d["start"]).sum()) if d2d.height and (
             d2d["end"] - d2d["start"]).sum() > 0 else None
         cb = copies.filter((pl.col("role") == "copy_back") & (pl.col("direction") == "H2D"))
+        sub_group_bytes = _sub_group_bytes(c, role_iv["copy_back"], steady[0])
+        fwd_h2d = c.filter((pl.col("phase") == "forward") & (pl.col("direction") == "H2D"))
         sub_groups = roles["copy_back"]["calls"] or None
         pk = peaks.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)) if peaks is not None else None
         # one-time costs: pageable copies outside iterations (start-up), the warm-up iteration's excess
@@ -229,8 +231,53 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
                            and pk["headroom_bytes"].null_count() < pk.height else None),
             "total_memory": gpu.get(dev, {}).get("total"),
             "range_names": names, "micro_steps": int(micro.median()) if micro.len() else None,
-            "one_time": one_time,
+            "one_time": one_time, "sub_group_bytes": sub_group_bytes,
+            "forward_h2d_bytes": float(fwd_h2d["bytes"].sum()) / n,
+            "forward_h2d_kinds": sorted(set(fwd_h2d["host_kind"].drop_nulls().to_list())),
+            "kernel_dtypes": _kernel_dtypes(export, kern).get(dev, {}),
         })
+    return out
+
+
+def _sub_group_bytes(c: pl.DataFrame, copy_back_iv, iteration: int) -> list[int]:
+    """H2D bytes launched inside each copy-back range of ``iteration`` (one range per sub-group:
+    ``_reassign_or_swap_out_partitioned_parameters(sub_group_id)``), in launch order; ``c``: the
+    rank's host copies with ``launch``."""
+    us, ue = copy_back_iv
+    h = c.filter((pl.col("iteration") == iteration) & (pl.col("direction") == "H2D"))
+    if not len(us) or not h.height:
+        return []
+    launch = h["launch"].to_numpy()
+    j = np.searchsorted(us, launch, side="right") - 1
+    hit = (j >= 0) & (launch < ue[np.maximum(j, 0)])
+    per = {}
+    for k, b in zip(j[hit], h["bytes"].to_numpy()[hit]):
+        per[int(k)] = per.get(int(k), 0) + int(b)
+    return [per[k] for k in sorted(per)]
+
+
+#: kernel-name fragments of the 16-bit types (PyTorch's templates name them ``c10::Half`` and
+#: ``c10::BFloat16``; cuBLAS/CUTLASS kernels ``__half`` / ``__nv_bfloat16`` / ``bf16``)
+DTYPE_PATTERNS = {"Half": r"c10::Half|\b__half\b|cutlass::half_t", "BFloat16": r"BFloat16|__nv_bfloat16|cutlass::bfloat16_t"}
+
+
+def _kernel_dtypes(export: Export, kern: pl.DataFrame) -> dict:
+    """``{device: {"Half": kernels, "BFloat16": kernels, "kernels": all}}``: how many of the
+    rank's kernels carry a 16-bit type in their (demangled) name."""
+    if not kern.height or "name_id" not in kern.columns:
+        return {}
+    ids = kern["name_id"].drop_nulls().unique().to_list()
+    if not ids:
+        return {}
+    names = export.query("SELECT id, value FROM StringIds WHERE id IN (" + ",".join(str(int(i)) for i in ids) + ")",
+                         schema={"id": pl.Int64, "value": pl.String})
+    out = {}
+    k = kern.join(names, left_on="name_id", right_on="id", how="left")
+    for dev, g in k.group_by("device"):
+        d = {"kernels": g.height}
+        for label, pat in DTYPE_PATTERNS.items():
+            d[label] = int(g["value"].fill_null("").str.contains(pat).sum())
+        out[int(dev[0])] = d
     return out
 
 
@@ -287,12 +334,22 @@ def trace_facts(pieces: dict) -> dict:
     upd = pieces["update_ns"]
     cpu = sum(v["cpu_ns"] for v in pieces["roles"].values())
     names = pieces["range_names"]
+    fwd = (pieces.get("forward_h2d_bytes") or 0.0) / (pieces["micro_steps"] or 1)
     return {
         "range_names": names, "micro_steps": pieces["micro_steps"], "grad_copy_kinds": kinds,
         "copy_back_bytes": pieces["copy_back_bytes"], "update_cpu_share": cpu / upd if upd else None,
         "overflow_check": any(n.endswith(".has_overflow") or n == "overflow_check" for n in names),
         "loss_scale_update": any(n.endswith("_overflow_check_and_loss_scale_update") for n in names),
-        "sub_groups": pieces["sub_groups"], "parameters": parameters(pieces),
+        "sub_groups": pieces["sub_groups"],
+        # without a copy-back (offload_param: the step writes the 16-bit parameters in host memory)
+        # forward's H2D fetches them, 2 B each, once per micro-step
+        "parameters": parameters(pieces) or (fwd / 2 if fwd >= 1 << 20 else None),
+        "sub_group_bytes": pieces.get("sub_group_bytes") or [],
+        "kernel_dtypes": pieces.get("kernel_dtypes") or {},
+        "forward_h2d_bytes_per_micro_step": fwd,
+        "forward_h2d_kinds": pieces.get("forward_h2d_kinds") or [],
+        "cpu_step_ns": sum(pieces["roles"][k]["cpu_ns"] for k in ("cpu_adam", "cpu_wait", "swap")),
+        "update_ns": upd,
     }
 
 
@@ -530,8 +587,20 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                         "update": -(f * per_group_cpu - f * (gpu_upd or 0.0)) if ok else 0.0}))
 
     # 8. sub_group_size
-    target = changes.get("sub_group_size") or 1e8
-    out.append(_sub_group(pieces, cb, float(target), P, nsg, n))
+    explicit = changes.get("sub_group_size")
+    target = float(explicit or 1e8)
+    current, current_why = current_sub_group_size(pieces, settings)
+    zero12, _ = copy_back_pinned_by_pin_memory(pieces, settings)  # ZeRO-1/2 by the config or the trace
+    if zero12:
+        out.append(_result(pieces, "sub_group_size", 0.0, "ZeRO-1/2 steps one flat partition: no sub-groups", "high",
+                           applicable=False, why="sub_group_size is a ZeRO-3 setting", sub_group_size=target,
+                           sub_groups=None))
+    elif explicit is None and current is not None and current <= target:
+        out.append(_result(pieces, "sub_group_size", 0.0, f"sub_group_size {current_why}", "high", applicable=False,
+                           why=f"sub_group_size is already at most {target:.0e} ({current_why})",
+                           sub_group_size=target, sub_groups=nsg))
+    else:
+        out.append(_sub_group(pieces, cb, target, P, nsg, n))
 
     # 9. SuperOffload without gradient clipping: the worker steps sub-groups during the boundary backward
     wait = roles["cpu_wait"]["wall_ns"]
@@ -619,6 +688,24 @@ def copy_back_pinned_by_pin_memory(pieces: dict, settings: dict) -> tuple[bool, 
         return True, ("ZeRO-1/2 by its param_copy_to_device range: pin_memory also pins "
                       "param_buffer_of_bit16_for_cpu_offload_groups, the 16-bit buffer the step copies to the GPU")
     return False, ""
+
+
+def current_sub_group_size(pieces: dict, settings: dict) -> tuple[float | None, str]:
+    """``(parameters, why)``: the run's ``sub_group_size``, or an upper bound of it. The config's
+    (or DeepSpeed's default) when the settings hold a number; else, from two or more measured
+    sub-groups, the smallest one that is not last (DeepSpeed closes a sub-group once it holds
+    ``>= sub_group_size`` parameters, :func:`tracekit.analyze.trace.dsconfig.sub_group_size_bracket`);
+    else None (one sub-group: the setting is at least the parameters, unknown above)."""
+    from tracekit.analyze.trace.dsconfig import sub_group_size_bracket
+
+    v = settings.get("zero_optimization.sub_group_size")
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v), f"{float(v):.0e} in the config"
+    b = sub_group_size_bracket(pieces.get("sub_group_bytes") or [])
+    if b is not None:
+        return b[1], (f"at most {b[1] / 1e6:,.1f} M parameters: the smallest of the {len(pieces['sub_group_bytes'])} "
+                      "sub-groups measured that is not the last")
+    return None, ""
 
 
 def _boundary_fp32_d2h(bwd_host: pl.DataFrame, n: int) -> float:
