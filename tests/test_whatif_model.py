@@ -192,3 +192,46 @@ def test_sub_group_size_not_proposed_at_or_below_the_setting():
     sc = {s["scenario"]: s for s in whatif.predict(z2, {"zero_optimization.offload_optimizer.device": "cpu",
                                                         "zero_optimization.stage": 2})}
     assert sc["sub_group_size"]["applicable"] is False
+
+
+# ---------------------------------------------------------------- 5. the step range inside the window
+def _build_step_inside_update(path, iterations=3):
+    """Synthetic, tracekit's ranges and DeepSpeed's: per iteration k (t0 = 100 ms * k), forward
+    10 ms, backward 20 ms, tracekit's ``update`` 30 ms from t0 + 30 ms; inside it DeepSpeed's
+    ``SuperOffloadOptimizer_Stage3.step`` opens 50 us later and closes 80 us earlier, holding
+    the unscale (5 ms) and one copy-back (10 ms, a 16 MiB pageable H2D of 4 ms). The rest of the
+    update, 15 ms, is in no nested range: DeepSpeed's CPU optimizer step, with the GPU idle."""
+    from synthetic import SyntheticTrace
+
+    s = SyntheticTrace()
+    pid, tid = 100, 1
+    t = (pid << 24) + tid
+    for k in range(iterations):
+        t0 = 100 * MS * k
+        s.range(f"iteration {k}", t0, t0 + 60 * MS, tid=t, domain="tracekit")
+        s.range("forward", t0, t0 + 10 * MS, tid=t, domain="tracekit")
+        s.range("DeepSpeedEngine.forward", t0, t0 + 10 * MS, tid=t, domain="DeepSpeed")
+        s.kernel(t0 + 1 * MS, t0 + 9 * MS, pid, tid, launch=t0 + MS // 2)
+        s.range("backward boundary", t0 + 10 * MS, t0 + 30 * MS, tid=t, domain="tracekit")
+        s.range("DeepSpeedEngine.backward", t0 + 10 * MS, t0 + 30 * MS, tid=t, domain="DeepSpeed")
+        s.kernel(t0 + 11 * MS, t0 + 19 * MS, pid, tid, launch=t0 + 10 * MS + 1000)
+        s.range("update", t0 + 30 * MS, t0 + 60 * MS, tid=t, domain="tracekit")
+        s.range("SuperOffloadOptimizer_Stage3.step", t0 + 30 * MS + 50_000, t0 + 60 * MS - 80_000, tid=t,
+                domain="DeepSpeed")
+        s.range("DeepSpeedZeroOptimizer_Stage3.unscale_and_clip_grads", t0 + 31 * MS, t0 + 36 * MS, tid=t,
+                domain="DeepSpeed")
+        s.range("SuperOffloadOptimizer_Stage3._reassign_or_swap_out_partitioned_parameters", t0 + 45 * MS,
+                t0 + 55 * MS, tid=t, domain="DeepSpeed")
+        s.copy(t0 + 50 * MS, t0 + 54 * MS, B, 1, pid, tid, launch=t0 + 50 * MS - 1000, api_end=t0 + 54 * MS + 1000,
+               src=0, dst=2)
+    return s.write(path)
+
+
+def test_synthetic_step_range_inside_the_update_window_is_not_a_step(tmp_path):
+    (p,) = pieces_of(_build_step_inside_update(tmp_path / "synthetic_step_inside.sqlite"))
+    assert p["update_ns"] == pytest.approx(30 * MS)
+    adam = p["roles"]["cpu_adam"]
+    assert adam.get("unmarked") is True
+    # by construction: 30 ms of update - 5 ms unscale - 10 ms copy-back, no GPU work in it
+    assert adam["wall_ns"] == pytest.approx(15 * MS)
+    assert adam["cpu_ns"] == pytest.approx(15 * MS)

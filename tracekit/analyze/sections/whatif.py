@@ -281,13 +281,22 @@ def _kernel_dtypes(export: Export, kern: pl.DataFrame) -> dict:
     return out
 
 
+#: The optimizer step's own range (DeepSpeed's ``instrument_w_nvtx`` of ``step``:
+#: ``DeepSpeedZeroOptimizer_Stage3.step``, ``SuperOffloadOptimizer_Stage3.step``): the parent of
+#: the update's steps, never one of them, even when it starts or ends a little inside the window
+#: (tracekit's ``update`` range opens before DeepSpeed's step range and closes after it).
+STEP_RANGE = r"(^|\.)step$"
+
+
 def _unmarked_time(rng: pl.DataFrame, uw_s, uw_e, ms, me, busy_s, busy_e) -> tuple[float, float]:
     """Time inside the update windows on the thread that opened them, not inside any range
-    nested in the window other than the step range itself, and not in a marked role:
-    (wall ns, GPU-idle ns). Only ranges strictly inside a window count as nested."""
+    nested in the window other than the step range itself (:data:`STEP_RANGE`, whatever its
+    bounds), and not in a marked role: (wall ns, GPU-idle ns). Only ranges strictly inside a
+    window count as nested."""
     wall = idle = 0.0
     for a, b in zip(uw_s, uw_e):
-        inner = rng.filter((pl.col("start") >= a) & (pl.col("end") <= b) & ~((pl.col("start") == a) & (pl.col("end") == b)))
+        inner = rng.filter((pl.col("start") >= a) & (pl.col("end") <= b) & ~((pl.col("start") == a) & (pl.col("end") == b))
+                           & ~pl.col("name").fill_null("").str.contains(STEP_RANGE))
         # the step range itself (same span as the window) is the parent; its direct children cover the marked time
         s, e = inner["start"].to_numpy(), inner["end"].to_numpy()
         # drop ranges that span the whole window (e.g. a wrapper pushed by the hook) from the children
