@@ -235,3 +235,28 @@ def test_synthetic_step_range_inside_the_update_window_is_not_a_step(tmp_path):
     # by construction: 30 ms of update - 5 ms unscale - 10 ms copy-back, no GPU work in it
     assert adam["wall_ns"] == pytest.approx(15 * MS)
     assert adam["cpu_ns"] == pytest.approx(15 * MS)
+
+
+# ---------------------------------------------------------------- 4. ZenFlow's iteration
+def test_zenflow_backward_passes_are_training_steps_not_accumulation():
+    """zenflow_cut: gas 1, update_interval 4 (manifest); by SQL 4 DeepSpeedEngine.backward
+    ranges in tracekit's iteration 1, one of them the boundary. No "gas 4 -> 1" advice."""
+    trace = FIXTURES / "zenflow_cut.sqlite"
+    n = _sql(trace, """with it as (select n.start s, n.end e from NVTX_EVENTS n left join StringIds t on t.id = n.textId
+                                   where coalesce(n.text, t.value) = 'iteration 1')
+                      select count(*) from NVTX_EVENTS n left join StringIds t on t.id = n.textId, it
+                      where coalesce(n.text, t.value) = 'DeepSpeedEngine.backward' and n.start >= it.s and n.end <= it.e""")
+    cfg = json.loads((FIXTURES / "zenflow_capture.json").read_text())["deepspeed_config"]
+    assert n[0][0] == cfg["gradient_accumulation_steps"] * cfg["zero_optimization"]["zenflow"]["update_interval"] == 4
+    (p,) = pieces_of(trace)
+    assert p["micro_steps"] == 4
+    sett = {"zero_optimization.offload_optimizer.device": "cpu", "zero_optimization.stage": 2,
+            "gradient_accumulation_steps": 1, "zero_optimization.zenflow": "update_interval=4"}
+    sc = {s["scenario"]: s for s in whatif.predict(p, sett)}
+    assert sc["grads_on_gpu"]["applicable"] is False and sc["grads_on_gpu"]["saving_ns"] == 0
+    assert "ZenFlow" in sc["grads_on_gpu"]["why_not"]
+    items = advice.build_advice(p, list(sc.values()), sett)
+    assert not [a for a in items if a["scenario"] == "grads_on_gpu"]
+    # without ZenFlow the same trace would be read as gas 4 (the old advice)
+    sc = {s["scenario"]: s for s in whatif.predict(p, {**sett, "zero_optimization.zenflow": None})}
+    assert sc["grads_on_gpu"]["applicable"] is True

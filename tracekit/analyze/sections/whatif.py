@@ -552,12 +552,22 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     grad_bytes = float(nb.filter(pl.col("direction") == "D2H")["bytes"].sum()) / n / max(
         (pieces["micro_steps"] or 2) - 1, 1)
     fits = None if free is None else grad_bytes <= free
-    ok = (pieces["micro_steps"] or 1) > 1 and s > 0 and fits is not False
+    # ZenFlow steps the CPU optimizer every update_interval training steps: the backward passes of
+    # one such iteration are gas x update_interval, each training step copying its gradients to
+    # the CPU by design; only gas > 1 (the config's) has an accumulation round trip to remove
+    zen = settings.get("zero_optimization.zenflow")
+    gas = settings.get("gradient_accumulation_steps")
+    zen_no_gas = zen not in (None, False, "") and not (type(gas) is int and gas > 1)
+    ok = (pieces["micro_steps"] or 1) > 1 and s > 0 and fits is not False and not zen_no_gas
     out.append(_result(pieces, "grads_on_gpu", s if ok else 0.0,
                        "the exposed time of every host copy of the non-boundary backward micro-steps and of the "
                        "boundary's H2D (accumulated gradients fetched back); the boundary's D2H stays",
                        "medium", applicable=ok,
-                       why="" if ok else "no gradient accumulation round trip" if s == 0 else "gradients do not fit"))
+                       why="" if ok else (
+                           f"ZenFlow: the {pieces['micro_steps']} backward passes per optimizer step are update_interval "
+                           f"training steps (gradient_accumulation_steps {gas if gas is not None else 'unknown'}), each "
+                           "copying its gradients to the CPU by design, not an accumulation round trip" if zen_no_gas else
+                           "no gradient accumulation round trip" if s == 0 else "gradients do not fit")))
 
     # 6. gradient copies overlapped with backward compute
     exposed = bwd_exposed
