@@ -260,3 +260,50 @@ def test_zenflow_backward_passes_are_training_steps_not_accumulation():
     # without ZenFlow the same trace would be read as gas 4 (the old advice)
     sc = {s["scenario"]: s for s in whatif.predict(p, {**sett, "zero_optimization.zenflow": None})}
     assert sc["grads_on_gpu"]["applicable"] is True
+
+
+# ---------------------------------------------------------------- 6. one voice: pageable section = advice
+def test_synthetic_pageable_section_saving_by_hand(tmp_path):
+    """Synthetic (build with a pageable gradient D2H): per iteration the pageable 16 MiB D2H of
+    2 ms (API call 1 us, no kernel under it) and the pageable 16 MiB copy-back H2D of 4 ms (API
+    call 4 ms + 2 us); no pinned copy, so both re-time at 53 GB/s. The pageable section's
+    saving per copy is the what-if rule's: max(host, exposed) - bytes / 53 GB/s."""
+    from tracekit.analyze.model import phases
+    from tracekit.analyze.sections import pageable
+    from tracekit.analyze.trace.export import Export
+
+    path = build(tmp_path / "synthetic_pageable_voice.sqlite", grad_pageable_ns=2 * MS)
+    with Export.open(path) as ex:
+        c = pageable.pageable_copies(phases.build(ex), ex)
+    pinned = B / 53.0
+    d2h = c.filter(c["direction"] == "D2H")
+    h2d = c.filter(c["direction"] == "H2D")
+    assert d2h.height == h2d.height == 3  # one each per iteration
+    assert d2h["saving_ns"].to_list() == pytest.approx([2 * MS - pinned] * 3)
+    assert h2d["saving_ns"].to_list() == pytest.approx([4 * MS + 2000 - pinned] * 3)
+    assert (c["pinned_gbps"] == 53.0).all()
+
+
+def test_pageable_section_and_advice_give_one_saving_advice_pair_base():
+    """advice_pair_base (pin_memory false): the pageable section's saving over the steady
+    iterations, per iteration, is the advice's pageable_to_pinned saving, per phase too (it was
+    0.0 ms for backward's D2H: the nearest pinned bucket held only 4-byte copies, 0.005 GB/s)."""
+    import polars as pl
+
+    from tracekit.analyze.model import phases
+    from tracekit.analyze.sections import pageable
+    from tracekit.analyze.trace.export import Export
+
+    path = FIXTURES / "advice_pair_base.sqlite"
+    with Export.open(path) as ex:
+        m = phases.build(ex)
+        (p,) = whatif.measure(ex, m)
+        c = pageable.pageable_copies(m, ex)
+    its = p["iterations"]
+    st = c.filter(pl.col("iteration").is_in(its))
+    sc = {s["scenario"]: s for s in whatif.predict(p, {})}["pageable_to_pinned"]
+    assert st["saving_ns"].sum() / len(its) == pytest.approx(sc["saving_ns"], rel=1e-9)
+    for ph, delta in sc["phase_delta_ns"].items():
+        assert st.filter(pl.col("phase") == ph)["saving_ns"].sum() / len(its) == pytest.approx(-delta, rel=1e-9)
+    bwd = st.filter((pl.col("phase") == "backward") & (pl.col("direction") == "D2H"))
+    assert bwd["saving_ns"].sum() / len(its) > 100e6

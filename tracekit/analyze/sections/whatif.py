@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from tracekit.analyze.sections import breakdown
+from tracekit.analyze.sections import pageable as _pageable
 from tracekit.analyze.model import nvtx
 from tracekit.analyze.sections.copy_sizes import size_bucket
 from tracekit.analyze.trace.export import Export
@@ -74,9 +75,9 @@ GPU_UPDATE_BYTES_PER_PARAM = ADAM_BYTES_PER_PARAM["fused"] + GPU_STEP_OTHER_BYTE
 #: Optimizer state per parameter for mixed-precision Adam (fp32 weight, momentum, variance,
 #: gradient).
 STATE_BYTES_PER_PARAM = 16
-#: Pinned host<->device bandwidth assumed when the trace has no pinned copy of a direction:
-#: what pinned copies of >= 1 MiB reached on an H200 (PCIe Gen5 x16) in the shared trace.
-FALLBACK_PINNED_GBPS = {"H2D": 53.0, "D2H": 53.0}
+#: Pinned host<->device bandwidth assumed when the trace has no pinned copy of a direction
+#: (one rule with the pageable section: :data:`tracekit.analyze.sections.pageable.FALLBACK_PINNED_GBPS`).
+FALLBACK_PINNED_GBPS = _pageable.FALLBACK_PINNED_GBPS
 
 #: ``superoffload_no_clipping``: the SuperOffload async path needs ``gradient_clipping`` 0
 #: (``SuperOffloadOptimizer_Stage3.partition_grads`` submits a finished sub-group to the worker
@@ -397,7 +398,7 @@ def pinned_bandwidth(pieces: dict, direction: str, nbytes: float) -> tuple[float
     """``(GB/s, basis, measured)``: pinned bandwidth of the trace for that size, else
     :data:`FALLBACK_PINNED_GBPS` (measured False)."""
     g, why = bandwidth(pieces, direction, "pinned", nbytes)
-    if g is not None and nbytes >= 1 << 20 and g < 5:  # only tiny pinned copies: not a bandwidth
+    if g is not None and nbytes >= 1 << 20 and g < _pageable.MIN_PINNED_GBPS:  # only tiny pinned copies
         g = None
     if g is None:
         return FALLBACK_PINNED_GBPS[direction], (f"{FALLBACK_PINNED_GBPS[direction]:.0f} GB/s assumed (no pinned "
