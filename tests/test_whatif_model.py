@@ -307,3 +307,29 @@ def test_pageable_section_and_advice_give_one_saving_advice_pair_base():
         assert st.filter(pl.col("phase") == ph)["saving_ns"].sum() / len(its) == pytest.approx(-delta, rel=1e-9)
     bwd = st.filter((pl.col("phase") == "backward") & (pl.col("direction") == "D2H"))
     assert bwd["saving_ns"].sum() / len(its) > 100e6
+
+
+def test_compare_offload_vs_no_offload_is_explained_by_the_device():
+    """advice_pair_pin (offload, pin_memory true) -> advice_pair_nooffload: the difference is
+    explained by offload_optimizer.device (the model run on A, B's torch AdamW), not by
+    pin_memory (before: a pin_memory explanation costing 0.0 ms, "no optimizer offload")."""
+    from conftest import run_cli
+
+    rc, out, err = run_cli("compare", FIXTURES / "advice_pair_pin.sqlite", FIXTURES / "advice_pair_nooffload.sqlite",
+                           "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    (e,) = d["explanations"]
+    assert e["key"] == "zero_optimization.offload_optimizer.device" and e["model_run_on"] == "A"
+    assert (e["a"], e["b"], e["scenario"], e["applicable"]) == ("cpu", "none", "no_offload", True)
+    (p,) = pieces_of(FIXTURES / "advice_pair_pin.sqlite")
+    loaded = dsconfig.load(FIXTURES / "advice_pair_pin.sqlite")
+    sett = advice.settings_map(dsconfig.settings(loaded))
+    s = {x["scenario"]: x for x in whatif.predict(p, sett, {"gpu_optimizer": "torch"})}["no_offload"]
+    assert e["predicted_cost_ms"] == pytest.approx(-s["saving_ns"] / 1e6, abs=1e-3) and e["predicted_cost_ms"] < -500
+    # B's iteration as measured: the mean of its steady iterations' ranges (plain SQL)
+    its = _sql(FIXTURES / "advice_pair_nooffload.sqlite",
+               "select n.end - n.start from NVTX_EVENTS n left join StringIds t on t.id = n.textId "
+               "where coalesce(n.text, t.value) in ('iteration 1', 'iteration 2')")
+    assert len(its) == 2
+    assert e["b_iteration_ms"] == pytest.approx(sum(x for (x,) in its) / 2 / 1e6, rel=0.01)
