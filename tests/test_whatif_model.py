@@ -333,3 +333,34 @@ def test_compare_offload_vs_no_offload_is_explained_by_the_device():
                "where coalesce(n.text, t.value) in ('iteration 1', 'iteration 2')")
     assert len(its) == 2
     assert e["b_iteration_ms"] == pytest.approx(sum(x for (x,) in its) / 2 / 1e6, rel=0.01)
+
+
+# ---------------------------------------------------------------- 7. no offload: the GPU overflow check
+def test_fp16_no_offload_adds_the_gpu_overflow_check():
+    """advice_pair_base (fp16): without offload the overflow check runs on the GPU, 12 B per
+    parameter (isinf = abs + compare, isnan, two any()). The measured no-offload run
+    (advice_pair_nooffload, plain SQL) spends 1.5-2.5 ms per step in those kernels, the
+    modelled 12 B x P at its D2D bandwidth is within that."""
+    trace = FIXTURES / "advice_pair_nooffload.sqlite"
+    ns = _sql(trace, """
+        with w as (select n.start s, n.end e from NVTX_EVENTS n left join StringIds t on t.id = n.textId
+                   where coalesce(n.text, t.value) = 'update')
+        select sum(k.end - k.start) from CUPTI_ACTIVITY_KIND_KERNEL k join StringIds s on s.id = k.demangledName
+        join CUPTI_ACTIVITY_KIND_RUNTIME r on r.correlationId = k.correlationId join w on r.start >= w.s and r.start < w.e
+        where s.value like '%AbsFunctor<c10::Half>%' or s.value like '%CompareEqFunctor<c10::Half>%'
+           or (s.value like '%reduce_kernel%' and s.value like '%or_kernel_cuda%')""")[0][0]
+    steps = _sql(trace, "select count(*) from NVTX_EVENTS n left join StringIds t on t.id = n.textId "
+                        "where coalesce(n.text, t.value) = 'update'")[0][0]
+    measured = ns / steps
+    (nooff,) = pieces_of(trace)
+    P = 551_339_520  # advice_pair_base's copy-back H2D bytes / 2 (test_advice's fixtures)
+    modelled = P * whatif.GPU_FP16_OVERFLOW_BYTES_PER_PARAM / nooff["d2d_gbps"]
+    assert 1.5e6 < measured < 2.5e6 and abs(modelled - measured) / measured < 0.15
+    (p,) = pieces_of(FIXTURES / "advice_pair_base.sqlite")
+    assert whatif.parameters(p) == P
+    sett = {"zero_optimization.offload_optimizer.device": "cpu", "optimizer.params.torch_adam": True,
+            "zero_optimization.stage": 3}
+    fp16 = {s["scenario"]: s for s in whatif.predict(p, {**sett, "precision": "fp16"})}["no_offload"]
+    bf16 = {s["scenario"]: s for s in whatif.predict(p, {**sett, "precision": "bf16"})}["no_offload"]
+    assert fp16["gpu_step_bytes"] - bf16["gpu_step_bytes"] == 12
+    assert fp16["gpu_update_ns"] - bf16["gpu_update_ns"] == pytest.approx(P * 12 / p["d2d_gbps"])

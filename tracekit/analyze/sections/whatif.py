@@ -70,6 +70,13 @@ ADAM_BYTES_PER_PARAM = {"fused": 28, "torch": 72}
 #: unscale (``unscale_and_clip_grads``: ``mul_`` of the fp32 gradient 4+4 = 8) and the 16-bit
 #: weights written from the fp32 ones (4+2 = 6): 42 B.
 GPU_STEP_OTHER_BYTES_PER_PARAM = 42
+#: Bytes per parameter of the fp16 overflow check on the GPU (a ZeRO-3 fp16 run without offload:
+#: stage3.py ``has_overflow`` runs ``torch.isinf(buf).any()`` and ``torch.isnan(buf).any()`` over
+#: the 16-bit gradient partitions; torch's ``isinf`` of a float is ``abs(x) == inf``: abs 2+2 and
+#: the compare 2+1, ``isnan`` is ``x != x`` 2+1, each ``any()`` reads the 1-byte mask: 12 B).
+#: Measured on ``advice_pair_nooffload`` (551 M parameters, fp16): the Abs, two CompareEq and the
+#: or-reduce kernels take 1.88 ms per step, 12 B x 551 M at its 3,730 GB/s of D2D bandwidth 1.77.
+GPU_FP16_OVERFLOW_BYTES_PER_PARAM = 12
 #: Bytes per parameter of a whole GPU optimizer step with DeepSpeed's default FusedAdam.
 GPU_UPDATE_BYTES_PER_PARAM = ADAM_BYTES_PER_PARAM["fused"] + GPU_STEP_OTHER_BYTES_PER_PARAM
 #: Optimizer state per parameter for mixed-precision Adam (fp32 weight, momentum, variance,
@@ -524,6 +531,11 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                                                  "cpu_wait", "swap"))
     dev_gbps, dev_basis = _device_bandwidth(pieces)
     impl, step_bytes, impl_basis = gpu_step_bytes(settings, changes)
+    gpu_upd_ratio = (P * step_bytes / dev_gbps) if P and dev_gbps else None  # ratio: the overflow check stays on the CPU
+    fp16 = precision == "fp16" or (precision is None and "has_overflow" in " ".join(pieces["range_names"]))
+    if fp16:  # the overflow check moves to the GPU with the gradients
+        step_bytes += GPU_FP16_OVERFLOW_BYTES_PER_PARAM
+        impl_basis += f" + fp16 overflow check (isinf/isnan of the 16-bit gradients) {GPU_FP16_OVERFLOW_BYTES_PER_PARAM} B"
     gpu_upd = (P * step_bytes / dev_gbps) if P and dev_gbps else None
     free = pieces["free_bytes"]
     need = P * STATE_BYTES_PER_PARAM if P else None
@@ -590,7 +602,7 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     f = gpu_groups / nsg
     per_group_cpu = roles["cpu_adam"]["wall_ns"] + roles["copy_back"]["wall_ns"] + roles["unscale"]["wall_ns"]
     b_fp32 = _boundary_fp32_d2h(bwd_host, n)
-    s = f * (per_group_cpu + b_fp32) - f * (gpu_upd or 0.0)
+    s = f * (per_group_cpu + b_fp32) - f * (gpu_upd_ratio or 0.0)
     ok = offload not in (None, "none")
     out.append(_result(
         pieces, "ratio", s if ok else 0.0,
@@ -604,7 +616,7 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                                              "lower sub_group_size first"),
         ratio=ratio, gpu_sub_groups=gpu_groups, sub_groups=nsg,
         phase_delta_ns={"backward": -f * b_fp32 if ok else 0.0,
-                        "update": -(f * per_group_cpu - f * (gpu_upd or 0.0)) if ok else 0.0}))
+                        "update": -(f * per_group_cpu - f * (gpu_upd_ratio or 0.0)) if ok else 0.0}))
 
     # 8. sub_group_size
     explicit = changes.get("sub_group_size")
