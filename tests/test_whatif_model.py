@@ -364,3 +364,37 @@ def test_fp16_no_offload_adds_the_gpu_overflow_check():
     bf16 = {s["scenario"]: s for s in whatif.predict(p, {**sett, "precision": "bf16"})}["no_offload"]
     assert fp16["gpu_step_bytes"] - bf16["gpu_step_bytes"] == 12
     assert fp16["gpu_update_ns"] - bf16["gpu_update_ns"] == pytest.approx(P * 12 / p["d2d_gbps"])
+
+
+@pytest.mark.parametrize("name, manifest", [
+    ("zero2_offload_gas2_cut", "zero2_offload_gas2_capture.json"),
+    ("zero3_offload_param_cut", "zero3_offload_param_capture.json"),
+])
+def test_config_from_a_deepspeed_only_trace(tmp_path, name, manifest):
+    """The same traces without the manifest and without tracekit's NVTX ranges (deleted from a
+    copy: what a plain nsys capture of DeepSpeed holds). The issue: ZeRO-2 offload read as "no
+    optimizer offload" (no copy-back range), offload_param as no offload either (its copy-back
+    writes host memory, no H2D); both as "not an fp16/bf16 run"."""
+    truth = _truth(json.loads((FIXTURES / manifest).read_text()))
+    dst = tmp_path / f"{name}_dsonly.sqlite"
+    shutil.copyfile(FIXTURES / f"{name}.sqlite", dst)
+    with sqlite3.connect(dst) as c:
+        (dom,) = c.execute("select domainId from NVTX_EVENTS where eventType = 75 and text = 'tracekit'").fetchone()
+        c.execute("delete from NVTX_EVENTS where eventType = 59 and domainId = ?", (dom,))
+        left = c.execute("select count(*) from NVTX_EVENTS n left join StringIds t on t.id = n.textId "
+                         "where coalesce(n.text, t.value) in ('update', 'param_copy_to_device', 'cpu_optimizer_step')"
+                         ).fetchone()[0]
+    assert left == 0
+    from tracekit.analyze.model import phases
+    from tracekit.analyze.trace.export import Export
+
+    with Export.open(dst) as ex:
+        (p,) = whatif.measure(ex, phases.build(ex))
+    got = {k: v for k, (v, _) in dsconfig.infer_settings(whatif.trace_facts(p)).items()}
+    stage = got["zero_optimization.stage"]
+    assert stage == truth["stage"] or (stage == "1 or 2" and truth["stage"] in (1, 2))
+    assert got["zero_optimization.offload_optimizer.device"] == truth["device"] == "cpu"
+    assert got["precision"] == truth["precision"]
+    assert got["gradient_accumulation_steps"] == truth["gas"]
+    if truth["stage"] == 3:
+        assert got["zero_optimization.offload_param.device"] == truth["param"]

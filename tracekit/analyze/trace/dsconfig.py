@@ -264,6 +264,10 @@ def infer_settings(facts: dict) -> dict:
     if any(n in ("swap_in", "swap_out") for n in names):
         out["zero_optimization.offload_optimizer.device"] = (
             "nvme", "swap_in / swap_out ranges inside the update (optimizer state read from and written to NVMe)")
+    if ("zero_optimization.stage" not in out and out.get("zero_optimization.offload_optimizer.device", (None,))[0]
+            not in (None, "none") and any(n.startswith("DeepSpeedEngine.") for n in names)):
+        out["zero_optimization.stage"] = ("1 or 2", "DeepSpeedEngine ranges without DeepSpeedZeroOptimizer_Stage3 "
+                                                    "ones, and the optimizer offloaded (offload needs ZeRO >= 1)")
     fwd = facts.get("forward_h2d_bytes_per_micro_step") or 0.0
     if stage3 and fwd >= 1 << 20:
         nvme = any(n.startswith("param_swap") for n in names)
