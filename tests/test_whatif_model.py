@@ -398,3 +398,16 @@ def test_config_from_a_deepspeed_only_trace(tmp_path, name, manifest):
     assert got["gradient_accumulation_steps"] == truth["gas"]
     if truth["stage"] == 3:
         assert got["zero_optimization.offload_param.device"] == truth["param"]
+
+
+def test_synthetic_zero_duration_copy_back_gives_no_sub_group_prediction(tmp_path):
+    """Synthetic (e07): the pageable copy-back H2D records given zero duration: no bandwidth to
+    re-time the copy-back at, so the sub_group_size scenario is not applicable (was a TypeError)."""
+    path = build(tmp_path / "synthetic_zero_duration.sqlite")
+    with sqlite3.connect(path) as c:
+        n = c.execute('update CUPTI_ACTIVITY_KIND_MEMCPY set "end" = start where copyKind = 1 and srcKind = 0').rowcount
+    assert n == 3
+    (p,) = pieces_of(path)
+    sc = {s["scenario"]: s for s in whatif.predict(p, {"zero_optimization.offload_optimizer.device": "cpu",
+                                                       "zero_optimization.stage": 3})}
+    assert sc["sub_group_size"]["applicable"] is False and sc["sub_group_size"]["saving_ns"] == 0

@@ -767,7 +767,11 @@ def _sub_group(pieces, cb: pl.DataFrame, target: float, P, nsg: int, n: int) -> 
     g, why = bandwidth(pieces, "H2D", kind, chunk)
     if g is None:
         g, why = per_it_bytes / now if now else None, "the copy-back's own bandwidth"
-    new = per_it_bytes / g if g else now
+    if not g:  # no copy of that kind with a duration (e.g. zero-duration records): no bandwidth to re-time at
+        return _result(pieces, "sub_group_size", 0.0, f"no {kind} H2D bandwidth measured (the copy-back's copies "
+                       "have no duration)", "low", applicable=False, why="no copy-back bandwidth measured",
+                       sub_group_size=target, sub_groups=new_n)
+    new = per_it_bytes / g
     s = now - new
     return _result(pieces, "sub_group_size", s,
                    f"{nsg} -> {new_n} sub-group(s) of ~{target / 1e6:,.0f} M parameters: the copy-back's "
