@@ -9,9 +9,12 @@ Sources, first found wins:
    ``NAME_capture.json``, else ``PREFIX_capture.json`` for a cut ``PREFIX_cut.sqlite``;
 3. nothing: :func:`infer_settings` reads what it can from the trace (stage 3 from
    ``DeepSpeedZeroOptimizer_Stage3`` ranges, gradient accumulation from the micro-steps per
-   iteration, pin_memory from the host memory kind of the gradient copies, fp16 from
-   DeepSpeed's ``has_overflow`` range, the number of sub-groups from the copy-backs per
-   optimizer step) and says how.
+   iteration, the optimizer offload from the update's copy-back or CPU optimizer step,
+   parameter offload from forward's H2D copies, pin_memory from the host memory kind of the
+   gradient copies, fp16/bf16 from DeepSpeed's ``has_overflow`` range or the 16-bit type in the
+   kernels' names, SuperOffload and ZenFlow from their ranges, the number of sub-groups from
+   the copy-backs per optimizer step and the sub_group_size bracket from their sizes) and says
+   how (docs/advice.md, "The config").
 
 :func:`settings` turns either into rows ``{"key", "value", "source", "how"}``: ``source`` is
 ``config`` (set in the config), ``default`` (DeepSpeed's default for an unset key, from
