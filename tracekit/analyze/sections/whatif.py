@@ -122,7 +122,14 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
          "iteration_ns", "phase_ns": {phase: ns}, "kernel_ns": {phase: ns},
          "copies": frame, "bandwidth": frame, "roles": {role: {...}}, "update_ns",
          "sub_groups": int|None, "copy_back_bytes", "d2d_gbps"|None, "device_gbps"|None,
-         "free_bytes"|None, "total_memory"|None, "range_names": set, "micro_steps": int|None}
+         "free_bytes"|None, "total_memory"|None, "range_names": set, "micro_steps": int|None,
+         "sub_group_bytes": [int], "forward_h2d_bytes": float, "forward_h2d_kinds": [str],
+         "kernel_dtypes": {"kernels", "Half", "BFloat16": int}}
+
+    ``sub_group_bytes``: H2D bytes of each copy-back range of the first steady iteration (one per
+    sub-group, launch order); ``forward_h2d_bytes``: forward's H2D bytes per iteration (parameters
+    fetched from host memory with ``offload_param``) and their host kinds; ``kernel_dtypes``: the
+    rank's kernels, and how many carry ``Half`` / ``BFloat16`` in their name (:data:`DTYPE_PATTERNS`).
 
     ``copies``: host copies launched in the steady iterations: ``iteration, phase,
     micro_step, boundary, role, direction, host_kind, bytes, duration_ns, exposed_ns,
