@@ -121,20 +121,41 @@ def test_pageable_copies_match_sql(sql, em):
     assert (c.height, c["bytes"].sum(), c["duration_ns"].sum(), c["host_ns"].sum()) == (n, b, dur, host)
     assert (c.filter(pl.col("direction") == "D2H")["blocking"]).all()
     assert c.filter(pl.col("api_name").str.contains("Async") & (pl.col("direction") == "H2D"))["blocking"].sum() == 0
-    # saving: pinned GB/s of the same direction and size bucket (nearest bucket with pinned copies), by a loop
+    # saving (the what-if model's rule, issue 21 "one voice"): pinned GB/s of the same direction and
+    # size bucket (nearest bucket with pinned copies; 53 GB/s when there is none or, for a copy of
+    # >= 1 MiB, when it is < 5 GB/s), per copy max(max(host, exposed) - bytes / pinned x exposed
+    # share, 0), exposed = the copy's time under no kernel; by a loop
     pinned = defaultdict(lambda: [0, 0])
     for ck, b_, d_ in sql.execute('SELECT copyKind, bytes, "end" - start FROM CUPTI_ACTIVITY_KIND_MEMCPY '
                                   "WHERE (copyKind = 1 AND srcKind = 1) OR (copyKind = 2 AND dstKind = 1)"):
         p = pinned[(ck, b_.bit_length() - 1)]
         p[0] += b_
         p[1] += d_
+    kern = []  # the union of the kernels, merged by a loop
+    for ks, ke in sql.execute('SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start'):
+        if kern and ks <= kern[-1][1]:
+            kern[-1][1] = max(kern[-1][1], ke)
+        else:
+            kern.append([ks, ke])
+
+    def covered(a, b):
+        return sum(max(0, min(b, ke) - max(a, ks)) for ks, ke in kern if ks < b and ke > a)
+
     total = 0.0
-    for ck, b_, d_ in sql.execute('SELECT copyKind, bytes, "end" - start FROM CUPTI_ACTIVITY_KIND_MEMCPY '
-                                  "WHERE (copyKind = 1 AND srcKind = 0) OR (copyKind = 2 AND dstKind = 0)"):
+    for ck, b_, s_, e_, hs, he in sql.execute(
+            'SELECT m.copyKind, m.bytes, m.start, m."end", r.start, r."end" FROM CUPTI_ACTIVITY_KIND_MEMCPY m '
+            "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = m.correlationId "
+            "WHERE (m.copyKind = 1 AND m.srcKind = 0) OR (m.copyKind = 2 AND m.dstKind = 0)"):
+        d_ = e_ - s_
+        if d_ <= 0:
+            continue
         k = b_.bit_length() - 1 if b_ else -1
         cands = sorted((abs(kk - k), kk) for (c_, kk) in pinned if c_ == ck)
-        pb, pd = pinned[(ck, cands[0][1])]
-        total += max(d_ - b_ / (pb / pd), 0.0)
+        g = pinned[(ck, cands[0][1])][0] / pinned[(ck, cands[0][1])][1] if cands else None
+        if g is None or (b_ >= 1 << 20 and g < 5):
+            g = 53.0
+        exposed = d_ - covered(s_, e_)
+        total += max(max(he - hs, exposed) - b_ / g * exposed / d_, 0.0)
     assert c["saving_ns"].sum() == pytest.approx(total, rel=1e-9)
     # the update's parameter copy-back: pageable H2D launched inside the step ranges
     upd = copies_launched_in(sql, ranges(sql, STEP), "m.copyKind = 1 AND m.srcKind = 0")

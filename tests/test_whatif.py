@@ -169,15 +169,16 @@ def test_gpu_step_bytes_by_implementation():
 def test_no_offload_saving_by_hand(tmp_path):
     """Backward's pageable 16 MiB gradient D2H runs 2 ms on the GPU (not hidden) but holds the thread
     3 ms in the call: backward saves 3 ms. The update's CPU steps (5 ms overflow check, 10 ms copy-back,
-    15 ms unmarked Adam) go; a GPU step of (72 + 42) B x 8 Mi parameters (16 MiB of 16-bit copy-back)
-    at the trace's D2D 4,000 GB/s comes instead."""
+    15 ms unmarked Adam) go; a GPU step of (72 + 42 + 12) B x 8 Mi parameters (16 MiB of 16-bit
+    copy-back; 12 B: the fp16 overflow check, on the GPU without offload, the trace being fp16 by its
+    has_overflow range) at the trace's D2D 4,000 GB/s comes instead."""
     (p,) = pieces_of(build(tmp_path / "synthetic_whatif_nooffload.sqlite", grad_pageable_ns=2 * MS,
                            grad_host_ns=3 * MS, d2d=True))
     assert p["d2d_gbps"] == pytest.approx(4000.0)
     sett = {"zero_optimization.offload_optimizer.device": "cpu", "optimizer.params.torch_adam": True,
             "optimizer.params.weight_decay": 0.0}
     s = {x["scenario"]: x for x in whatif.predict(p, sett)}["no_offload"]
-    gpu = (B // 2) * (72 + 42) / 4000.0
+    gpu = (B // 2) * (72 + 42 + 12) / 4000.0
     assert s["applicable"] and s["gpu_optimizer"] == "torch"
     assert s["gpu_update_ns"] == pytest.approx(gpu)
     assert s["saving_ns"] == pytest.approx(3 * MS + 30 * MS - gpu)

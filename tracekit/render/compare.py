@@ -23,7 +23,11 @@ Beyond the phases (:func:`config_and_advice`):
   whether it differs;
 - ``explanations``: for each differing key that one of the what-if scenarios replays
   (:data:`EXPLAINERS`), the scenario predicted *on B* with A's value as the target: the predicted
-  cost of B's setting per iteration, beside the measured B - A of the phases it touches.
+  cost of B's setting per iteration, beside the measured B - A of the phases it touches. When B
+  drops A's optimizer offload the no_offload scenario is run *on A* with B's GPU optimizer
+  (``model_run_on: "A"``; the cost is then negative: B's gain), and a one-sided offload is
+  explained by ``offload_optimizer.device`` alone, never by ``pin_memory`` (which exists only
+  with offload).
 """
 
 from __future__ import annotations
@@ -171,31 +175,47 @@ def config_and_advice(a: ReportData, b: ReportData, ra: dict, rb: dict, ds_confi
         config.append({"key": k, "a": xa.get("value"), "b": xb.get("value"), "a_source": xa.get("source"),
                        "b_source": xb.get("source"), "differs": xa.get("value") != xb.get("value")})
     measured = {r["phase"]: r["metrics"]["wall_ns"] for r in per_phase or []}
+    dev = next((c for c in config if c["key"] == "zero_optimization.offload_optimizer.device"), None)
+    # one side without optimizer offload: the offload device explains the difference; pin_memory
+    # (which only exists with offload) is part of what no_offload removes, not a cause of its own
+    offload_differs = dev is not None and dev["differs"] and (dev["a"] in (None, "none")) != (dev["b"] in (None, "none"))
     expl = []
     for c in config:
-        if not c["differs"] or c["key"] not in EXPLAINERS or pb is None:
+        if not c["differs"] or c["key"] not in EXPLAINERS:
+            continue
+        if offload_differs and c["key"] == "zero_optimization.offload_optimizer.pin_memory":
             continue
         scenario, applies, targets = EXPLAINERS[c["key"]]
+        on_a = False
         if not applies(c["a"], c["b"]):
+            # B drops A's offload: the model run on A with B's setting (the saving is B's gain)
+            on_a = scenario == "no_offload" and applies(c["b"], c["a"])
+            if not on_a:
+                continue
+        side_p, side_s, other_s = (pa, sett_a, sett_b) if on_a else (pb, sett_b, sett_a)
+        if side_p is None:
             continue
-        changes = targets(c["a"]) if targets else {}
-        if scenario == "no_offload":  # A's own GPU optimizer (torch_adam or FusedAdam)
-            changes["gpu_optimizer"] = whatif.gpu_step_bytes(sett_a)[0]
-        scen = whatif.predict(pb, sett_b, changes)
+        changes = targets(c["b" if on_a else "a"]) if targets else {}
+        if scenario == "no_offload":  # the no-offload side's own GPU optimizer (torch_adam or FusedAdam)
+            changes["gpu_optimizer"] = whatif.gpu_step_bytes(other_s)[0]
+        scen = whatif.predict(side_p, side_s, changes)
         s = {x["scenario"]: x for x in scen}[scenario]
-        item = next((i for i in advice.build_advice(pb, scen, sett_b) if i["scenario"] == scenario), None)
+        item = next((i for i in advice.build_advice(side_p, scen, side_s) if i["scenario"] == scenario), None)
         ph = {}
         for phase, dns in (s.get("phase_delta_ns") or {}).items():
             m = measured.get(phase) or {}
-            ph[phase] = {"predicted_ms": round(-dns / 1e6, 3),
+            ph[phase] = {"predicted_ms": round((dns if on_a else -dns) / 1e6, 3),
                          "measured_delta_ms": None if m.get("delta") is None else round(m["delta"] / 1e6, 3)}
-        expl.append({"key": c["key"], "a": c["a"], "b": c["b"], "scenario": scenario, "applicable": s["applicable"],
-                     "why_not": s["why_not"], "predicted_cost_ms": round(s["saving_ns"] / 1e6, 3),
-                     "predicted_b_iteration_ms": round(s["predicted_ns"] / 1e6, 3),
-                     "b_iteration_ms": round(s["baseline_ns"] / 1e6, 3), "basis": s["basis"],
-                     "confidence": s["confidence"], "phases": ph,
-                     "advice": None if item is None else {k: item[k] for k in ("problem", "knob", "change",
-                                                                                 "saving_ms_per_iteration")}})
+        e = {"key": c["key"], "a": c["a"], "b": c["b"], "scenario": scenario, "applicable": s["applicable"],
+             "why_not": s["why_not"], "predicted_cost_ms": round((-s["saving_ns"] if on_a else s["saving_ns"]) / 1e6, 3),
+             "predicted_b_iteration_ms": round(s["predicted_ns"] / 1e6, 3),
+             "b_iteration_ms": round((pb["iteration_ns"] if on_a and pb else s["baseline_ns"]) / 1e6, 3),
+             "basis": s["basis"], "confidence": s["confidence"], "phases": ph,
+             "advice": None if item is None else {k: item[k] for k in ("problem", "knob", "change",
+                                                                         "saving_ms_per_iteration")}}
+        if on_a:
+            e["model_run_on"] = "A"
+        expl.append(e)
     return {"per_sub_phase": subs, "config": config, "explanations": expl}
 
 
@@ -494,8 +514,9 @@ def _render_config(result: dict, console) -> None:
         meas = e.get("measured_iteration_delta_ms")
         # "explained" only when there is a significant measured difference to explain
         lead = "explained by advice" if real else "advice on a differing key (B - A is no significant difference)"
+        on = e.get("model_run_on", "B")
         head = (f"{lead}: {e['key']} {e['a']} (A) -> {e['b']} (B) costs B "
-                f"{e['predicted_cost_ms']:,.1f} ms per iteration by the what-if model run on B "
+                f"{e['predicted_cost_ms']:,.1f} ms per iteration by the what-if model run on {on} "
                 f"({e['scenario']}, {e['confidence']} confidence); measured B - A: "
                 + ("–" if meas is None else f"{meas:+,.1f} ms per iteration"))
         if not e["applicable"]:
@@ -505,7 +526,7 @@ def _render_config(result: dict, console) -> None:
                  for ph, v in e["phases"].items() if abs(v["predicted_ms"]) >= 0.05]
         console.print(_t(head + (("; " + ", ".join(parts)) if parts else "")))
         if e.get("advice"):
-            console.print(_t(f"  advice for B: {e['advice']['knob']}: {e['advice']['change']} — "
+            console.print(_t(f"  advice for {on}: {e['advice']['knob']}: {e['advice']['change']} — "
                              f"{e['advice']['problem']}"))
 
 

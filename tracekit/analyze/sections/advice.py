@@ -135,6 +135,8 @@ def build_advice(pieces: dict, scenarios: list[dict], settings: dict) -> list[di
         nb = copies.filter((pl.col("phase") == "backward") & ~pl.col("boundary"))
         b, d, e = _copy_stats(nb, n)
         gas = pieces.get("micro_steps") or 2
+        if type(settings.get("gradient_accumulation_steps")) is int and settings.get("zero_optimization.zenflow"):
+            gas = settings["gradient_accumulation_steps"]  # ZenFlow: micro-steps = gas x update_interval
         add(s, f"gradient accumulation round trip: the non-boundary backward micro-steps move {b / 1e6:,.0f} MB per "
                f"iteration between GPU and host ({e / 1e6:,.1f} ms exposed; {ev}) only to accumulate gradients",
             "gradient_accumulation_steps / train_micro_batch_size_per_gpu (or DeepSpeed code)",

@@ -10,8 +10,16 @@ the host thread in the call for about the copy's duration.
   or of the nearest bucket that has pinned copies — the bandwidth the link reached with
   pinned memory for copies of that size (small copies are latency-bound, so a trace-wide
   figure would overstate what pinning saves them);
+  when that bucket's pinned copies reach < :data:`MIN_PINNED_GBPS` (only tiny, latency-bound
+  pinned copies) for a copy of >= 1 MiB, or the trace has no pinned copy of that direction,
+  :data:`FALLBACK_PINNED_GBPS` (what pinned copies reached on an H200);
 - ``pinned_ns`` = bytes / pinned_gbps: the time the same bytes would take pinned;
-  ``saving_ns`` = max(duration - pinned_ns, 0), the possible saving of pinning;
+  ``exposed_ns``: the copy's GPU time no kernel of its device hides; ``saving_ns`` =
+  max(max(host_ns, exposed_ns) - pinned_ns x exposed_ns / duration, 0): the iteration pays the
+  longer of the launching thread's stall in the call (driver staging) and the exposed GPU time,
+  and pinned the copy is as exposed as it was. This is the rule of the what-if model's
+  ``pageable_to_pinned`` scenario (:func:`tracekit.analyze.sections.whatif._pin_saving`), so the
+  section and the advice give the same saving (issue 21, "one voice");
 - ``blocking``: the copy blocks the host by contract: a synchronous API (a memcpy call whose
   name lacks ``Async``) or a pageable D2H; ``host_ns`` is the time the launching thread spent
   in the API call (null without a runtime record), reported for every copy.
@@ -26,10 +34,17 @@ from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, check_by, gbps, host_copies, sort_groups
 
+#: Pinned host<->device bandwidth assumed when the trace has no pinned copy of a direction (or
+#: only tiny ones): what pinned copies of >= 1 MiB reached on an H200 (PCIe Gen5 x16) in the
+#: shared trace.
+FALLBACK_PINNED_GBPS = {"H2D": 53.0, "D2H": 53.0}
+#: Below this a bucket's pinned bandwidth is latency, not bandwidth, for a copy of >= 1 MiB.
+MIN_PINNED_GBPS = 5.0
+
 COPY_COLUMNS = [
     "global_pid", "device", "iteration", "phase", "micro_step", "boundary", "sub_phase", "direction",
     "start", "end", "duration_ns", "bytes", "gbps", "api_name", "host_ns", "blocking",
-    "pinned_gbps", "pinned_ns", "saving_ns", "stream", "correlation_id",
+    "pinned_gbps", "pinned_ns", "exposed_ns", "saving_ns", "stream", "correlation_id",
 ]
 
 
@@ -75,8 +90,16 @@ def pageable_copies(model: PhaseModel, export: Export | None = None) -> pl.DataF
     ref = pinned_bandwidth(model, by_size=True).filter(pl.col("pinned_gbps").is_not_null())
     c = c.join_asof(ref.select("direction", "bucket", "pinned_gbps").sort("bucket"), on="bucket",
                     by="direction", strategy="nearest", check_sortedness=False)
+    fallback = pl.col("direction").replace_strict(FALLBACK_PINNED_GBPS, default=None, return_dtype=pl.Float64)
+    c = c.with_columns(pinned_gbps=pl.when(pl.col("pinned_gbps").is_null() | (
+        (pl.col("bytes") >= 1 << 20) & (pl.col("pinned_gbps") < MIN_PINNED_GBPS))).then(fallback)
+        .otherwise(pl.col("pinned_gbps")))
+    c = _with_exposed(model, c)
     c = c.with_columns(pinned_ns=pl.col("bytes") / pl.col("pinned_gbps"))
-    c = c.with_columns(saving_ns=pl.max_horizontal(pl.col("duration_ns") - pl.col("pinned_ns"), pl.lit(0.0)))
+    share = pl.when(pl.col("duration_ns") > 0).then(pl.col("exposed_ns") / pl.col("duration_ns")).otherwise(0.0)
+    c = c.with_columns(saving_ns=pl.when(pl.col("duration_ns") > 0).then(pl.max_horizontal(
+        pl.max_horizontal(pl.col("host_ns").fill_null(0).cast(pl.Float64), pl.col("exposed_ns"))
+        - pl.col("pinned_ns") * share, pl.lit(0.0))).otherwise(0.0))
     c = c.with_columns(saving_ns=pl.when(pl.col("pinned_gbps").is_null()).then(None).otherwise(pl.col("saving_ns")))
     return c.sort([*RANK, "start", "correlation_id"]).select(COPY_COLUMNS)
 
@@ -97,6 +120,26 @@ def pinned_reference(model: PhaseModel, copies: pl.DataFrame, by=PHASE_KEYS) -> 
     c = c.filter(pl.col("ref_bucket").is_not_null()).select(*keys, "ref_bucket", "pinned_bytes", "pinned_ns").unique()
     return c.group_by(keys).agg(ref_bytes=pl.col("pinned_bytes").sum().cast(pl.Int64),
                                 ref_ns=pl.col("pinned_ns").sum().cast(pl.Int64)).cast(schema)
+
+
+def _with_exposed(model: PhaseModel, c: pl.DataFrame) -> pl.DataFrame:
+    """``c`` with ``exposed_ns`` (Float64): each copy's duration minus its overlap with the union
+    of its device's kernels (all kernels of the rank, as the what-if model counts them)."""
+    import numpy as np
+
+    from tracekit.analyze.model.intervals import covered_length, union
+
+    if not c.height:
+        return c.with_columns(exposed_ns=pl.lit(None, pl.Float64))
+    kern = model.ops.filter(pl.col("kind") == "kernel")
+    parts = []
+    for (gp, dev), g in c.group_by(RANK):
+        k = kern.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
+        ks, ke = union(k["start"].to_numpy(), k["end"].to_numpy())
+        s, e = g["start"].to_numpy(), g["end"].to_numpy()
+        cov = covered_length(ks, ke, s, e) if len(ks) else np.zeros(len(s))
+        parts.append(g.with_columns(exposed_ns=pl.Series((e - s) - cov, dtype=pl.Float64)))
+    return pl.concat(parts)
 
 
 def pageable_summary(model: PhaseModel, by=PHASE_KEYS, copies: pl.DataFrame | None = None,

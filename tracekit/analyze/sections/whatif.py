@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from tracekit.analyze.sections import breakdown
+from tracekit.analyze.sections import pageable as _pageable
 from tracekit.analyze.model import nvtx
 from tracekit.analyze.sections.copy_sizes import size_bucket
 from tracekit.analyze.trace.export import Export
@@ -69,14 +70,21 @@ ADAM_BYTES_PER_PARAM = {"fused": 28, "torch": 72}
 #: unscale (``unscale_and_clip_grads``: ``mul_`` of the fp32 gradient 4+4 = 8) and the 16-bit
 #: weights written from the fp32 ones (4+2 = 6): 42 B.
 GPU_STEP_OTHER_BYTES_PER_PARAM = 42
+#: Bytes per parameter of the fp16 overflow check on the GPU (a ZeRO-3 fp16 run without offload:
+#: stage3.py ``has_overflow`` runs ``torch.isinf(buf).any()`` and ``torch.isnan(buf).any()`` over
+#: the 16-bit gradient partitions; torch's ``isinf`` of a float is ``abs(x) == inf``: abs 2+2 and
+#: the compare 2+1, ``isnan`` is ``x != x`` 2+1, each ``any()`` reads the 1-byte mask: 12 B).
+#: Measured on ``advice_pair_nooffload`` (551 M parameters, fp16): the Abs, two CompareEq and the
+#: or-reduce kernels take 1.88 ms per step, 12 B x 551 M at its 3,730 GB/s of D2D bandwidth 1.77.
+GPU_FP16_OVERFLOW_BYTES_PER_PARAM = 12
 #: Bytes per parameter of a whole GPU optimizer step with DeepSpeed's default FusedAdam.
 GPU_UPDATE_BYTES_PER_PARAM = ADAM_BYTES_PER_PARAM["fused"] + GPU_STEP_OTHER_BYTES_PER_PARAM
 #: Optimizer state per parameter for mixed-precision Adam (fp32 weight, momentum, variance,
 #: gradient).
 STATE_BYTES_PER_PARAM = 16
-#: Pinned host<->device bandwidth assumed when the trace has no pinned copy of a direction:
-#: what pinned copies of >= 1 MiB reached on an H200 (PCIe Gen5 x16) in the shared trace.
-FALLBACK_PINNED_GBPS = {"H2D": 53.0, "D2H": 53.0}
+#: Pinned host<->device bandwidth assumed when the trace has no pinned copy of a direction
+#: (one rule with the pageable section: :data:`tracekit.analyze.sections.pageable.FALLBACK_PINNED_GBPS`).
+FALLBACK_PINNED_GBPS = _pageable.FALLBACK_PINNED_GBPS
 
 #: ``superoffload_no_clipping``: the SuperOffload async path needs ``gradient_clipping`` 0
 #: (``SuperOffloadOptimizer_Stage3.partition_grads`` submits a finished sub-group to the worker
@@ -114,7 +122,14 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
          "iteration_ns", "phase_ns": {phase: ns}, "kernel_ns": {phase: ns},
          "copies": frame, "bandwidth": frame, "roles": {role: {...}}, "update_ns",
          "sub_groups": int|None, "copy_back_bytes", "d2d_gbps"|None, "device_gbps"|None,
-         "free_bytes"|None, "total_memory"|None, "range_names": set, "micro_steps": int|None}
+         "free_bytes"|None, "total_memory"|None, "range_names": set, "micro_steps": int|None,
+         "sub_group_bytes": [int], "forward_h2d_bytes": float, "forward_h2d_kinds": [str],
+         "kernel_dtypes": {"kernels", "Half", "BFloat16": int}}
+
+    ``sub_group_bytes``: H2D bytes of each copy-back range of the first steady iteration (one per
+    sub-group, launch order); ``forward_h2d_bytes``: forward's H2D bytes per iteration (parameters
+    fetched from host memory with ``offload_param``) and their host kinds; ``kernel_dtypes``: the
+    rank's kernels, and how many carry ``Half`` / ``BFloat16`` in their name (:data:`DTYPE_PATTERNS`).
 
     ``copies``: host copies launched in the steady iterations: ``iteration, phase,
     micro_step, boundary, role, direction, host_kind, bytes, duration_ns, exposed_ns,
@@ -206,6 +221,8 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         d2d_gbps = (2.0 * d2d["bytes"].sum() / (d2d["end"] - d2d["start"]).sum()) if d2d.height and (
             d2d["end"] - d2d["start"]).sum() > 0 else None
         cb = copies.filter((pl.col("role") == "copy_back") & (pl.col("direction") == "H2D"))
+        sub_group_bytes = _sub_group_bytes(c, role_iv["copy_back"], steady[0])
+        fwd_h2d = c.filter((pl.col("phase") == "forward") & (pl.col("direction") == "H2D"))
         sub_groups = roles["copy_back"]["calls"] or None
         pk = peaks.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)) if peaks is not None else None
         # one-time costs: pageable copies outside iterations (start-up), the warm-up iteration's excess
@@ -229,18 +246,72 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
                            and pk["headroom_bytes"].null_count() < pk.height else None),
             "total_memory": gpu.get(dev, {}).get("total"),
             "range_names": names, "micro_steps": int(micro.median()) if micro.len() else None,
-            "one_time": one_time,
+            "one_time": one_time, "sub_group_bytes": sub_group_bytes,
+            "forward_h2d_bytes": float(fwd_h2d["bytes"].sum()) / n,
+            "forward_h2d_kinds": sorted(set(fwd_h2d["host_kind"].drop_nulls().to_list())),
+            "kernel_dtypes": _kernel_dtypes(export, kern).get(dev, {}),
         })
     return out
 
 
+def _sub_group_bytes(c: pl.DataFrame, copy_back_iv, iteration: int) -> list[int]:
+    """H2D bytes launched inside each copy-back range of ``iteration`` (one range per sub-group:
+    ``_reassign_or_swap_out_partitioned_parameters(sub_group_id)``), in launch order; ``c``: the
+    rank's host copies with ``launch``."""
+    us, ue = copy_back_iv
+    h = c.filter((pl.col("iteration") == iteration) & (pl.col("direction") == "H2D"))
+    if not len(us) or not h.height:
+        return []
+    launch = h["launch"].to_numpy()
+    j = np.searchsorted(us, launch, side="right") - 1
+    hit = (j >= 0) & (launch < ue[np.maximum(j, 0)])
+    per = {}
+    for k, b in zip(j[hit], h["bytes"].to_numpy()[hit]):
+        per[int(k)] = per.get(int(k), 0) + int(b)
+    return [per[k] for k in sorted(per)]
+
+
+#: kernel-name fragments of the 16-bit types (PyTorch's templates name them ``c10::Half`` and
+#: ``c10::BFloat16``; cuBLAS/CUTLASS kernels ``__half`` / ``__nv_bfloat16`` / ``bf16``)
+DTYPE_PATTERNS = {"Half": r"c10::Half|\b__half\b|cutlass::half_t", "BFloat16": r"BFloat16|__nv_bfloat16|cutlass::bfloat16_t"}
+
+
+def _kernel_dtypes(export: Export, kern: pl.DataFrame) -> dict:
+    """``{device: {"Half": kernels, "BFloat16": kernels, "kernels": all}}``: how many of the
+    rank's kernels carry a 16-bit type in their (demangled) name."""
+    if not kern.height or "name_id" not in kern.columns:
+        return {}
+    ids = kern["name_id"].drop_nulls().unique().to_list()
+    if not ids:
+        return {}
+    names = export.query("SELECT id, value FROM StringIds WHERE id IN (" + ",".join(str(int(i)) for i in ids) + ")",
+                         schema={"id": pl.Int64, "value": pl.String})
+    out = {}
+    k = kern.join(names, left_on="name_id", right_on="id", how="left")
+    for dev, g in k.group_by("device"):
+        d = {"kernels": g.height}
+        for label, pat in DTYPE_PATTERNS.items():
+            d[label] = int(g["value"].fill_null("").str.contains(pat).sum())
+        out[int(dev[0])] = d
+    return out
+
+
+#: The optimizer step's own range (DeepSpeed's ``instrument_w_nvtx`` of ``step``:
+#: ``DeepSpeedZeroOptimizer_Stage3.step``, ``SuperOffloadOptimizer_Stage3.step``): the parent of
+#: the update's steps, never one of them, even when it starts or ends a little inside the window
+#: (tracekit's ``update`` range opens before DeepSpeed's step range and closes after it).
+STEP_RANGE = r"(^|\.)step$"
+
+
 def _unmarked_time(rng: pl.DataFrame, uw_s, uw_e, ms, me, busy_s, busy_e) -> tuple[float, float]:
     """Time inside the update windows on the thread that opened them, not inside any range
-    nested in the window other than the step range itself, and not in a marked role:
-    (wall ns, GPU-idle ns). Only ranges strictly inside a window count as nested."""
+    nested in the window other than the step range itself (:data:`STEP_RANGE`, whatever its
+    bounds), and not in a marked role: (wall ns, GPU-idle ns). Only ranges strictly inside a
+    window count as nested."""
     wall = idle = 0.0
     for a, b in zip(uw_s, uw_e):
-        inner = rng.filter((pl.col("start") >= a) & (pl.col("end") <= b) & ~((pl.col("start") == a) & (pl.col("end") == b)))
+        inner = rng.filter((pl.col("start") >= a) & (pl.col("end") <= b) & ~((pl.col("start") == a) & (pl.col("end") == b))
+                           & ~pl.col("name").fill_null("").str.contains(STEP_RANGE))
         # the step range itself (same span as the window) is the parent; its direct children cover the marked time
         s, e = inner["start"].to_numpy(), inner["end"].to_numpy()
         # drop ranges that span the whole window (e.g. a wrapper pushed by the hook) from the children
@@ -287,12 +358,22 @@ def trace_facts(pieces: dict) -> dict:
     upd = pieces["update_ns"]
     cpu = sum(v["cpu_ns"] for v in pieces["roles"].values())
     names = pieces["range_names"]
+    fwd = (pieces.get("forward_h2d_bytes") or 0.0) / (pieces["micro_steps"] or 1)
     return {
         "range_names": names, "micro_steps": pieces["micro_steps"], "grad_copy_kinds": kinds,
         "copy_back_bytes": pieces["copy_back_bytes"], "update_cpu_share": cpu / upd if upd else None,
         "overflow_check": any(n.endswith(".has_overflow") or n == "overflow_check" for n in names),
         "loss_scale_update": any(n.endswith("_overflow_check_and_loss_scale_update") for n in names),
-        "sub_groups": pieces["sub_groups"], "parameters": parameters(pieces),
+        "sub_groups": pieces["sub_groups"],
+        # without a copy-back (offload_param: the step writes the 16-bit parameters in host memory)
+        # forward's H2D fetches them, 2 B each, once per micro-step
+        "parameters": parameters(pieces) or (fwd / 2 if fwd >= 1 << 20 else None),
+        "sub_group_bytes": pieces.get("sub_group_bytes") or [],
+        "kernel_dtypes": pieces.get("kernel_dtypes") or {},
+        "forward_h2d_bytes_per_micro_step": fwd,
+        "forward_h2d_kinds": pieces.get("forward_h2d_kinds") or [],
+        "cpu_step_ns": sum(pieces["roles"][k]["cpu_ns"] for k in ("cpu_adam", "cpu_wait", "swap")),
+        "update_ns": upd,
     }
 
 
@@ -331,7 +412,7 @@ def pinned_bandwidth(pieces: dict, direction: str, nbytes: float) -> tuple[float
     """``(GB/s, basis, measured)``: pinned bandwidth of the trace for that size, else
     :data:`FALLBACK_PINNED_GBPS` (measured False)."""
     g, why = bandwidth(pieces, direction, "pinned", nbytes)
-    if g is not None and nbytes >= 1 << 20 and g < 5:  # only tiny pinned copies: not a bandwidth
+    if g is not None and nbytes >= 1 << 20 and g < _pageable.MIN_PINNED_GBPS:  # only tiny pinned copies
         g = None
     if g is None:
         return FALLBACK_PINNED_GBPS[direction], (f"{FALLBACK_PINNED_GBPS[direction]:.0f} GB/s assumed (no pinned "
@@ -417,20 +498,24 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                        why="" if s > 0 else "no pageable copy in the steady iterations",
                        phase_delta_ns=_phase_delta(pieces, copies)))
     cb = copies.filter(pl.col("role") == "copy_back")
+    cb_pinned_by_config, stage_why = copy_back_pinned_by_pin_memory(pieces, settings)
     s_cb, _, _ = _pin_saving(pieces, cb)
-    out[-1]["copy_back_saving_ns"] = s_cb
+    # ZeRO-1/2: pin_memory pins the copy-back's source too, so no code change is needed for it
+    out[-1]["copy_back_saving_ns"] = 0.0 if cb_pinned_by_config else s_cb
 
-    # 2. pin_memory false -> true: every pageable copy but DeepSpeed's copy-back temporary
-    not_cb = copies.filter(pl.col("role").is_null() | (pl.col("role") != "copy_back"))
-    s, measured, bases = _pin_saving(pieces, not_cb)
+    # 2. pin_memory false -> true: every pageable copy but (ZeRO-3) DeepSpeed's copy-back temporary
+    pinnable = copies if cb_pinned_by_config else copies.filter(pl.col("role").is_null() | (pl.col("role") != "copy_back"))
+    s, measured, bases = _pin_saving(pieces, pinnable)
     ok = offload not in (None, "none") and pin is not True
+    what = ("pageable copies, the parameter copy-back included (" + stage_why + ")" if cb_pinned_by_config else
+            "pageable gradient copies (all but the parameter copy-back, whose fp32->16-bit temporary "
+            "stays pageable)")
     out.append(_result(pieces, "pin_memory", s if ok else 0.0,
-                       "pageable gradient copies (all but the parameter copy-back, whose fp32->16-bit temporary "
-                       "stays pageable): the longer of each one's host stall in the API call and its exposed time, "
+                       what + ": the longer of each one's host stall in the API call and its exposed time, "
                        "replaced by its bytes at the pinned bandwidth of its size (" + "; ".join(bases) + ")", "high" if measured else "medium",
                        applicable=ok and s > 0,
                        why="" if ok else ("pin_memory is already true" if pin is True else "no optimizer offload"),
-                       phase_delta_ns=_phase_delta(pieces, not_cb) if ok else {}))
+                       phase_delta_ns=_phase_delta(pieces, pinnable) if ok else {}))
 
     # 3. fp16 -> bf16: no overflow check (has_overflow) and loss-scale bookkeeping
     oc = roles["overflow_check"]
@@ -453,6 +538,11 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                                                  "cpu_wait", "swap"))
     dev_gbps, dev_basis = _device_bandwidth(pieces)
     impl, step_bytes, impl_basis = gpu_step_bytes(settings, changes)
+    gpu_upd_ratio = (P * step_bytes / dev_gbps) if P and dev_gbps else None  # ratio: the overflow check stays on the CPU
+    fp16 = precision == "fp16" or (precision is None and "has_overflow" in " ".join(pieces["range_names"]))
+    if fp16:  # the overflow check moves to the GPU with the gradients
+        step_bytes += GPU_FP16_OVERFLOW_BYTES_PER_PARAM
+        impl_basis += f" + fp16 overflow check (isinf/isnan of the 16-bit gradients) {GPU_FP16_OVERFLOW_BYTES_PER_PARAM} B"
     gpu_upd = (P * step_bytes / dev_gbps) if P and dev_gbps else None
     free = pieces["free_bytes"]
     need = P * STATE_BYTES_PER_PARAM if P else None
@@ -482,12 +572,22 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     grad_bytes = float(nb.filter(pl.col("direction") == "D2H")["bytes"].sum()) / n / max(
         (pieces["micro_steps"] or 2) - 1, 1)
     fits = None if free is None else grad_bytes <= free
-    ok = (pieces["micro_steps"] or 1) > 1 and s > 0 and fits is not False
+    # ZenFlow steps the CPU optimizer every update_interval training steps: the backward passes of
+    # one such iteration are gas x update_interval, each training step copying its gradients to
+    # the CPU by design; only gas > 1 (the config's) has an accumulation round trip to remove
+    zen = settings.get("zero_optimization.zenflow")
+    gas = settings.get("gradient_accumulation_steps")
+    zen_no_gas = zen not in (None, False, "") and not (type(gas) is int and gas > 1)
+    ok = (pieces["micro_steps"] or 1) > 1 and s > 0 and fits is not False and not zen_no_gas
     out.append(_result(pieces, "grads_on_gpu", s if ok else 0.0,
                        "the exposed time of every host copy of the non-boundary backward micro-steps and of the "
                        "boundary's H2D (accumulated gradients fetched back); the boundary's D2H stays",
                        "medium", applicable=ok,
-                       why="" if ok else "no gradient accumulation round trip" if s == 0 else "gradients do not fit"))
+                       why="" if ok else (
+                           f"ZenFlow: the {pieces['micro_steps']} backward passes per optimizer step are update_interval "
+                           f"training steps (gradient_accumulation_steps {gas if gas is not None else 'unknown'}), each "
+                           "copying its gradients to the CPU by design, not an accumulation round trip" if zen_no_gas else
+                           "no gradient accumulation round trip" if s == 0 else "gradients do not fit")))
 
     # 6. gradient copies overlapped with backward compute
     exposed = bwd_exposed
@@ -509,7 +609,7 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     f = gpu_groups / nsg
     per_group_cpu = roles["cpu_adam"]["wall_ns"] + roles["copy_back"]["wall_ns"] + roles["unscale"]["wall_ns"]
     b_fp32 = _boundary_fp32_d2h(bwd_host, n)
-    s = f * (per_group_cpu + b_fp32) - f * (gpu_upd or 0.0)
+    s = f * (per_group_cpu + b_fp32) - f * (gpu_upd_ratio or 0.0)
     ok = offload not in (None, "none")
     out.append(_result(
         pieces, "ratio", s if ok else 0.0,
@@ -523,11 +623,23 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                                              "lower sub_group_size first"),
         ratio=ratio, gpu_sub_groups=gpu_groups, sub_groups=nsg,
         phase_delta_ns={"backward": -f * b_fp32 if ok else 0.0,
-                        "update": -(f * per_group_cpu - f * (gpu_upd or 0.0)) if ok else 0.0}))
+                        "update": -(f * per_group_cpu - f * (gpu_upd_ratio or 0.0)) if ok else 0.0}))
 
     # 8. sub_group_size
-    target = changes.get("sub_group_size") or 1e8
-    out.append(_sub_group(pieces, cb, float(target), P, nsg, n))
+    explicit = changes.get("sub_group_size")
+    target = float(explicit or 1e8)
+    current, current_why = current_sub_group_size(pieces, settings)
+    zero12, _ = copy_back_pinned_by_pin_memory(pieces, settings)  # ZeRO-1/2 by the config or the trace
+    if zero12:
+        out.append(_result(pieces, "sub_group_size", 0.0, "ZeRO-1/2 steps one flat partition: no sub-groups", "high",
+                           applicable=False, why="sub_group_size is a ZeRO-3 setting", sub_group_size=target,
+                           sub_groups=None))
+    elif explicit is None and current is not None and current <= target:
+        out.append(_result(pieces, "sub_group_size", 0.0, f"sub_group_size {current_why}", "high", applicable=False,
+                           why=f"sub_group_size is already at most {target:.0e} ({current_why})",
+                           sub_group_size=target, sub_groups=nsg))
+    else:
+        out.append(_sub_group(pieces, cb, target, P, nsg, n))
 
     # 9. SuperOffload without gradient clipping: the worker steps sub-groups during the boundary backward
     wait = roles["cpu_wait"]["wall_ns"]
@@ -590,6 +702,51 @@ def gpu_step_bytes(settings: dict, changes: dict | None = None) -> tuple[str, in
         f"{name} {adam} B + {zero} fp32 gradient, norm, unscale and 16-bit copy {GPU_STEP_OTHER_BYTES_PER_PARAM} B")
 
 
+def copy_back_pinned_by_pin_memory(pieces: dict, settings: dict) -> tuple[bool, str]:
+    """``(pinned, why)``: whether ``offload_optimizer.pin_memory: true`` makes the parameter
+    copy-back's host source pinned, by ZeRO stage (the config's, else the trace's).
+
+    - ZeRO-1/2 (``stage_1_and_2.py``): the step converts the fp32 partition into
+      ``param_buffer_of_bit16_for_cpu_offload_groups[i]``, a buffer allocated once and passed
+      through ``get_accelerator().pin_memory`` when pin_memory is set, then copies it to the GPU
+      (``non_blocking=True``): pinned.
+    - ZeRO-3 (``stage3.py`` ``_reassign_or_swap_out_partitioned_parameters``):
+      ``fp16_partitioned_groups_flat.copy_(fp32_partitioned_groups_flat)`` converts on the CPU
+      into a fresh pageable temporary: stays pageable.
+
+    An unknown stage counts as ZeRO-3 unless the trace's copy-back range is tracekit's ZeRO-1/2
+    ``param_copy_to_device`` with no ``DeepSpeedZeroOptimizer_Stage3`` range."""
+    stage = settings.get("zero_optimization.stage")
+    if stage in (1, 2, "1 or 2"):
+        return True, (f"ZeRO-{stage if type(stage) is int else '1/2'}: pin_memory also pins "
+                      "param_buffer_of_bit16_for_cpu_offload_groups, the 16-bit buffer the step copies to the GPU")
+    if stage == 3:
+        return False, "ZeRO-3"
+    names = pieces.get("range_names") or set()
+    if "param_copy_to_device" in names and not any("Stage3" in n for n in names):
+        return True, ("ZeRO-1/2 by its param_copy_to_device range: pin_memory also pins "
+                      "param_buffer_of_bit16_for_cpu_offload_groups, the 16-bit buffer the step copies to the GPU")
+    return False, ""
+
+
+def current_sub_group_size(pieces: dict, settings: dict) -> tuple[float | None, str]:
+    """``(parameters, why)``: the run's ``sub_group_size``, or an upper bound of it. The config's
+    (or DeepSpeed's default) when the settings hold a number; else, from two or more measured
+    sub-groups, the smallest one that is not last (DeepSpeed closes a sub-group once it holds
+    ``>= sub_group_size`` parameters, :func:`tracekit.analyze.trace.dsconfig.sub_group_size_bracket`);
+    else None (one sub-group: the setting is at least the parameters, unknown above)."""
+    from tracekit.analyze.trace.dsconfig import sub_group_size_bracket
+
+    v = settings.get("zero_optimization.sub_group_size")
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v), f"{float(v):.0e} in the config"
+    b = sub_group_size_bracket(pieces.get("sub_group_bytes") or [])
+    if b is not None:
+        return b[1], (f"at most {b[1] / 1e6:,.1f} M parameters: the smallest of the {len(pieces['sub_group_bytes'])} "
+                      "sub-groups measured that is not the last")
+    return None, ""
+
+
 def _boundary_fp32_d2h(bwd_host: pl.DataFrame, n: int) -> float:
     """Exposed time per iteration of the boundary micro-step's D2H beyond a non-boundary one's
     (the fp32 gradients DeepSpeed copies to the CPU optimizer at the boundary)."""
@@ -617,7 +774,11 @@ def _sub_group(pieces, cb: pl.DataFrame, target: float, P, nsg: int, n: int) -> 
     g, why = bandwidth(pieces, "H2D", kind, chunk)
     if g is None:
         g, why = per_it_bytes / now if now else None, "the copy-back's own bandwidth"
-    new = per_it_bytes / g if g else now
+    if not g:  # no copy of that kind with a duration (e.g. zero-duration records): no bandwidth to re-time at
+        return _result(pieces, "sub_group_size", 0.0, f"no {kind} H2D bandwidth measured (the copy-back's copies "
+                       "have no duration)", "low", applicable=False, why="no copy-back bandwidth measured",
+                       sub_group_size=target, sub_groups=new_n)
+    new = per_it_bytes / g
     s = now - new
     return _result(pieces, "sub_group_size", s,
                    f"{nsg} -> {new_n} sub-group(s) of ~{target / 1e6:,.0f} M parameters: the copy-back's "

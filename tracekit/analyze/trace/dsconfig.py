@@ -9,9 +9,12 @@ Sources, first found wins:
    ``NAME_capture.json``, else ``PREFIX_capture.json`` for a cut ``PREFIX_cut.sqlite``;
 3. nothing: :func:`infer_settings` reads what it can from the trace (stage 3 from
    ``DeepSpeedZeroOptimizer_Stage3`` ranges, gradient accumulation from the micro-steps per
-   iteration, pin_memory from the host memory kind of the gradient copies, fp16 from
-   DeepSpeed's ``has_overflow`` range, the number of sub-groups from the copy-backs per
-   optimizer step) and says how.
+   iteration, the optimizer offload from the update's copy-back or CPU optimizer step,
+   parameter offload from forward's H2D copies, pin_memory from the host memory kind of the
+   gradient copies, fp16/bf16 from DeepSpeed's ``has_overflow`` range or the 16-bit type in the
+   kernels' names, SuperOffload and ZenFlow from their ranges, the number of sub-groups from
+   the copy-backs per optimizer step and the sub_group_size bracket from their sizes) and says
+   how (docs/advice.md, "The config").
 
 :func:`settings` turns either into rows ``{"key", "value", "source", "how"}``: ``source`` is
 ``config`` (set in the config), ``default`` (DeepSpeed's default for an unset key, from
@@ -217,21 +220,67 @@ def config_value(cfg: dict, key: str, ds_version: str | None = None) -> tuple[ob
 def infer_settings(facts: dict) -> dict:
     """What the trace says of the config: ``{key: (value, how)}`` from ``facts``
     (:func:`tracekit.analyze.sections.whatif.trace_facts`: range names seen, micro-steps per iteration,
-    host kinds of the gradient copies, copy-back bytes and count per update)."""
+    host kinds of the gradient copies, copy-back bytes and count per update, 16-bit type names
+    in the kernels, forward's H2D copies, the CPU optimizer step's time). The rules and what
+    each was checked on: docs/advice.md, "The config"."""
     out: dict[str, tuple] = {}
     names = facts.get("range_names", set())
-    if any("DeepSpeedZeroOptimizer_Stage3" in n for n in names) or "param_copy_back" in names:
+    stage3 = any("DeepSpeedZeroOptimizer_Stage3" in n for n in names) or "param_copy_back" in names
+    if stage3:
         out["zero_optimization.stage"] = (3, "DeepSpeedZeroOptimizer_Stage3 NVTX ranges (or tracekit's param_copy_back)")
     elif "param_copy_to_device" in names:
         out["zero_optimization.stage"] = ("1 or 2", "tracekit's param_copy_to_device range (ZeRO-1/2 copy of the "
                                                     "updated parameters)")
-    if facts.get("micro_steps"):
-        out["gradient_accumulation_steps"] = (facts["micro_steps"], "backward micro-steps per iteration (median)")
-    if facts.get("update_cpu_share") is not None and facts.get("copy_back_bytes"):
-        if facts["update_cpu_share"] > 0.3:
-            out["zero_optimization.offload_optimizer.device"] = (
-                "cpu", f"the update copies {facts['copy_back_bytes'] / 1e6:,.0f} MB of parameters to the GPU per "
-                       f"iteration and the GPU is idle {100 * facts['update_cpu_share']:.0f}% of it")
+    super_offload = any(n.startswith("SuperOffloadOptimizer_Stage3.") for n in names)
+    zenflow = "selective_optimizer_step" in names or any("ZenFlow" in n for n in names)
+    if super_offload:
+        out["zero_optimization.offload_optimizer.super_offload"] = (
+            True, "SuperOffloadOptimizer_Stage3 NVTX ranges (DeepSpeed's SuperOffload optimizer)")
+    elif any(n.endswith("DeepSpeedZeroOptimizer_Stage3.step") for n in names):
+        out["zero_optimization.offload_optimizer.super_offload"] = (
+            False, "the optimizer step is DeepSpeedZeroOptimizer_Stage3.step, not SuperOffloadOptimizer_Stage3's")
+    m = facts.get("micro_steps")
+    if zenflow:
+        out["zero_optimization.zenflow"] = (
+            "on", "ZenFlow's selective_optimizer_step (tracekit) or ZenFlow* NVTX ranges")
+        if m:
+            out["gradient_accumulation_steps"] = (
+                f"{m} / update_interval", f"ZenFlow steps the CPU optimizer every update_interval training steps: "
+                                          f"{m} backward micro-steps per optimizer step = gas x update_interval")
+    elif m:
+        out["gradient_accumulation_steps"] = (m, "backward micro-steps per iteration (median)")
+    share = facts.get("update_cpu_share")
+    upd = facts.get("update_ns") or 0.0
+    cpu_step = facts.get("cpu_step_ns") or 0.0
+    if share is not None and facts.get("copy_back_bytes") and share > 0.3:
+        out["zero_optimization.offload_optimizer.device"] = (
+            "cpu", f"the update copies {facts['copy_back_bytes'] / 1e6:,.0f} MB of parameters to the GPU per "
+                   f"iteration and the GPU is idle {100 * share:.0f}% of it")
+    elif share is not None and share > 0.3 and upd and cpu_step >= 0.1 * upd:
+        out["zero_optimization.offload_optimizer.device"] = (
+            "cpu", f"the update's CPU optimizer step takes {cpu_step / 1e6:,.1f} ms per iteration with the GPU idle "
+                   f"({100 * cpu_step / upd:.0f}% of the update; GPU idle {100 * share:.0f}% of the update)")
+    elif super_offload or zenflow:
+        out["zero_optimization.offload_optimizer.device"] = (
+            "cpu", ("SuperOffload" if super_offload else "ZenFlow") + " runs the optimizer on the CPU "
+                   "(it needs offload_optimizer.device cpu)")
+    if any(n in ("swap_in", "swap_out") for n in names):
+        out["zero_optimization.offload_optimizer.device"] = (
+            "nvme", "swap_in / swap_out ranges inside the update (optimizer state read from and written to NVMe)")
+    if ("zero_optimization.stage" not in out and out.get("zero_optimization.offload_optimizer.device", (None,))[0]
+            not in (None, "none") and any(n.startswith("DeepSpeedEngine.") for n in names)):
+        out["zero_optimization.stage"] = ("1 or 2", "DeepSpeedEngine ranges without DeepSpeedZeroOptimizer_Stage3 "
+                                                    "ones, and the optimizer offloaded (offload needs ZeRO >= 1)")
+    fwd = facts.get("forward_h2d_bytes_per_micro_step") or 0.0
+    if stage3 and fwd >= 1 << 20:
+        nvme = any(n.startswith("param_swap") for n in names)
+        kinds = "/".join(facts.get("forward_h2d_kinds") or []) or "host"
+        out["zero_optimization.offload_param.device"] = (
+            "nvme" if nvme else "cpu",
+            f"forward copies {fwd / 1e6:,.0f} MB of {kinds} H2D per micro-step (parameters fetched from host memory"
+            + (", swapped in from NVMe" if nvme else "") + ")")
+    elif stage3 and m:
+        out["zero_optimization.offload_param.device"] = ("none", "no H2D copy in forward (parameters stay on the GPU)")
     kinds = facts.get("grad_copy_kinds") or {}
     if kinds:
         main = max(kinds, key=kinds.get)
@@ -239,20 +288,57 @@ def infer_settings(facts: dict) -> dict:
             out["zero_optimization.offload_optimizer.pin_memory"] = (
                 main == "pinned", f"backward's gradient copies are {100 * kinds[main] / sum(kinds.values()):.0f}% "
                                   f"{main} (by bytes)")
+    dt = facts.get("kernel_dtypes") or {}
+    half, bf = dt.get("Half", 0), dt.get("BFloat16", 0)
+    by_kernels = (f"{half:,} of {dt.get('kernels', 0):,} kernels' names carry Half, {bf:,} BFloat16")
     if facts.get("overflow_check"):
-        out["precision"] = ("fp16", "DeepSpeed's has_overflow range (it checks gradients for overflow only in fp16)")
+        out["precision"] = ("fp16", "DeepSpeed's has_overflow range (it checks gradients for overflow only in fp16)"
+                            + (f"; {by_kernels}" if half or bf else ""))
+    elif half > bf:
+        out["precision"] = ("fp16", by_kernels)
+    elif bf > half:
+        out["precision"] = ("bf16", by_kernels)
     elif facts.get("loss_scale_update"):
         out["precision"] = ("bf16 or fp32", "_overflow_check_and_loss_scale_update without has_overflow inside")
     n = facts.get("sub_groups")
-    if n:
+    if n and out.get("zero_optimization.stage", (None,))[0] != "1 or 2":  # sub-groups are ZeRO-3's
         p = facts.get("parameters")
+        bracket = sub_group_size_bracket(facts.get("sub_group_bytes") or [])
         if n == 1 and p:
             out["zero_optimization.sub_group_size"] = (
                 f">= {p / 1e6:,.0f} M (1 sub-group)", "one parameter copy-back per optimizer step")
+        elif bracket is not None:
+            lo, hi = bracket
+            out["zero_optimization.sub_group_size"] = (
+                f"{lo / 1e6:,.1f}-{hi / 1e6:,.1f} M ({n} sub-groups)",
+                f"{n} parameter copy-backs per optimizer step of {min(facts['sub_group_bytes']) / 2e6:,.1f}-"
+                f"{max(facts['sub_group_bytes']) / 2e6:,.1f} M parameters: DeepSpeed closes a sub-group once it "
+                "holds >= sub_group_size parameters, so the setting is at most the smallest closed one")
         elif p:
             out["zero_optimization.sub_group_size"] = (
                 f"~{p / n / 1e6:,.0f} M ({n} sub-groups)", f"{n} parameter copy-backs per optimizer step")
     return out
+
+
+def sub_group_size_bracket(sub_group_bytes: list[int], bytes_per_param: int = 2) -> tuple[float, float] | None:
+    """``(low, high)`` parameters bounding the ``sub_group_size`` DeepSpeed used, from the
+    16-bit bytes each sub-group copies back (one entry per sub-group, in DeepSpeed's order or
+    its reverse), or None for fewer than two sub-groups.
+
+    ``stage3.py`` ``_create_fp16_sub_groups`` adds parameters to a sub-group until it holds
+    ``>= sub_group_size`` and then closes it; only the last one may close smaller. So every
+    sub-group but the last holds at least the setting: ``high`` = the smallest of them (either
+    end may be the last: both orders are tried, the larger bound kept). A sub-group is closed by
+    the parameter that reached the setting, so the setting is above what the sub-group held
+    before that parameter: at least the smallest closed sub-group minus its largest parameter,
+    which the trace does not show per parameter; ``low`` = half the smallest closed sub-group,
+    the bound when no parameter exceeds half a sub-group (``low`` is a reading aid, ``high``
+    the rule)."""
+    numel = [b / bytes_per_param for b in sub_group_bytes if b > 0]
+    if len(numel) < 2:
+        return None
+    high = max(min(numel[:-1]), min(numel[1:]))
+    return high / 2, high
 
 
 def settings(loaded: dict, inferred: dict | None = None) -> list[dict]:
