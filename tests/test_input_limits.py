@@ -379,3 +379,133 @@ def test_handler_out_of_memory_gives_the_prepared_line(monkeypatch, capfd):
     err = capfd.readouterr().err
     assert rc == 2 and "Traceback" not in err
     assert _err_lines(err) == [f"tracekit: error: {memlimit.message((LIMIT_NAME, 300_000_000), 'analyze')}"]
+
+
+# ------------------------------------------------------------------ d02: damaged cache entries
+def _damage(entry: Path, resign: bool) -> bool:
+    """Flip bit 4 of payload byte 42 of a cache entry (``TKC2 <header>\\n<payload>``); with
+    ``resign`` the header's size and sha256 are recomputed, so that the damaged Parquet reaches
+    polars. False when the payload is too short."""
+    import hashlib
+
+    b = entry.read_bytes()
+    assert b.startswith(b"TKC2 ")
+    nl = b.index(b"\n")
+    head, pay = json.loads(b[5:nl]), bytearray(b[nl + 1:])
+    if len(pay) <= 42:
+        return False
+    pay[42] ^= 0x10
+    if resign:
+        head["size"], head["sha256"] = len(pay), hashlib.sha256(pay).hexdigest()
+    entry.write_bytes(b"TKC2 " + json.dumps(head, sort_keys=True).encode() + b"\n" + bytes(pay))
+    return True
+
+
+@pytest.mark.parametrize("resign", [False, True])
+def test_damaged_query_entries_are_silent_misses(tmp_path, resign):
+    """Every query entry of the cache damaged at once (raw: the checksum fails; re-signed: polars
+    gets bytes it cannot decode and panics in Rust): exit 0, the JSON of an analysis without
+    cache, and nothing at all on stderr (no panic text). Each entry is rewritten good."""
+    t = tmp_path / "t.sqlite"
+    shutil.copy(ZERO3_CUT, t)
+    rc, ref, err = run_cli("analyze", t, "--section", "pcie", "--json", "--no-cache")
+    assert rc == 0, err
+    rc, _, err = run_cli("analyze", t, "--section", "pcie", "--json")
+    assert rc == 0, err
+    cache = Path(f"{t}.tracekit-cache")
+    entries = sorted(cache.glob("q-*.parquet"))
+    damaged = [e for e in entries if _damage(e, resign)]
+    assert len(damaged) >= 10
+    for e in cache.iterdir():
+        if e.name[:2] in ("r-", "t-", "o-"):
+            e.unlink()  # no stored result: the query entries must be read
+    rc, out, err = run_cli("analyze", t, "--section", "pcie", "--json")
+    assert rc == 0 and err == "", err[-3000:]
+    assert json.loads(out) == json.loads(ref)
+    import polars as pl
+
+    from tracekit.analyze.trace.quiet import read_parquet
+
+    for e in damaged:  # each replaced by a good entry: it decodes again
+        b = e.read_bytes()
+        assert read_parquet(b[b.index(b"\n") + 1:]) is not None
+        assert isinstance(read_parquet(b[b.index(b"\n") + 1:]), pl.DataFrame)
+
+
+def test_drop_panic_text_hand_made():
+    from tracekit.analyze.trace.quiet import drop_panic_text
+
+    data = (b"before\n\n"
+            b"thread 'async-executor-0' (8169) panicked at crates/x.rs:43:9:\n"
+            b"assertion failed: start + length <= self.bytes.len()\nstack backtrace:\n   0: rust_begin_unwind\n"
+            b"note: Some details are omitted, run with `RUST_BACKTRACE=full` for a verbose backtrace.\n\n"
+            b"thread 'async-executor-1' (8171) panicked at crates/y.rs:1:1:\ncalled `Result::unwrap()`\n"
+            b"tracekit: note: kept\nafter\n")
+    assert drop_panic_text(data) == b"before\ntracekit: note: kept\nafter\n"
+    assert drop_panic_text(b"a\n\nb\n") == b"a\n\nb\n"
+
+
+def test_panic_text_hidden_delays_other_text(capfd):
+    """What other code writes to fd 2 inside the window comes out after it, in order; nested
+    windows share one capture; fd 2 is the terminal's again afterwards."""
+    from tracekit.analyze.trace.quiet import panic_text_hidden
+
+    before = os.fstat(2)
+    with panic_text_hidden():
+        os.write(2, b"one\n")
+        with panic_text_hidden():
+            os.write(2, b"thread 'x' panicked at a.rs:1:1:\nboom\n")
+            os.write(2, b"tracekit: note: two\n")
+        assert capfd.readouterr().err == ""  # held back until the outer window closes
+    after = os.fstat(2)
+    assert (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino)
+    assert capfd.readouterr().err == "one\ntracekit: note: two\n"
+
+
+# ------------------------------------------------------------------ low: long names, a swapped-in folder
+def test_long_trace_name_keeps_its_cache(tmp_path):
+    """A 245-character trace name: the cache folder's name is cut and tagged with a hash so that
+    it fits in 255 bytes; the second run is served from it with no note (before: two notes on
+    every run, no cache)."""
+    from tracekit.analyze.trace.cache import cache_dir_name
+
+    name = "r" * 238 + ".sqlite"
+    t = tmp_path / name
+    shutil.copy(ZERO3_CUT, t)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TRACEKIT_CACHE_DIR")}
+    rc, out1, err = run_cli("analyze", t, "--json", env=env)
+    assert rc == 0 and err == "", err
+    folders = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(folders) == 1 and len(folders[0].name.encode()) == 255
+    assert folders[0].name == cache_dir_name(name) and folders[0].name.endswith(".tracekit-cache")
+    assert (folders[0] / "manifest.json").is_file() and list(folders[0].glob("r-*.json"))
+    rc, out2, err = run_cli("analyze", t, "--json", env=env)
+    assert rc == 0 and err == "" and out2 == out1
+    # short names are as before; two long names that share their first 200 characters differ
+    assert cache_dir_name("run.sqlite") == "run.sqlite.tracekit-cache"
+    a, b = cache_dir_name("x" * 250 + "1"), cache_dir_name("x" * 250 + "2")
+    assert a != b and len(a.encode()) == len(b.encode()) == 255
+    assert len(cache_dir_name("é" * 200, "0123456789abcdef-").encode()) <= 255
+
+
+def test_swapped_in_folder_receives_no_entries(tmp_path):
+    """The cache folder is moved away while a run has it open and a folder of the user's is put
+    at its path: nothing is written into the user's folder (before: entries and a manifest)."""
+    import polars as pl
+
+    from tracekit.analyze.trace.cache import TraceCache
+
+    t = tmp_path / "t.sqlite"
+    shutil.copy(ZERO3_CUT, t)
+    tc = TraceCache(t)
+    tc.put_frame("k1", pl.DataFrame({"a": [1, 2]}))
+    cache = Path(tc.directory)
+    assert tc.writes == 1 and (cache / "manifest.json").exists()
+    cache.rename(tmp_path / "moved")
+    cache.mkdir(mode=0o755)
+    (cache / "mine.txt").write_text("user data")
+    tc.put_frame("k2", pl.DataFrame({"a": [3]}))
+    tc.put_text("k3", "text")
+    assert sorted(p.name for p in cache.iterdir()) == ["mine.txt"]
+    assert tc.get_frame("k1") is None and not tc.enabled
+    assert tc.writes == 1
