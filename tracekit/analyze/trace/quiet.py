@@ -8,7 +8,9 @@ to file descriptor 2, which no Python handler can stop.
 
 :func:`panic_text_hidden` points fd 2 at a temporary file while such a read runs and, when the
 last concurrent reader is done, points it back and writes what was captured less the panic text
-(:func:`drop_panic_text`): anything else written meanwhile, by any thread, is delayed, not lost.
+(:func:`drop_panic_text`): anything else written meanwhile, by any thread, is delayed, not lost
+(unless the process dies during the read: then what it wrote in that window is gone with the
+temporary file; the reads are of cache entries, milliseconds each).
 """
 
 from __future__ import annotations
@@ -67,9 +69,9 @@ def panic_text_hidden():
     global _depth, _saved, _capture
     with _lock:
         if _depth == 0:
-            import tempfile
-
             try:
+                import tempfile
+
                 _flush()
                 cap = tempfile.TemporaryFile(prefix="tracekit-stderr-")
                 try:
@@ -79,7 +81,7 @@ def panic_text_hidden():
                     raise
                 os.dup2(cap.fileno(), 2)
                 _saved, _capture = saved, cap
-            except OSError:
+            except (OSError, ImportError):
                 _saved = _capture = None
         _depth += 1
     try:
