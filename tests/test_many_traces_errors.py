@@ -174,7 +174,9 @@ def test_memory_limit_one_line(tmp_path):
     assert rc == 2, (rc, err[-2000:])
     assert len(lines) == 1, err[-2000:]
     assert lines[0].startswith("tracekit: error: ") and "400 MB" in lines[0]
-    assert "--section" in lines[0] and "--jobs 1" in lines[0]
+    # what to do: analyze less at once, or (polars/numpy could not even be loaded) raise the limit
+    assert ("--section" in lines[0] and "--jobs 1" in lines[0]) or lines[0].endswith(
+        "tracekit's libraries (polars, numpy) could not be loaded; raise the limit")
     assert "memory allocation" not in err and "Traceback" not in err and "stack backtrace" not in err
 
 

@@ -279,9 +279,27 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tracekit`` console script; returns the process exit code."""
     from tracekit import memlimit
 
+    memlimit.set_command(argv)
     guarded = memlimit.run_guarded(argv)  # under a memory limit: a child, one line if it runs out
     if guarded is not None:
         return guarded
+    last_line = memlimit.prepare_child()  # under a limit: the line, made before memory runs out
+    if last_line is None:
+        return _main(argv)
+    try:
+        return _main(argv)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException:  # the handlers of _main ran out of memory themselves
+        if os.environ.get("TRACEKIT_DEBUG"):
+            raise
+        memlimit.write_line(last_line)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
+    from tracekit import memlimit
+
     try:
         plain = _plain_analyze(list(sys.argv[1:] if argv is None else argv))
         rv = _run_plain(plain) if plain is not None else __getattr__("app")(args=argv, standalone_mode=False)
@@ -292,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         print("tracekit: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        if memlimit.failed_import(exc):  # under a limit: a library that could not be loaded whole
+            print(f"tracekit: error: {memlimit.start_message(memlimit.current_limit())}", file=sys.stderr)
+            return 2
         if memlimit.is_memory_error(exc):  # MemoryError, or a library that could not be mapped
             print(f"tracekit: error: {memlimit.message()}", file=sys.stderr)
             return 2

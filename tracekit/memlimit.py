@@ -13,6 +13,18 @@ message and backtrace, and when the child dies of an allocation failure the pare
 :func:`message` as the one error line and exits 2. Without a limit nothing changes (no child;
 the machine's memory or a cgroup limit end in the kernel's OOM killer, which tracekit cannot
 report). ``capture`` is never run this way (the training keeps its terminal).
+
+Under a limit too tight for tracekit's libraries to load (``ulimit -v`` of a few hundred MB),
+they fail in other ways, each also one line and exit 2: OpenBLAS (at numpy's import) prints
+``OpenBLAS error: Memory allocation ...`` and exits 1 (the parent hides the line and reports the
+limit; the child gets ``OPENBLAS_NUM_THREADS=1`` unless set, so that OpenBLAS reserves one
+thread's buffers, not one per core), polars warns "Polars binary is missing!" and a later import
+fails (the child turns that warning into an error), and an import may fail with any exception,
+or the error handler itself run out of memory (:func:`prepare_child`: the line is made before,
+and written with one ``write``). polars' jemalloc starts a background thread; when it cannot,
+it says so and retries for ever, a million lines in 15 s while the command makes no progress:
+the child gets ``_RJEM_MALLOC_CONF=background_thread:false`` unless set (dirty pages are then
+returned by the allocating threads themselves; results do not change).
 """
 
 from __future__ import annotations
@@ -35,6 +47,13 @@ GUARDED = ("analyze", "report", "compare", "trim")
 _RUST_ALLOC = b"memory allocation of "
 #: how every line tracekit itself writes to stderr starts
 _OWN = b"tracekit: "
+#: lines of C libraries that ran out of memory and exit on their own (OpenBLAS at numpy's import,
+#: the dynamic loader when a library's thread-local storage cannot be allocated)
+_LIB_ALLOC = (b"OpenBLAS error: Memory allocation", b"OpenBLAS : Program is Terminated",
+              b"BLAS : Program is Terminated", b"cannot allocate memory for thread-local data")
+_JEMALLOC = b"<jemalloc>:"
+#: the environment variable of polars' jemalloc (its symbols carry the ``_rjem_`` prefix)
+_JEMALLOC_CONF = "_RJEM_MALLOC_CONF"
 _ALLOC_TAIL = re.compile(rb"^\d+ bytes failed\s*$")
 _PANIC = re.compile(rb"^thread '.*' (\(\d+\) )?panicked at ")
 #: lines of the Rust runtime that follow an allocation failure or a panic
@@ -69,13 +88,45 @@ def _size(n: int) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.0f} MB"
 
 
-def message(limit: tuple[str, int] | None = None) -> str:
+#: what to do when out of memory, per command (each names only flags that command has)
+_ADVICE = {
+    "analyze": "analyze less at once: --section with the sections you need instead of --all, fewer traces "
+               "per run, --jobs 1, or raise the limit",
+    "report": "report a shorter cut of the trace (tracekit trim TRACE CUT.sqlite --iterations A-B), or raise "
+              "the limit",
+    "compare": "compare shorter cuts of the traces (tracekit trim TRACE CUT.sqlite --iterations A-B), or raise "
+               "the limit",
+    "trim": "keep fewer rows (--iterations with fewer iterations, --drop TABLE, --keep-metrics REGEX), or "
+            "raise the limit",
+}
+#: the command being run (set by :func:`tracekit.cli.main`; else read from ``sys.argv``)
+_command: str | None = None
+
+
+def set_command(argv: list[str] | None) -> None:
+    """Remember the command of ``argv`` (``analyze``, ``report``, ...) for :func:`message`."""
+    global _command
+    args = list(sys.argv[1:] if argv is None else argv)
+    _command = args[0] if args and args[0] in _ADVICE else None
+
+
+def message(limit: tuple[str, int] | None = None, command: str | None = None) -> str:
     """The one line for running out of memory: the limit (``limit``, else
-    :func:`current_limit`) and what to do."""
+    :func:`current_limit`) and what to do with ``command`` (default: the one being run, see
+    :func:`set_command`; ``analyze``'s advice for an unknown one)."""
     limit = limit or current_limit()
+    if command is None:
+        command = _command
+        if command is None and len(sys.argv) > 1 and sys.argv[1] in _ADVICE:
+            command = sys.argv[1]
     where = f"under the {limit[0]} of {_size(limit[1])}" if limit else "(no ulimit is set: the machine's memory)"
-    return (f"out of memory {where}; analyze less at once: --section with the sections you need instead of "
-            f"--all, fewer traces per run, --jobs 1, or raise the limit")
+    return f"out of memory {where}; {_ADVICE.get(command or 'analyze', _ADVICE['analyze'])}"
+
+
+def start_message(limit: tuple[str, int]) -> str:
+    """The one line for a limit too tight for tracekit's libraries (polars, numpy) to load."""
+    return (f"out of memory under the {limit[0]} of {_size(limit[1])}: tracekit's libraries (polars, numpy) "
+            f"could not be loaded; raise the limit")
 
 
 def is_memory_error(exc: BaseException) -> bool:
@@ -96,8 +147,60 @@ def is_memory_error(exc: BaseException) -> bool:
     if type(exc).__name__ == "PanicException":  # polars' Rust code panicked (pyo3)
         if "memory allocation" in text or "Cannot allocate memory" in text:
             return True
-        return "failed to spawn thread" in text and current_limit() is not None
+        # a thread that could not start (EAGAIN: no room for its stack), unwrapped by a library
+        spawn = "failed to spawn thread" in text or "Os { code: 11," in text
+        return spawn and current_limit() is not None
     return isinstance(exc, ImportError) and ("failed to map segment" in text or "Cannot allocate memory" in text)
+
+
+def failed_import(exc: BaseException) -> bool:
+    """Whether ``exc``, under a memory limit, was raised while a module was being imported: its
+    traceback (or that of an exception it was raised from or during) passes through a module's
+    top-level code or the import machinery. That is how a compiled library that could not be
+    loaded whole fails, in many ways (polars and numpy: ``SystemError``, ``ImportError``,
+    polars' "binary is missing" warning made an error by :func:`prepare_child`). Never for a
+    module that does not exist (``ModuleNotFoundError``); always False without a limit."""
+    if current_limit() is None:
+        return False
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ModuleNotFoundError):
+            return False
+        tb = exc.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code  # a module's own code runs only while it is imported
+            if code.co_name == "<module>" or code.co_filename.startswith("<frozen importlib._bootstrap"):
+                return True
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def prepare_child() -> bytes | None:
+    """Under a memory limit, get ready to fail in one line: polars' "Polars binary is missing!"
+    warning (its compiled part could not be mapped) becomes an error, and the line for running
+    out of memory is made now, as bytes for one ``os.write`` (:func:`write_line`), for when even
+    the error handler runs out of memory. None without a limit (nothing is changed)."""
+    limit = current_limit()
+    if limit is None:
+        return None
+    import warnings
+
+    warnings.filterwarnings("error", message="Polars binary is missing", category=UserWarning)
+    return f"tracekit: error: {message(limit)}\n".encode()
+
+
+def write_line(line: bytes) -> None:
+    """Write ``line`` to stderr (fd 2) with no allocation beyond the call itself."""
+    try:
+        sys.stdout.flush()
+    except BaseException:
+        pass
+    try:
+        os.write(2, line)
+    except OSError:
+        pass
 
 
 def run_guarded(argv: list[str] | None = None) -> int | None:
@@ -112,11 +215,15 @@ def run_guarded(argv: list[str] | None = None) -> int | None:
     if limit is None:
         return None
     env = {**os.environ, CHILD_ENV: "1"}
+    if not any(k in os.environ for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")):
+        env["OPENBLAS_NUM_THREADS"] = "1"  # one thread's buffers at numpy's import, not one per core
+    if _JEMALLOC_CONF not in os.environ:  # polars' allocator: no background thread (see module doc)
+        env[_JEMALLOC_CONF] = "background_thread:false"
     try:
         child = subprocess.Popen([sys.executable, "-m", "tracekit.cli", *argv], env=env, stderr=subprocess.PIPE)
     except OSError:  # cannot even start a child (no memory for it): run in this process
         return None
-    saw_alloc = False
+    saw_alloc = ""
     try:
         saw_alloc = _forward(child.stderr)
         rc = child.wait()
@@ -127,39 +234,50 @@ def run_guarded(argv: list[str] | None = None) -> int | None:
             child.kill()
             rc = child.wait()
         return 130 if rc in (130, -signal.SIGINT) else (rc if rc >= 0 else 128 - rc)
-    if rc < 0:
+    if saw_alloc == "said" and rc != 0:  # its own error line is out; it may have crashed after it
+        return rc if 0 < rc < 128 else 2
+    if rc < 0 or (rc != 0 and saw_alloc):  # killed, or a library that ran out of memory and exited
         if saw_alloc or rc in (-signal.SIGABRT, -signal.SIGKILL, -signal.SIGSEGV):
             sys.stdout.flush()
-            print(f"tracekit: error: {message(limit)}", file=sys.stderr)
+            line = start_message(limit) if saw_alloc == "library" else message(limit, argv[0])
+            print(f"tracekit: error: {line}", file=sys.stderr)
             return 2
         return 128 - rc
     return rc
 
 
-def _forward(stream) -> bool:
+def _forward(stream) -> str:
     """Copy ``stream`` (the child's stderr) to ours line by line, leaving out Rust's
-    allocation-failure message, jemalloc's complaints (``<jemalloc>: ...``), a Rust panic's
-    message (``thread '...' (ID) panicked at ...``, the blank line before it and the line after
+    allocation-failure message, C libraries' (:data:`_LIB_ALLOC`), jemalloc's complaints
+    (``<jemalloc>: ...``, also cut from the end of the child's own line), a Rust panic's message (``thread '...' (ID) panicked at ...``, the blank line before it and the line after
     it; the child reports the panic itself, on one line) and the backtrace after either;
-    returns whether an allocation failure was seen. A line holding ``tracekit: `` (the child's
+    returns what happened: ``"said"`` (the child's last line was its own ``tracekit: error:``),
+    else ``"alloc"`` (Rust's allocation failure), ``"library"`` (only a C library's message, at
+    start-up) or ``""`` (nothing seen). A line holding ``tracekit: `` (the child's
     own error or note) is always written, from there on, even when a dying thread's message was
     printed on the same line or a panic's message was expected next."""
     out = getattr(sys.stderr, "buffer", None)
-    saw = in_trace = False
+    saw, in_trace, said = "", False, False
     skip_next = False
     held: list[bytes] = []
     for line in iter(stream.readline, b""):
         own = line.find(_OWN)
         if own >= 0:  # tracekit's own line, even glued to a dying thread's message: always shown
-            _write(out, line[own:] if line.endswith(b"\n") else line[own:] + b"\n")
+            text = line[own:].rstrip(b"\n")
+            cut = text.find(_JEMALLOC)  # the allocator's complaint written into the middle of it
+            _write(out, (text[:cut] if cut > 0 else text) + b"\n")
             held, in_trace, skip_next = [], False, False
+            said = line.startswith(b"error: ", own + len(_OWN))
             continue
         # threads dying at once interleave their messages: look inside the line, and for the
         # tail of a message split across lines
         if _RUST_ALLOC in line or _ALLOC_TAIL.match(line):
-            saw = in_trace = True
+            saw, in_trace = "alloc", True
             continue
-        if b"<jemalloc>:" in line:  # the allocator's own complaints (e.g. no thread for it)
+        if line.startswith(_LIB_ALLOC):  # a C library out of memory, about to exit
+            saw = saw or "library"
+            continue
+        if _JEMALLOC in line:  # the allocator's own complaints (e.g. no thread for it)
             continue
         if _PANIC.match(line):
             in_trace = skip_next = True
@@ -176,10 +294,12 @@ def _forward(stream) -> bool:
             continue
         for ln in (*held, line):
             _write(out, ln)
-        held = []
+        held, said = [], False
     for ln in held:
         _write(out, ln)
     stream.close()
+    if said:  # the child said what went wrong itself
+        return "said"
     return saw
 
 

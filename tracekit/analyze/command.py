@@ -145,6 +145,10 @@ def run_analyze(traces: list[Path], phase: str | None = None, iteration: int | N
         check_out(out, out_format or "csv")
     if jobs is not None and jobs < 1:
         raise TracekitError("--jobs must be a positive integer")
+    if ranks is not None:
+        from tracekit.analyze.multi import check_expected_ranks
+
+        check_expected_ranks(ranks)
     sections = transfer_sections.parse_sections(section, all_sections)
     if fmt == "json" and not sections:  # --json carries every section but the (long) timeline
         sections = tuple(s for s in transfer_sections.SECTIONS if s != "timeline")

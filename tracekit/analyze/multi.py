@@ -177,10 +177,11 @@ def analyze_many(
     listed in ``failed`` and left out of the summary (but not counted as a missing rank).
 
     Raises :class:`TracekitError` (one line): an input missing (:func:`expand_inputs`), an
-    unreachable Dask scheduler.
+    unreachable Dask scheduler, an ``expected_ranks`` below 1.
     """
     if want not in WANTS:
         raise ValueError(f"want={want!r}: choose one of {WANTS}")
+    check_expected_ranks(expected_ranks)
     paths = expand_inputs(items)
     from tracekit.options import Options
 
@@ -632,6 +633,47 @@ def _slowest(vals: list[tuple], spreads: dict | None = None) -> int | None:
     return slowest(sorted(vals, key=lambda t: -order[t[1]]), spreads=spreads)
 
 
+#: at most this many missing rank numbers are listed one by one (``missing_ranks`` of
+#: :func:`summarize_ranks`); ``missing_rank_ranges`` holds them all
+MAX_LISTED_MISSING = 10_000
+
+
+def check_expected_ranks(expected_ranks: int | None) -> None:
+    """Raise :class:`~tracekit.errors.TracekitError` (one line, exit 2) unless ``expected_ranks``
+    (``--ranks N``: the run's ranks are 0..N-1) is None or a positive integer."""
+    if expected_ranks is None:
+        return
+    if isinstance(expected_ranks, bool) or not isinstance(expected_ranks, int) or expected_ranks < 1:
+        raise TracekitError(f"--ranks {expected_ranks!r}: give the number of ranks in the run, a positive "
+                            "integer N (ranks 0..N-1)")
+
+
+def missing_ranges(present, upto: int) -> list[tuple[int, int]]:
+    """The numbers of 0..upto-1 absent from ``present`` (ints; those outside the span are
+    ignored) as sorted inclusive ``(first, last)`` ranges; time and memory grow with
+    ``len(present)``, not with ``upto``."""
+    out = []
+    nxt = 0
+    for n in sorted(n for n in set(present) if 0 <= n < upto):
+        if n > nxt:
+            out.append((nxt, n - 1))
+        nxt = n + 1
+    if nxt < upto:
+        out.append((nxt, upto - 1))
+    return out
+
+
+def listed_ranks(ranges, limit: int) -> list[int]:
+    """The first ``limit`` numbers of inclusive ``(first, last)`` ``ranges``."""
+    out: list[int] = []
+    for a, b in ranges:
+        take = min(b - a + 1, limit - len(out))
+        if take <= 0:
+            break
+        out.extend(range(a, a + take))
+    return out
+
+
 def summarize_ranks(
     results: list[dict], paths: list[Path] | None = None, expected_ranks: int | None = None,
     failed: list[Path] | None = None,
@@ -647,7 +689,8 @@ def summarize_ranks(
          "per_phase": {PHASE: {"min_ns", "max_ns", "mean_ns", "spread_ns", "spread_share",
                                "slowest": {"trace", "rank", "pid", "device"}}},
          "per_iteration": [{"index", "ranks", "min_ns", "max_ns", "spread_ns", "slowest"}],
-         "missing_ranks": [int], "ranks_without_iterations": [{"trace", "rank", "pid", "device"}]}
+         "missing_ranks": [int], "missing_ranks_count": int, "missing_rank_ranges": [[first, last]],
+         "ranks_without_iterations": [{"trace", "rank", "pid", "device"}]}
 
     ``per_phase`` compares each rank's phase time summed over its iterations; ``spread_ns`` is
     max - min and ``spread_share`` spread / mean (None when the mean is 0). The slowest rank
@@ -656,7 +699,11 @@ def summarize_ranks(
     (:func:`tracekit.analyze.significance.slowest`: >= 1 ms, >= 5 %, and for the mean
     iteration beyond either rank's iteration-to-iteration spread); else it is None. ``per_iteration`` compares ranks at equal iteration
     indices. ``missing_ranks``: numbers absent from 0..max of the ranks read from file names
-    (:func:`rank_numbers`), or from 0..expected_ranks-1 when given.
+    (:func:`rank_numbers`), or from 0..expected_ranks-1 when given, the first
+    :data:`MAX_LISTED_MISSING` of them; ``missing_ranks_count`` how many there are and
+    ``missing_rank_ranges`` all of them as inclusive ranges (:func:`missing_ranges`: the work
+    grows with the ranks present, not with ``expected_ranks``). Raises
+    :class:`~tracekit.errors.TracekitError` for an ``expected_ranks`` below 1.
     """
     from tracekit.analyze.significance import spread as spread_of
 
@@ -710,10 +757,10 @@ def summarize_ranks(
     if failed:
         all_paths = list(paths or [Path(r["trace"]) for r in results]) + list(failed)
         numbers |= set(rank_numbers(all_paths)[-len(failed):]) - {None}
-    if expected_ranks:
-        missing = sorted(set(range(expected_ranks)) - numbers)
-    else:
-        missing = sorted(set(range(max(numbers) + 1)) - numbers) if numbers else []
+    check_expected_ranks(expected_ranks)
+    upto = expected_ranks if expected_ranks else (max(numbers) + 1 if numbers else 0)
+    gaps = missing_ranges(numbers, upto)
+    count = sum(b - a + 1 for a, b in gaps)
     counts = [r["iterations"] for r in rows]
     return {
         "traces": len(results),
@@ -723,7 +770,9 @@ def summarize_ranks(
         "slowest_rank": slowest,
         "per_phase": per_phase,
         "per_iteration": per_iteration,
-        "missing_ranks": missing,
+        "missing_ranks": listed_ranks(gaps, MAX_LISTED_MISSING),
+        "missing_ranks_count": count,
+        "missing_rank_ranges": [[a, b] for a, b in gaps],
         "ranks_without_iterations": [_who(r) for r in rows if not r["iterations"]],
     }
 

@@ -15,6 +15,19 @@ from tracekit.analyze.multi import options_dict
 from tracekit.vocab import PHASES
 
 
+def missing_text(summary: dict) -> str:
+    """The missing rank numbers of a summary (:func:`tracekit.analyze.multi.summarize_ranks`)
+    as text: ``1, 4, 5`` one by one, a run of three or more as ``7-12``, and then the count
+    (``2-99 (98 ranks)``)."""
+    ranges = summary.get("missing_rank_ranges")
+    if ranges is None:  # a summary without ranges: the listed numbers
+        return ", ".join(map(str, summary["missing_ranks"]))
+    parts = []
+    for a, b in ranges:
+        parts.extend([str(a)] if a == b else [str(a), str(b)] if b == a + 1 else [f"{a}-{b}"])
+    count = summary.get("missing_ranks_count", 0)
+    return ", ".join(parts) + (f" ({count:,} ranks)" if any(b >= a + 2 for a, b in ranges) else "")
+
 def render_many(out: dict, console=None, wide: bool = False) -> None:
     """Print the per-rank table and the summary across ranks of :func:`analyze_many`'s dict
     (rich tables of :func:`tracekit.render.terminal.terminal_width`; ms = 1e6 ns)."""
@@ -76,7 +89,7 @@ def render_many(out: dict, console=None, wide: bool = False) -> None:
         console.print(text("slowest rank: none stands out (no rank's mean iteration differs from the next one's "
                            "by at least 1 ms and 5 % and beyond their iteration-to-iteration spread)"))
     if s["missing_ranks"]:
-        console.print(f"[bold red]missing ranks:[/] {', '.join(map(str, s['missing_ranks']))}")
+        console.print(f"[bold red]missing ranks:[/] {missing_text(s)}")
     for w in s["ranks_without_iterations"]:
         console.print(f"[yellow]no iterations:[/] {markup(Path(w['trace']).name)} pid {w['pid']}", emoji=False)
     for r in s["rank_rows"]:

@@ -182,7 +182,7 @@ def figure_key(tc, trace, name: str, *, rank: int, iteration: int, fmt: str, pha
 def cached_figure(tc, key: str, name: str, fmt: str):
     """``(png, vector, csv, frame)`` of a figure stored by :func:`store_figure`, or None (also
     when its frame does not read back: a Rust panic of polars included)."""
-    from tracekit.analyze.trace.cache import _panic_exception, code_fingerprint
+    from tracekit.analyze.trace.cache import code_fingerprint
 
     hit = tc.get_files(key) if tc is not None else None
     if hit is None or hit[0].get("code") != code_fingerprint():
@@ -191,13 +191,10 @@ def cached_figure(tc, key: str, name: str, fmt: str):
     want = (f"{name}.png", f"{name}.{fmt}", f"data/{name}.csv", "frame.parquet")
     if sorted(files) != sorted(want):
         return None
-    import io
+    from tracekit.analyze.trace.quiet import read_parquet
 
-    import polars as pl
-
-    try:
-        frame = pl.read_parquet(io.BytesIO(files["frame.parquet"]))
-    except (Exception, _panic_exception()):
+    frame = read_parquet(files["frame.parquet"])  # None when polars cannot read it (panic text hidden)
+    if frame is None:
         return None
     return bytes(files[want[0]]), bytes(files[want[1]]), bytes(files[want[2]]), frame
 

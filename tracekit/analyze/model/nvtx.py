@@ -3,7 +3,10 @@
 A range's name is ``NVTX_EVENTS.text`` when set, else ``StringIds[textId]`` (both occur in
 one file, depending on the NVTX API and domain). Domain names come from the
 ``NvtxDomainCreate`` rows (eventType 75, ``text`` = name, ``domainId``); domain 0 is the
-default domain and is called ``""``.
+default domain and is called ``""``. Domain ids are numbered per process (the NCCL, DeepSpeed
+and tracekit domains of a training process are 1, 2, 3; a second process's first domain is 1
+again), so a range's domain is looked up by its process (the ``globalPid`` part of its
+``globalTid``) and ``domainId``: :class:`Domains`.
 
 Anomalies that are counted and set aside rather than trusted (:func:`anomalies`):
 ranges that never closed (``end`` NULL or equal to the end of the capture), ranges without a
@@ -20,6 +23,79 @@ import polars as pl
 from tracekit.analyze.trace import enums
 from tracekit.analyze.trace.export import Export
 from tracekit.vocab import global_pid_expr as global_pid
+from tracekit.vocab import global_pid_of
+
+class Domains:
+    """The names of the NVTX domains of an export, per process (see module doc).
+
+    Built from the domain-create rows as ``(global_tid, domain_id, name)``. :meth:`name` of a
+    (process, id): the name that process created the id with; else the name of a create row
+    without a thread; else, when every process that created this id gave it the same name, that
+    name (a forked process uses its parent's domain without a create row of its own); else
+    ``""``, as for domain 0 and an id nobody created. Within one process a later create row of
+    the same id wins.
+    """
+
+    def __init__(self, rows=()) -> None:
+        self._own: dict[tuple[int | None, int], str] = {}
+        for tid, did, name in rows:
+            self.add(tid, did, name)
+
+    def add(self, global_tid: int | None, domain_id: int | None, name: str | None) -> None:
+        """One domain-create row (a NULL id is ignored; a NULL name is ``""``)."""
+        if domain_id is None:
+            return
+        pid = None if global_tid is None else global_pid_of(global_tid)
+        self._own[(pid, int(domain_id))] = name or ""
+
+    def by_id(self) -> dict[int, str] | None:
+        """``{domain_id: name}`` when every id has one name throughout the export (then the
+        process does not matter), else None."""
+        out: dict[int, str] = {}
+        for (_pid, did), name in self._own.items():
+            if out.setdefault(did, name) != name:
+                return None
+        return out
+
+    def name(self, global_pid: int | None, domain_id: int | None) -> str:
+        """The name of domain ``domain_id`` in the process ``global_pid`` (see class doc)."""
+        did = int(domain_id or 0)
+        own = self._own.get((global_pid, did))
+        if own is None:
+            own = self._own.get((None, did))
+        if own is not None:
+            return own
+        names = {n for (_p, d), n in self._own.items() if d == did}
+        return names.pop() if len(names) == 1 else ""
+
+    def column(self, global_pid: pl.Series, domain_id: pl.Series) -> pl.Series:
+        """The ``domain`` names (String) of rows with these ``global_pid`` and ``domain_id``
+        (Int64; a NULL id is domain 0), in their order."""
+        by_id = self.by_id()
+        if by_id is not None:  # one name per id: a lookup by id alone
+            values = pl.Series([*by_id.values(), ""], dtype=pl.String)
+            code = {d: k for k, d in enumerate(by_id)}
+            idx = domain_id.fill_null(0).replace_strict(code, default=len(by_id), return_dtype=pl.UInt32)
+            return values.gather(idx).alias("domain")
+        keys = pl.DataFrame({"p": global_pid.cast(pl.Int64), "d": domain_id.cast(pl.Int64).fill_null(0)})
+        pairs = keys.unique()
+        pairs = pairs.with_columns(domain=pl.Series(
+            [self.name(p, d) for p, d in pairs.iter_rows()], dtype=pl.String))
+        return keys.join(pairs, on=["p", "d"], how="left", nulls_equal=True, maintain_order="left")["domain"]
+
+
+def domains(export: Export) -> Domains:
+    """The :class:`Domains` of ``export``'s domain-create rows (empty without NVTX_EVENTS)."""
+    cols = set(export.columns("NVTX_EVENTS"))
+    if not {"eventType", "text"} <= cols:
+        return Domains()
+    tid = "globalTid" if "globalTid" in cols else "NULL"
+    did = "domainId" if "domainId" in cols else "0"
+    rows = export.query(f"SELECT {tid}, {did}, text FROM NVTX_EVENTS WHERE eventType = ?",
+                        (enums.NVTX_DOMAIN_CREATE,),
+                        schema={"global_tid": pl.Int64, "domain_id": pl.Int64, "text": pl.String})
+    return Domains(rows.iter_rows())
+
 
 #: Columns of :func:`load_ranges`.
 RANGE_COLUMNS = [
@@ -121,12 +197,11 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
             unusable = unusable & ~(pl.col("start").is_not_null() & (pl.col("end") == never_popped))
     is_range = et != enums.NVTX_DOMAIN_CREATE
     # read in rowid chunks, each cut at once to its usable ranges (NVTX_EVENTS order kept)
-    domain_names: dict[int, str] = {}
+    names_of = Domains()
     pieces, bad, top = [], 0, [None, None]
     for chunk in export.query_chunks(**_chunk_args(q)):
-        for d, t in chunk.filter(et == enums.NVTX_DOMAIN_CREATE).select("domain_id", "text").iter_rows():
-            if d is not None:
-                domain_names[int(d)] = t
+        for row in chunk.filter(et == enums.NVTX_DOMAIN_CREATE).select("global_tid", "domain_id", "text").iter_rows():
+            names_of.add(*row)
         flags = chunk.select(keep=is_range & ~unusable, bad=is_range & unusable)
         bad += int(flags["bad"].sum())
         for k, col in enumerate(("start", "end")):
@@ -159,16 +234,13 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
     names = export.strings(text_ids)
     name_values = pl.Series([*names.values(), ""], dtype=pl.String)
     name_code = {int(i): k for k, i in enumerate(names)}
-    dom_values = pl.Series([*domain_names.values(), ""], dtype=pl.String)
-    dom_code = {int(d): k for k, d in enumerate(domain_names)}
     name_idx = g["text_id"].replace_strict(name_code, default=len(names), return_dtype=pl.UInt32)
     name = name_values.gather(name_idx.fill_null(len(names)))
     if g["text"].null_count() < g.height:
         name = g.select(pl.coalesce(pl.col("text"), pl.lit(name)))["text"]
-    dom_idx = g["domain_id"].fill_null(0).replace_strict(dom_code, default=len(domain_names), return_dtype=pl.UInt32)
     ranges = g.with_columns(
         name=name,
-        domain=dom_values.gather(dom_idx),
+        domain=names_of.column(g.select(global_pid(pl.col("global_tid")))["global_tid"], g["domain_id"]),
         unclosed=pl.col("end").is_null() | (pl.col("end") >= capture_end),
         cross_thread=pl.col("end_tid").is_not_null() & (pl.col("end_tid") != pl.col("global_tid")),
         global_pid=global_pid(pl.col("global_tid")),

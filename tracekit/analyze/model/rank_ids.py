@@ -22,6 +22,7 @@ import polars as pl
 
 from tracekit.analyze.trace import enums
 from tracekit.analyze.trace.export import Export
+from tracekit.analyze.model import nvtx
 from tracekit.analyze.model.phases import TRACEKIT_DOMAIN, PhaseModel
 from tracekit.vocab import global_pid_of, os_pid_expr
 
@@ -70,17 +71,13 @@ def rank_records(export: Export) -> pl.DataFrame:
     )
     if rows.height == 0:
         return pl.DataFrame(schema=schema)
-    domains = export.query(
-        f"SELECT {dom.replace('n.', '')}, text FROM NVTX_EVENTS WHERE eventType = ?", (enums.NVTX_DOMAIN_CREATE,),
-        schema={"domain_id": pl.Int64, "text": pl.String},
-    )
-    dnames = {int(d): t for d, t in zip(domains["domain_id"], domains["text"]) if d is not None}
+    dnames = nvtx.domains(export)  # per process: domain ids are numbered per process
     out = []
     for tid, start, did, name in rows.sort("start").iter_rows():
         m = RANK_PATTERN.search(name or "")
         if not m:
             continue
-        domain = dnames.get(int(did or 0), "")
+        domain = dnames.name(None if tid is None else global_pid_of(tid), did)
         out.append({"global_pid": global_pid_of(tid), "start": start, "domain": domain, "name": name,
                     "rank": int(m.group(1)), "local_rank": _int(m.group(2)), "world": _int(m.group(3))})
     if not out:

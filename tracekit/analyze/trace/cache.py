@@ -18,7 +18,8 @@ Location: a directory ``<trace>.tracekit-cache/`` beside the trace (for ``run.sq
 ``run.sqlite.tracekit-cache/``). When the trace's directory is not writable, or when the
 environment variable ``TRACEKIT_CACHE_DIR`` names a root, the directory is
 ``ROOT/<sha1 of the trace's absolute path>-<trace name>.tracekit-cache/`` instead, with ROOT
-defaulting to ``$XDG_CACHE_HOME/tracekit`` (``~/.cache/tracekit``). Nothing is ever written into
+defaulting to ``$XDG_CACHE_HOME/tracekit`` (``~/.cache/tracekit``). A name that would be longer
+than a file name may be is cut and tagged with a hash of the whole (:func:`cache_dir_name`). Nothing is ever written into
 the trace itself: the trace is only ``stat``-ed here and opened read-only elsewhere.
 
 What the cache trusts, and what it checks (issue 9; docs/performance.md says it for users):
@@ -36,7 +37,12 @@ What the cache trusts, and what it checks (issue 9; docs/performance.md says it 
   printable ASCII, stored terminal text may hold no control characters but newlines, tabs and
   SGR colour sequences. Anything else is a miss: recomputed from the trace and replaced.
   A Parquet payload that polars still cannot read (including a Rust panic, which derives from
-  ``BaseException``) is a miss too.
+  ``BaseException``) is a miss too, and the panic's text is kept off the terminal
+  (:mod:`tracekit.analyze.trace.quiet`).
+- The folder found (or made) when the cache is opened is the only one written to: every later
+  access checks that the path still leads to that folder (device and inode), so a folder of
+  the user's moved in where the cache was, while tracekit ran, never receives entries (the
+  cache is then off for the rest of the run, with a note).
 - Invalidation: ``manifest.json`` records the trace identity (:func:`trace_identity`: size,
   mtime, ctime, inode, the same of the trace's ``-wal`` file, the cache format and tracekit's
   version). When it differs from the trace on disk, the entries tracekit wrote (files named
@@ -169,9 +175,27 @@ def _root_dir() -> Path:
     return Path(root)
 
 
+#: the longest file name (bytes) most file systems take (ext4, xfs, btrfs, tmpfs: NAME_MAX)
+_NAME_MAX = 255
+
+
+def cache_dir_name(name: str, prefix: str = "") -> str:
+    """``PREFIX NAME.tracekit-cache``, the folder name of a trace named ``name``; when that is
+    longer than :data:`_NAME_MAX` bytes (UTF-8), the name is cut and ``-`` plus 16 hex digits
+    of its sha1 follow the cut, so that it fits and two long names sharing a start still differ
+    (a 245-character trace name disabled the cache, with two notes on every run)."""
+    whole = f"{prefix}{name}{SUFFIX}"
+    if len(whole.encode("utf-8", "surrogateescape")) <= _NAME_MAX:
+        return whole
+    tag = "-" + hashlib.sha1(name.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    room = _NAME_MAX - len(f"{prefix}{tag}{SUFFIX}".encode("utf-8", "surrogateescape"))
+    cut = name.encode("utf-8", "surrogateescape")[:max(room, 0)].decode("utf-8", "ignore")
+    return f"{prefix}{cut}{tag}{SUFFIX}"
+
+
 def _root_cache_dir(trace: Path) -> Path:
-    digest = hashlib.sha1(str(trace).encode()).hexdigest()[:16]
-    return _root_dir() / f"{digest}-{trace.name}{SUFFIX}"
+    digest = hashlib.sha1(str(trace).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return _root_dir() / cache_dir_name(trace.name, f"{digest}-")
 
 
 def default_cache_dir(trace: str | Path) -> Path:
@@ -180,7 +204,7 @@ def default_cache_dir(trace: str | Path) -> Path:
     trust (:attr:`TraceCache.directory` says where it went)."""
     trace = Path(trace).resolve()
     if not os.environ.get(ENV_DIR) and _writable_dir(trace.parent):
-        return trace.with_name(trace.name + SUFFIX)
+        return trace.with_name(cache_dir_name(trace.name))
     return _root_cache_dir(trace)
 
 
@@ -355,6 +379,7 @@ class TraceCache:
         self.hits = self.misses = self.writes = self.errors = 0
         self.enabled = True
         self._legacy = False
+        self._dir_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the folder in use
         if directory is not None:
             candidates = [Path(directory)]
         else:
@@ -365,7 +390,7 @@ class TraceCache:
                 candidates.append(fallback)
         self._ready = False
         for i, d in enumerate(candidates):
-            self.directory = d
+            self.directory, self._dir_id = d, None
             try:
                 state = self._inspect(d)
             except _Rejected as e:
@@ -386,8 +411,8 @@ class TraceCache:
     @contextmanager
     def _dir(self, check_mode: bool = True):
         """A file descriptor of :attr:`directory`, opened without following a symbolic link and
-        checked (a directory owned by us, with ``check_mode`` not writable by group or others);
-        raises _Rejected."""
+        checked (a directory owned by us, with ``check_mode`` not writable by group or others,
+        and the same folder as at the first call: see the module doc); raises _Rejected."""
         try:
             dfd = os.open(self.directory, _O_DIR)
         except OSError as e:
@@ -402,6 +427,13 @@ class TraceCache:
                 raise _Rejected("belongs to another user")
             if check_mode and st.st_mode & 0o022:
                 raise _Rejected("is writable by other users")
+            if self._dir_id is None:
+                self._dir_id = (st.st_dev, st.st_ino)
+            elif self._dir_id != (st.st_dev, st.st_ino):
+                self.enabled = self._ready = False
+                _note(("cache replaced", str(self.directory)), f"cache folder {self.directory} was replaced by "
+                      "another folder while tracekit ran: not caching in it")
+                raise _Rejected("was replaced by another folder")
             yield dfd
         finally:
             os.close(dfd)
@@ -635,13 +667,10 @@ class TraceCache:
         payload = self._read_entry(f"q-{key}.parquet")
         if payload is None:
             return None
-        import io
+        from tracekit.analyze.trace.quiet import read_parquet
 
-        import polars as pl
-
-        try:
-            frame = pl.read_parquet(io.BytesIO(payload))  # (a copy: polars keeps the buffer)
-        except (Exception, _panic_exception()):
+        frame = read_parquet(payload)  # a panic's text is hidden too (d02)
+        if frame is None:
             self.errors += 1
             self.misses += 1
             return None
