@@ -600,17 +600,18 @@ class TraceCache:
         """Write ``data`` as ``name`` in ``dfd``: exclusive temporary, fsync, rename."""
         write_replacing(name, data, dir_fd=dfd, mode=0o600, fsync=True)
 
-    def _write_entry(self, name: str, payload: bytes) -> None:
-        """Store ``payload`` as entry ``name`` with its header (:data:`MAGIC`, see module doc).
-        Raises OSError / _Rejected."""
+    def _write_entry(self, name: str, payload: bytes, extra: dict | None = None) -> None:
+        """Store ``payload`` as entry ``name`` with its header (:data:`MAGIC`, see module doc;
+        ``extra`` adds keys to it). Raises OSError / _Rejected."""
         header = {"name": name, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(),
-                  "identity": self._id_digest}
+                  "identity": self._id_digest, **(extra or {})}
         with self._dir() as dfd:
             self._write_file(name, MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload, dfd)
 
-    def _read_entry(self, name: str) -> memoryview | None:
+    def _read_entry(self, name: str, header: dict | None = None) -> memoryview | None:
         """The payload of entry ``name`` when every check passes (module doc); None on a miss
-        (counted: :attr:`misses`, and :attr:`errors` for an entry that is there but fails)."""
+        (counted: :attr:`misses`, and :attr:`errors` for an entry that is there but fails).
+        ``header``, when given, receives the entry's header keys."""
         if not self.enabled or not self._ready:
             self.misses += 1
             return None
@@ -622,13 +623,13 @@ class TraceCache:
             return None
         except (OSError, _Rejected):
             data = None
-        payload = self._check(name, data) if data is not None else None
+        payload = self._check(name, data, header) if data is not None else None
         if payload is None:
             self.errors += 1
             self.misses += 1
         return payload
 
-    def _check(self, name: str, data: bytes) -> memoryview | None:
+    def _check(self, name: str, data: bytes, out: dict | None = None) -> memoryview | None:
         if not data.startswith(MAGIC):
             return None
         end = data.find(b"\n", 0, 1024)
@@ -643,6 +644,8 @@ class TraceCache:
                 or header.get("identity") != self._id_digest
                 or header.get("sha256") != hashlib.sha256(payload).hexdigest()):
             return None
+        if out is not None:
+            out.update(header)
         return payload
 
     # ------------------------------------------------------------------ frames
@@ -664,12 +667,17 @@ class TraceCache:
     def get_frame(self, key: str):
         """The cached polars frame of ``key``, or None on a miss (or an entry that fails a check
         or that polars cannot read, a Rust panic included)."""
-        payload = self._read_entry(f"q-{key}.parquet")
+        header: dict = {}
+        payload = self._read_entry(f"q-{key}.parquet", header)
         if payload is None:
             return None
         from tracekit.analyze.trace.quiet import read_parquet
 
         frame = read_parquet(payload)  # a panic's text is hidden too (d02)
+        if frame is not None and header.get("frame_hash") != _frame_hash(frame):
+            # Parquet has no checksum of its values: a damaged page may decode to other values
+            # (a kernel name with one letter changed) under a header re-signed for the damage
+            frame = None
         if frame is None:
             self.errors += 1
             self.misses += 1
@@ -686,7 +694,7 @@ class TraceCache:
         try:
             buf = io.BytesIO()
             frame.write_parquet(buf, compression="zstd", compression_level=1, statistics=False)
-            self._write_entry(f"q-{key}.parquet", buf.getvalue())
+            self._write_entry(f"q-{key}.parquet", buf.getvalue(), {"frame_hash": _frame_hash(frame)})
             self.writes += 1
         except (Exception, _panic_exception()):
             self.errors += 1
@@ -834,6 +842,18 @@ def _has_control(obj) -> bool:
     if isinstance(obj, (list, tuple)):
         return any(_has_control(v) for v in obj)
     return False
+
+
+def _frame_hash(frame) -> str | None:
+    """A digest of a frame's decoded values (polars' row hash, summed, with the height and the
+    schema), stored beside a query entry and checked on read: it catches damage that the
+    payload's sha256 cannot (a header re-signed after the damage) and that still decodes.
+    None when polars cannot hash the frame (the check is then equality of None)."""
+    try:
+        rows = int(frame.hash_rows(seed=7).sum()) if frame.height and frame.width else 0
+    except Exception:
+        return None
+    return f"{rows:x}:{frame.height}:{hashlib.sha1(str(frame.schema).encode()).hexdigest()[:12]}"
 
 
 def _panic_exception() -> type:
