@@ -617,6 +617,10 @@ def _sub_group(pieces, cb: pl.DataFrame, target: float, P, nsg: int, n: int) -> 
     g, why = bandwidth(pieces, "H2D", kind, chunk)
     if g is None:
         g, why = per_it_bytes / now if now else None, "the copy-back's own bandwidth"
+    if g is None:  # zero-duration copies only: no bandwidth to re-time them at
+        return _result(pieces, "sub_group_size", 0.0, f"no {kind} H2D bandwidth measured: the copy-back's copies "
+                       "take 0 ns in the trace", "low", applicable=False,
+                       why=f"no {kind} H2D copy with a measured duration to re-time the copy-back at")
     new = per_it_bytes / g if g else now
     s = now - new
     return _result(pieces, "sub_group_size", s,

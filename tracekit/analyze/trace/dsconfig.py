@@ -233,7 +233,7 @@ def infer_settings(facts: dict) -> dict:
                 "cpu", f"the update copies {facts['copy_back_bytes'] / 1e6:,.0f} MB of parameters to the GPU per "
                        f"iteration and the GPU is idle {100 * facts['update_cpu_share']:.0f}% of it")
     kinds = facts.get("grad_copy_kinds") or {}
-    if kinds:
+    if kinds and sum(kinds.values()) > 0:  # zero-byte copies only: no share to tell the kind by
         main = max(kinds, key=kinds.get)
         if main in ("pinned", "pageable"):
             out["zero_optimization.offload_optimizer.pin_memory"] = (
