@@ -892,22 +892,40 @@ def _is_plain_name(expr: str) -> bool:
 
 
 def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise TracekitError(f"{path}: no such file")
-    if path.is_dir():
-        raise TracekitError(f"{path}: is a directory; pass an nsys .sqlite export")
+    """One line (:class:`TracekitError`) unless ``path`` is a regular file that starts like an
+    SQLite database: missing, a directory, a pipe or FIFO (``analyze <(cat t.sqlite)``, which
+    SQLite cannot read: it seeks), a device, a path over the system's limit
+    (:func:`tracekit.userfiles.check_regular`), an nsys report, empty, or another file."""
+    import stat
+
+    from tracekit.userfiles import check_regular, os_error, shown
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise TracekitError(f"{shown(path)}: is a directory; pass an nsys .sqlite export")
+    check_regular(path, why="SQLite reads its database at random offsets; save the export to a file first "
+                            "(`cat ... > trace.sqlite`) and pass that")
     suffix = "".join(path.suffixes[-1:]).lower()
-    with open(path, "rb") as fh:
-        head = fh.read(16)
+    try:  # O_NONBLOCK: a FIFO swapped in since the check does not block the open
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            head = os.read(fd, 16)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise os_error(path, exc) from None
     if head == SQLITE_MAGIC:
         return
     if suffix in (".nsys-rep", ".qdrep", ".qdstrm"):
         raise TracekitError(
-            f"{path}: this is an Nsight Systems report, not its SQLite export; run "
+            f"{shown(path)}: this is an Nsight Systems report, not its SQLite export; run "
             f"`nsys export --type sqlite {path}` and analyze the .sqlite it writes"
         )
     if not head:
-        raise TracekitError(f"{path}: file is empty; pass an nsys .sqlite export")
+        raise TracekitError(f"{shown(path)}: file is empty; pass an nsys .sqlite export")
     raise TracekitError(
-        f"{path}: not an SQLite file; pass the .sqlite written by `nsys export --type sqlite`"
+        f"{shown(path)}: not an SQLite file; pass the .sqlite written by `nsys export --type sqlite`"
     )
