@@ -92,3 +92,196 @@ def test_synthetic_degenerate_copies_analyze_report_compare(tmp_path, sql):
     assert (tmp_path / "rep" / "report.md").is_file()
     rc, out, err = cli("compare", ZERO3_CUT, t, "--no-cache")
     assert rc == 0 and out, err
+
+
+# ---------------------------------------------------------------- e08: odd manifests and configs
+def _deep(n: int) -> str:
+    return '{"zero_optimization": ' + "[" * n + "]" * n + "}"
+
+
+ODD_MANIFESTS = {
+    "deep": (_deep(200_000), "nested too deeply"),
+    "versions": ('{"deepspeed_config": {"zero_optimization": {"stage": 3}}, "versions": [1]}',
+                 '"versions" is a list, expected an object'),
+    "gpus": ('{"deepspeed_config": {"zero_optimization": {"stage": 3}}, "gpus": 5}',
+             '"gpus" is a number, expected a list'),
+    "ds_list": ('{"deepspeed_config": [1, 2]}', '"deepspeed_config" is a list'),
+    "nan": ('{"zero_optimization": {"stage": 3, "offload_optimizer": {"ratio": NaN}}}', "NaN is not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD_MANIFESTS))
+def test_odd_manifest_beside_trace_is_ignored_with_a_note(tmp_path, name):
+    text, why = ODD_MANIFESTS[name]
+    t = tmp_path / "t.sqlite"
+    shutil.copyfile(ZERO3_CUT, t)
+    (tmp_path / "t.json").write_text(text)
+    from tracekit.analyze.sections.cpu_update import worker_parents
+    from tracekit.analyze.trace import dsconfig
+    from tracekit.render.config import run_config
+
+    loaded = dsconfig.load(t)
+    assert loaded["source"] is None and loaded["deepspeed_config"] is None
+    assert loaded["note"].startswith("capture manifest ") and "t.json" in loaded["note"]
+    assert why in loaded["note"] and "manifest ignored" in loaded["note"]
+    assert run_config(t).manifest is None and run_config(t).versions == {} and run_config(t).gpus == []
+    assert worker_parents(t) == {}
+    rc, out, err = cli("analyze", t, "--no-cache", "--json")
+    assert rc == 0, err
+    assert why in strict_json(out)["config"]["note"]
+
+
+@pytest.mark.parametrize("name", sorted(ODD_MANIFESTS))
+def test_odd_ds_config_is_one_line_error(tmp_path, name):
+    text, why = ODD_MANIFESTS[name]
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(text)
+    rc, out, err = cli("analyze", ZERO3_CUT, "--no-cache", "--ds-config", cfg)
+    assert_one_line_error(rc, out, err, why)
+    assert f"--ds-config {cfg}" in err
+
+
+def test_config_depth_limit_is_exact(tmp_path):
+    from tracekit.analyze.trace.dsconfig import MAX_CONFIG_DEPTH, read_json_object
+    from tracekit.errors import TracekitError
+
+    p = tmp_path / "c.json"
+    # depth counted by hand: the outer object is level 1, each list one more
+    p.write_text(_deep(MAX_CONFIG_DEPTH - 1))
+    assert isinstance(read_json_object(p, "--ds-config"), dict)
+    p.write_text(_deep(MAX_CONFIG_DEPTH))
+    with pytest.raises(TracekitError, match="nested too deeply"):
+        read_json_object(p, "--ds-config")
+
+
+def test_manifest_problem_shapes():
+    from tracekit.analyze.trace.dsconfig import manifest_problem
+
+    ok = {"deepspeed_config": {"a": 1}, "versions": {"deepspeed": "0.19.8", "torch": 2}, "gpus": [{"name": "H200"}],
+          "hook": {"processes": []}, "command_line": "python t.py", "nsys": {"version": "2025.3"}}
+    assert manifest_problem(ok) is None
+    assert manifest_problem({"zero_optimization": {"stage": 3}, "versions": [1]}) is None  # a plain DS config
+    assert manifest_problem({**ok, "versions": {"torch": [2]}}) == '"versions"."torch" is a list, expected a version string'
+    assert manifest_problem({**ok, "hook": {"processes": 3}}) == '"hook"."processes" is a number, expected a list'
+    assert manifest_problem({**ok, "command_line": ["python"]}) == '"command_line" is a list, expected a string'
+    assert manifest_problem({**ok, "nsys": None, "gpus": None}) is None  # null is absent
+
+
+# ---------------------------------------------------------------- e09: a huge manifest
+def test_huge_sparse_manifest_refused_by_size(tmp_path):
+    t = tmp_path / "t.sqlite"
+    shutil.copyfile(ZERO3_CUT, t)
+    m = tmp_path / "t.json"
+    with open(m, "wb") as fh:
+        fh.truncate(3 << 30)  # 3 GiB, sparse: no disk used
+    start = time.monotonic()
+    rc, out, err = cli("analyze", t, "--no-cache", "--json")
+    took = time.monotonic() - start
+    assert rc == 0, err
+    note = strict_json(out)["config"]["note"]
+    assert note.startswith(f"capture manifest {m}: 3,221,225,472 bytes, over the 16 MiB limit"), note
+    assert took < 60
+    from tracekit.render.report_cache import beside
+
+    assert beside(t)["t.json"] == f"too large: {3 << 30}"  # the report cache does not hash it either
+
+
+def test_read_limited_refuses_one_byte_over(tmp_path):
+    from tracekit.errors import TracekitError
+    from tracekit.userfiles import read_limited
+
+    p = tmp_path / "c.json"
+    p.write_bytes(b"x" * 11)
+    assert read_limited(p, "--ds-config", 11) == b"x" * 11
+    with pytest.raises(TracekitError, match=r"11 bytes, over the 10 bytes limit"):
+        read_limited(p, "--ds-config", 10)
+
+
+# ---------------------------------------------------------------- e14: --bin-ms out of range
+@pytest.mark.parametrize("value", ["1e15", "1e300", "1000000001"])
+def test_huge_bin_ms_one_line_error(value):
+    rc, out, err = cli("analyze", ZERO3_CUT, "--section", "timeline", "--bin-ms", value, "--no-cache")
+    assert_one_line_error(rc, out, err, "--bin-ms")
+    assert "ceiling" in err
+
+
+def test_largest_bin_ms_fits_int64():
+    from tracekit.options import MAX_BIN_MS, Options
+
+    assert Options(bin_ms=MAX_BIN_MS).bin_ns == 10**15 < 2**63
+
+
+# ---------------------------------------------------------------- e15, e20: pipes and FIFOs
+def test_pipe_as_trace_one_line_error():
+    r, w = os.pipe()  # what `analyze <(cat t.sqlite)` passes: /dev/fd/N, a pipe
+    os.close(w)  # no writer: a read returns at once (before, the 16 bytes read passed as "empty")
+    try:
+        rc, out, err = cli("analyze", f"/dev/fd/{r}", "--no-cache")
+    finally:
+        os.close(r)
+    assert_one_line_error(rc, out, err, "a pipe or FIFO, not a regular file")
+    assert "SQLite" in err and f"/dev/fd/{r}" in err
+
+
+@pytest.mark.parametrize("where", ["trace", "ds-config", "ds-config-a"])
+def test_fifo_refused_at_once(tmp_path, where):
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "f.sqlite"
+    os.mkfifo(fifo)
+    args = {"trace": ["analyze", fifo, "--no-cache"],
+            "ds-config": ["analyze", ZERO3_CUT, "--no-cache", "--ds-config", fifo],
+            "ds-config-a": ["compare", ZERO3_CUT, ZERO3_CUT, "--no-cache", "--ds-config-a", fifo]}[where]
+    p = subprocess.run([sys.executable, "-m", "tracekit.cli", *map(str, args)], capture_output=True, text=True,
+                       timeout=60)  # blocked for ever before
+    assert_one_line_error(p.returncode, p.stdout, p.stderr, "a pipe or FIFO, not a regular file")
+
+
+# ---------------------------------------------------------------- e16: a path over PATH_MAX
+def test_path_too_long_one_short_line(tmp_path, monkeypatch):
+    d = "d" * 200
+    monkeypatch.chdir(tmp_path)
+    fd = os.open(".", os.O_RDONLY)
+    try:
+        for _ in range(22):
+            os.mkdir(d, dir_fd=fd)
+            nfd = os.open(d, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+    path = "/".join([d] * 22) + "/t.sqlite"
+    assert len(path) == 4430
+    rc, out, err = cli("analyze", path)
+    assert_one_line_error(rc, out, err, "path too long (4,430 characters")
+    assert len(err) < 1000 and err.rstrip().endswith("move or link the file to a shorter path")
+    assert "d" * 60 + "..." in err and "/t.sqlite: path too long" in err
+
+
+def test_shown_path_keeps_head_and_tail():
+    from tracekit.userfiles import MAX_SHOWN, shown
+
+    p = "a" * 100 + "/" + "b" * 300 + "/name.sqlite"
+    s = shown(p)
+    assert len(s) == MAX_SHOWN and s == p[:60] + "..." + p[-(MAX_SHOWN - 63):]
+    assert shown("short/x.sqlite") == "short/x.sqlite"
+    assert shown("a\x1b[2Jb") == "a\\x1b[2Jb"
+
+
+# ---------------------------------------------------------------- e19: strict JSON out
+def test_format_json_writes_null_for_nan_and_inf():
+    from tracekit.analyze.trace.cache import dumps_strict, format_json
+
+    obj = {"rows": [{"a": float("nan"), "b": 1.5}], "x": float("inf"), "y": {"z": [float("-inf"), 2]}}
+    for text in (format_json(obj), dumps_strict(obj, indent=1)):
+        assert strict_json(text) == {"rows": [{"a": None, "b": 1.5}], "x": None, "y": {"z": [None, 2]}}
+
+
+def test_compare_fail_above_inf_strict_json(tmp_path):
+    rc, out, err = cli("compare", ZERO3_CUT, ZERO3_CUT, "--fail-above", "inf", "--json", "-o", tmp_path / "cmp",
+                       "--no-cache")
+    assert rc == 0, err
+    for text in (out, (tmp_path / "cmp" / "compare.json").read_text()):
+        d = strict_json(text)
+        assert d["regressions"] == {"fail_above_pct": None, "slower": []}
