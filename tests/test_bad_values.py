@@ -106,7 +106,7 @@ ODD_MANIFESTS = {
     "gpus": ('{"deepspeed_config": {"zero_optimization": {"stage": 3}}, "gpus": 5}',
              '"gpus" is a number, expected a list'),
     "ds_list": ('{"deepspeed_config": [1, 2]}', '"deepspeed_config" is a list'),
-    "nan": ('{"zero_optimization": {"stage": 3, "offload_optimizer": {"ratio": NaN}}}', "NaN is not valid JSON"),
+    "utf16": ('{"zero_optimization": {"stage": 3}}'.encode("utf-16"), "not UTF-8 text"),
 }
 
 
@@ -115,7 +115,7 @@ def test_odd_manifest_beside_trace_is_ignored_with_a_note(tmp_path, name):
     text, why = ODD_MANIFESTS[name]
     t = tmp_path / "t.sqlite"
     shutil.copyfile(ZERO3_CUT, t)
-    (tmp_path / "t.json").write_text(text)
+    (tmp_path / "t.json").write_bytes(text if isinstance(text, bytes) else text.encode())
     from tracekit.analyze.sections.cpu_update import worker_parents
     from tracekit.analyze.trace import dsconfig
     from tracekit.render.config import run_config
@@ -135,7 +135,7 @@ def test_odd_manifest_beside_trace_is_ignored_with_a_note(tmp_path, name):
 def test_odd_ds_config_is_one_line_error(tmp_path, name):
     text, why = ODD_MANIFESTS[name]
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(text)
+    cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
     rc, out, err = cli("analyze", ZERO3_CUT, "--no-cache", "--ds-config", cfg)
     assert_one_line_error(rc, out, err, why)
     assert f"--ds-config {cfg}" in err
@@ -276,6 +276,28 @@ def test_format_json_writes_null_for_nan_and_inf():
     obj = {"rows": [{"a": float("nan"), "b": 1.5}], "x": float("inf"), "y": {"z": [float("-inf"), 2]}}
     for text in (format_json(obj), dumps_strict(obj, indent=1)):
         assert strict_json(text) == {"rows": [{"a": None, "b": 1.5}], "x": None, "y": {"z": [None, 2]}}
+
+
+def test_nan_ds_config_read_and_written_as_null(tmp_path):
+    cfg = tmp_path / "nan.json"  # Python's json and DeepSpeed's json.load take NaN; strict JSON has none
+    cfg.write_text('{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": NaN}}}')
+    rc, out, err = cli("analyze", ZERO3_CUT, "--no-cache", "--ds-config", cfg, "--json")
+    assert rc == 0, err
+    rows = {r["key"]: r for r in strict_json(out)["config"]["settings"]}
+    assert rows["zero_optimization.offload_optimizer.ratio"]["value"] is None
+    assert rows["zero_optimization.offload_optimizer.ratio"]["source"] == "config"
+    assert rows["zero_optimization.stage"]["value"] == 3
+
+
+def test_manifest_with_infinity_still_read():
+    # HF Trainer's DeepSpeed config has "steps_per_print": Infinity (float("inf")): the fixture's manifest
+    from tracekit.analyze.trace import dsconfig
+
+    m = ZERO3_CUT.parent / "hf_trainer_zero3_capture.json"
+    assert "Infinity" in m.read_text()
+    loaded = dsconfig.load(ZERO3_CUT.parent / "hf_trainer_zero3_cut.sqlite")
+    assert loaded["source"] == "manifest" and loaded["note"] is None
+    assert loaded["deepspeed_config"]["steps_per_print"] == float("inf")
 
 
 def test_compare_fail_above_inf_strict_json(tmp_path):

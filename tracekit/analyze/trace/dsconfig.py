@@ -113,15 +113,6 @@ MAX_CONFIG_BYTES = 16 << 20
 MAX_CONFIG_DEPTH = 64
 
 
-class _NonStandard(ValueError):
-    """``NaN``, ``Infinity`` or ``-Infinity`` in a file read as JSON (Python's json takes them;
-    strict parsers and tracekit's own JSON output do not)."""
-
-
-def _refuse_constant(name: str):
-    raise _NonStandard(name)
-
-
 def _depth(doc) -> int:
     """Nesting depth of ``doc`` (a scalar 0, ``{}``/``[]`` 1), walked without recursion and
     stopping past :data:`MAX_CONFIG_DEPTH`."""
@@ -139,8 +130,9 @@ def _depth(doc) -> int:
 def read_json_object(path: str | Path, what: str) -> dict:
     """The JSON object in ``path`` (a ``--ds-config`` or a capture manifest; ``what`` names it in
     messages). The one reader of such files: a regular file of at most :data:`MAX_CONFIG_BYTES`
-    (:func:`tracekit.userfiles.read_limited`: no FIFO, no device), UTF-8, strict JSON (no
-    ``NaN``/``Infinity``), an object nested at most :data:`MAX_CONFIG_DEPTH` deep. Raises
+    (:func:`tracekit.userfiles.read_limited`: no FIFO, no device), UTF-8 JSON as Python and
+    DeepSpeed read it (``NaN``/``Infinity`` taken), an object nested at most
+    :data:`MAX_CONFIG_DEPTH` deep. Raises
     :class:`TracekitError`, one line naming ``what``, the path as given and the problem."""
     from tracekit.userfiles import read_limited, shown
 
@@ -151,13 +143,11 @@ def read_json_object(path: str | Path, what: str) -> dict:
     except UnicodeDecodeError as exc:
         raise TracekitError(f"{head}: not UTF-8 text (byte {exc.start:,}); pass a DeepSpeed JSON config") from None
     try:
-        data = json.loads(text, parse_constant=_refuse_constant)
+        data = json.loads(text)  # NaN/Infinity taken, as DeepSpeed's json.load does (HF Trainer writes
+        # steps_per_print: Infinity); tracekit's JSON output writes them as null (cache.json_safe)
     except RecursionError:
         raise TracekitError(f"{head}: nested too deeply to be a DeepSpeed config or a capture manifest "
                             f"(at most {MAX_CONFIG_DEPTH} levels)") from None
-    except _NonStandard as exc:
-        raise TracekitError(f"{head}: {exc} is not valid JSON (JSON has no NaN or Infinity); write a number "
-                            "or leave the key out") from None
     except ValueError as exc:
         raise TracekitError(f"{head}: not valid JSON ({exc}); pass a DeepSpeed JSON config") from None
     if not isinstance(data, dict):
