@@ -307,3 +307,15 @@ def test_compare_fail_above_inf_strict_json(tmp_path):
     for text in (out, (tmp_path / "cmp" / "compare.json").read_text()):
         d = strict_json(text)
         assert d["regressions"] == {"fail_above_pct": None, "slower": []}
+
+
+# ---------------------------------------------------------------- low: --dask ""
+@pytest.mark.parametrize("value", ["", "  "])
+def test_empty_dask_address_rejected(value):
+    rc, out, err = cli("analyze", ZERO3_CUT, "--dask", value)
+    assert_one_line_error(rc, out, err, f"--dask {value!r}: give the Dask scheduler's address")
+    from tracekit.analyze.multi import analyze_many
+    from tracekit.errors import TracekitError
+
+    with pytest.raises(TracekitError, match="--dask"):
+        analyze_many([ZERO3_CUT], dask=value)

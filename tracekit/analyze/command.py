@@ -145,6 +145,9 @@ def run_analyze(traces: list[Path], phase: str | None = None, iteration: int | N
         check_out(out, out_format or "csv")
     if jobs is not None and jobs < 1:
         raise TracekitError("--jobs must be a positive integer")
+    if dask is not None and not dask.strip():  # "" was taken as no --dask at all (issue 25)
+        raise TracekitError(f"--dask {dask!r}: give the Dask scheduler's address (tcp://HOST:8786), or leave --dask out "
+                            "to analyze here")
     sections = transfer_sections.parse_sections(section, all_sections)
     if fmt == "json" and not sections:  # --json carries every section but the (long) timeline
         sections = tuple(s for s in transfer_sections.SECTIONS if s != "timeline")

@@ -186,6 +186,9 @@ def analyze_many(
 
     opts = Options.of(options)  # checked here, once; a frozen dataclass travels to the workers
     streamed = want in ("json", "stream")
+    if dask is not None and not str(dask).strip():
+        raise TracekitError(f"--dask {dask!r}: give the Dask scheduler's address (tcp://HOST:8786), or leave --dask out "
+                            "to analyze here")
     if dask:
         outcomes = _iter_dask(dask, paths, opts, cache, want, streamed)
     else:
