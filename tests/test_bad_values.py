@@ -319,3 +319,23 @@ def test_empty_dask_address_rejected(value):
 
     with pytest.raises(TracekitError, match="--dask"):
         analyze_many([ZERO3_CUT], dask=value)
+
+
+# ---------------------------------------------------------------- low: file names in errors
+def test_error_names_the_trace_as_given_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    os.mkdir("sub")
+    nok = synthetic_copy(tmp_path / "sub", "no_kernels", "DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL",
+                         f"DELETE FROM {MEMCPY}", "DELETE FROM CUPTI_ACTIVITY_KIND_MEMSET")
+    assert sql_one(nok, "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL") == 0
+    given = "sub/synthetic_no_kernels.sqlite"
+    rc, out, err = cli("analyze", given, "--no-cache")
+    assert_one_line_error(rc, out, err, f"tracekit: error: {given}: CUPTI_ACTIVITY_KIND_KERNEL has no rows")
+    shutil.copyfile(ZERO3_CUT, "sub/good.sqlite")
+    rc, out, err = cli("analyze", "sub", "--no-cache", "--jobs", "1")  # several traces: each error names its own
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert lines[0] == (f"tracekit: error: {given}: CUPTI_ACTIVITY_KIND_KERNEL has no rows in this trace, and "
+                        "phase attribution needs it; record it with `nsys profile -t cuda`"), lines
+    rc, out, err = cli("trim", "sub/good.sqlite", tmp_path / "o.sqlite", "--iterations", "1-1", "--drop", "NOPE")
+    assert_one_line_error(rc, out, err, "no such table in sub/good.sqlite")

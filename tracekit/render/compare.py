@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Callable
 from tracekit.errors import TracekitError
 from tracekit.textsafe import mpl as _mpl
 from tracekit.textsafe import text as _t
+from tracekit.userfiles import shown
 
 if TYPE_CHECKING:  # pragma: no cover
     import polars as pl
@@ -73,7 +74,7 @@ def _side(data: ReportData, rank: int) -> tuple[dict, pl.DataFrame, list[int]]:
     rk = data.rank(rank)
     steady = data.steady_iterations(rk)
     if not steady:
-        raise TracekitError(f"{data.path.name}: no iteration found (no forward/backward/update NVTX ranges)")
+        raise TracekitError(f"{shown(data.path)}: no iteration found (no forward/backward/update NVTX ranges)")
     return rk, summary.iteration_metrics(data, rk), steady
 
 

@@ -27,6 +27,7 @@ import re
 from pathlib import Path
 
 from tracekit.errors import TracekitError
+from tracekit.userfiles import shown
 
 #: DeepSpeed defaults of the keys shown (deepspeed/runtime/zero/config.py, offload_config.py).
 #: ``offload_optimizer.pin_memory`` became True by default in DeepSpeed 0.19.6 (PR #8207).
@@ -134,7 +135,7 @@ def read_json_object(path: str | Path, what: str) -> dict:
     DeepSpeed read it (``NaN``/``Infinity`` taken), an object nested at most
     :data:`MAX_CONFIG_DEPTH` deep. Raises
     :class:`TracekitError`, one line naming ``what``, the path as given and the problem."""
-    from tracekit.userfiles import read_limited, shown
+    from tracekit.userfiles import read_limited
 
     raw = read_limited(path, what, MAX_CONFIG_BYTES)
     head = f"{what} {shown(path)}"
@@ -204,8 +205,6 @@ def read_manifest(path: str | Path) -> tuple[dict | None, str | None]:
     manifest ignored``). Every reader of the manifest beside a trace (the advice's config, the
     report's run configuration, the CPU-update worker map) goes through it; never raises
     :class:`TracekitError`."""
-    from tracekit.userfiles import shown
-
     try:
         doc = read_json_object(path, "capture manifest")
     except TracekitError as exc:
@@ -232,8 +231,6 @@ def load(trace: str | Path | None, ds_config: str | Path | None = None) -> dict:
         data = read_json_object(p, "--ds-config")
         problem = manifest_problem(data)
         if problem:
-            from tracekit.userfiles import shown
-
             raise TracekitError(f"--ds-config {shown(p)}: a capture manifest whose {problem}; pass the DeepSpeed "
                                 "JSON config itself")
         out.update(source="ds-config", path=str(p))
@@ -251,11 +248,11 @@ def load(trace: str | Path | None, ds_config: str | Path | None = None) -> dict:
         out["versions"] = {k: str(v) for k, v in (data.get("versions") or {}).items()}
         out["gpus"] = [str(g.get("name")) for g in data.get("gpus") or [] if isinstance(g, dict)]
     elif "deepspeed_config" in data and data["deepspeed_config"] is None:
-        out["note"] = f"{p.name}: the manifest holds no DeepSpeed config; config inferred from the trace"
+        out["note"] = f"capture manifest {shown(p)}: holds no DeepSpeed config; config inferred from the trace"
     else:
         out["deepspeed_config"] = data
     if out["deepspeed_config"] is not None and ds_config is not None and not _looks_like_ds(out["deepspeed_config"]):
-        raise TracekitError(f"--ds-config {p}: no DeepSpeed key in it (zero_optimization, fp16, bf16, "
+        raise TracekitError(f"--ds-config {shown(p)}: no DeepSpeed key in it (zero_optimization, fp16, bf16, "
                             "train_batch_size, ...); pass the config given to deepspeed.initialize")
     return out
 

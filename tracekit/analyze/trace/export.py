@@ -34,6 +34,7 @@ import polars as pl
 
 from tracekit.analyze.trace import enums
 from tracekit.errors import MissingDataError, TracekitError
+from tracekit.userfiles import shown
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -335,7 +336,7 @@ class Export:
             option = enums.RECORDED_BY.get(table, "the matching -t option")
             state = "has no rows in" if table in self.tables else "is missing from"
             raise MissingDataError(
-                f"{self.path.name}: {table} {state} this trace, and {purpose} needs it; "
+                f"{shown(self.path)}: {table} {state} this trace, and {purpose} needs it; "
                 f"record it with `nsys profile {option}`"
             )
 
