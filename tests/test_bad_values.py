@@ -339,3 +339,12 @@ def test_error_names_the_trace_as_given_once(tmp_path, monkeypatch):
                         "phase attribution needs it; record it with `nsys profile -t cuda`"), lines
     rc, out, err = cli("trim", "sub/good.sqlite", tmp_path / "o.sqlite", "--iterations", "1-1", "--drop", "NOPE")
     assert_one_line_error(rc, out, err, "no such table in sub/good.sqlite")
+
+
+def test_dumps_strict_keeps_layout_of_finite_values():
+    from tracekit.analyze.trace.cache import dumps_strict
+
+    obj = {"b": [1, 2.5, "x"], "a": {"c": None}}
+    assert dumps_strict(obj, indent=1) == json.dumps(obj, indent=1)
+    assert dumps_strict(obj, sort_keys=True, separators=(",", ":")) == '{"a":{"c":null},"b":[1,2.5,"x"]}'
+    assert dumps_strict([float("nan")], separators=(",", ":")) == "[null]"

@@ -872,8 +872,12 @@ def dumps_strict(obj, **kwargs) -> str:
     """``json.dumps(obj, **kwargs)`` as strict JSON: non-finite floats written as ``null``
     (:func:`json_safe`), ``allow_nan=False`` as the guard. For the outputs that keep
     ``json.dumps``' own layout (``compare --json``, ``compare.json``); everything else goes
-    through :func:`format_json`, which does the same."""
-    return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
+    through :func:`format_json`, which does the same. Also the Perfetto file and the findings'
+    ``values`` column."""
+    try:  # the common case: nothing to replace, no copy made
+        return json.dumps(obj, allow_nan=False, **kwargs)
+    except ValueError:  # "Out of range float values are not JSON compliant"
+        return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
 
 
 def _encode_json(obj, indent: int, strict: bool, out) -> None:
