@@ -348,3 +348,19 @@ def test_dumps_strict_keeps_layout_of_finite_values():
     assert dumps_strict(obj, indent=1) == json.dumps(obj, indent=1)
     assert dumps_strict(obj, sort_keys=True, separators=(",", ":")) == '{"a":{"c":null},"b":[1,2.5,"x"]}'
     assert dumps_strict([float("nan")], separators=(",", ":")) == "[null]"
+
+
+def test_long_but_valid_path_shortened_in_errors(tmp_path):
+    d = tmp_path / ("e" * 200) / ("f" * 200)
+    d.mkdir(parents=True)
+    bad = d / "t.sqlite"
+    bad.write_text("not a database\n")
+    good = tmp_path / "good.sqlite"
+    shutil.copyfile(ZERO3_CUT, good)
+    rc, out, err = cli("analyze", bad, "--no-cache")
+    assert_one_line_error(rc, out, err, "...")
+    assert len(err) < 300 and "f" * 40 + "/t.sqlite: not an SQLite file" in err
+    rc, out, err = cli("analyze", bad, good, "--no-cache", "--jobs", "1")  # several traces: named once
+    assert rc == 2
+    first = err.strip().splitlines()[0]
+    assert first.count("t.sqlite") == 1 and len(first) < 300, first

@@ -295,8 +295,10 @@ class ManyJson:
 
 def _named(path: Path, exc: TracekitError) -> str:
     """The first line of ``exc``'s message, starting with the trace's path when it does not name it."""
+    from tracekit.userfiles import shown
+
     msg = (str(exc).splitlines() or [type(exc).__name__])[0]
-    return msg if str(path) in msg else f"{path}: {msg}"
+    return msg if str(path) in msg or shown(path) in msg else f"{shown(path)}: {msg}"
 
 
 def _outcome(call) -> dict | TracekitError:

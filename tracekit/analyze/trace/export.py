@@ -77,14 +77,14 @@ def db_error(path: Path, exc: BaseException) -> TracekitError:
     low = msg.lower()
     if "locked" in low or "busy" in low:
         return TracekitError(
-            f"{path}: the database is locked by another process ({msg}); wait until the writer "
+            f"{shown(path)}: the database is locked by another process ({msg}); wait until the writer "
             "(nsys export, sqlite3) is done, or analyze a copy of the file"
         )
     if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError) or any(
         w in low for w in ("malformed", "corrupt", "not a database", "disk i/o")
     ):
-        return TracekitError(f"{path}: the SQLite file is truncated or corrupt ({msg}); {_REEXPORT}")
-    return TracekitError(f"{path}: reading the trace failed ({msg}); {_REEXPORT}")
+        return TracekitError(f"{shown(path)}: the SQLite file is truncated or corrupt ({msg}); {_REEXPORT}")
+    return TracekitError(f"{shown(path)}: reading the trace failed ({msg}); {_REEXPORT}")
 
 
 class _Rows:
@@ -198,12 +198,12 @@ class Export:
         try:
             if "StringTable" in tables and "StringIds" not in tables:
                 raise TracekitError(
-                    f"{path}: this is an nvprof database, not an Nsight Systems export; "
+                    f"{shown(path)}: this is an nvprof database, not an Nsight Systems export; "
                     "profile with `nsys profile` (or `tracekit capture`) and export to SQLite"
                 )
             if "StringIds" not in tables:
                 raise TracekitError(
-                    f"{path}: SQLite file is not an Nsight Systems export (no StringIds table); "
+                    f"{shown(path)}: SQLite file is not an Nsight Systems export (no StringIds table); "
                     "pass the .sqlite written by `nsys export --type sqlite`"
                 )
             exp._check_columns()
@@ -235,7 +235,7 @@ class Export:
             for col in needed:
                 if col not in have:
                     raise TracekitError(
-                        f"{self.path}: {table} has no column {col} (dropped or renamed: the export "
+                        f"{shown(self.path)}: {table} has no column {col} (dropped or renamed: the export "
                         f"is damaged or was edited); {_REEXPORT}"
                     )
 
@@ -248,7 +248,7 @@ class Export:
                 m = re.fullmatch(r"\s*(\d+)(?:\s*-\s*\d+)?\s*", str(value))
                 if not m:
                     raise TracekitError(
-                        f"{self.path}: TRACEKIT_TRIM says iterations = {str(value)[:60]!r}, not A-B "
+                        f"{shown(self.path)}: TRACEKIT_TRIM says iterations = {str(value)[:60]!r}, not A-B "
                         "(the table was edited, or not written by `tracekit trim`); cut the trace again "
                         "with `tracekit trim`"
                     )
@@ -348,7 +348,7 @@ class Export:
         if not row or row[0] is None:
             return None
         if not isinstance(row[0], int):
-            raise TracekitError(f"{self.path}: ANALYSIS_DETAILS.stopTime holds {row[0]!r}, not an integer "
+            raise TracekitError(f"{shown(self.path)}: ANALYSIS_DETAILS.stopTime holds {row[0]!r}, not an integer "
                                 f"time in ns; {_REEXPORT}")
         return row[0]
 
@@ -696,7 +696,7 @@ def _open_uri(path: Path) -> tuple[str, object]:
     except OSError as exc:
         private.cleanup()
         raise TracekitError(
-            f"{path}: a WAL-mode trace with pending changes in {wal.name}, and copying both to a "
+            f"{shown(path)}: a WAL-mode trace with pending changes in {wal.name}, and copying both to a "
             f"private folder to read them failed ({exc}); checkpoint it (`sqlite3 {path.name} "
             "'PRAGMA wal_checkpoint'`) or free space in the temporary folder"
         ) from None
@@ -726,12 +726,12 @@ def _type_error(path: Path, sql: str, rows: list, names: list[str], schema: dict
             else:
                 ok = True
             if not ok:
-                shown = v if not isinstance(v, str) else v[:40]
+                val = v if not isinstance(v, str) else v[:40]
                 return TracekitError(
-                    f"{path}: {table} column {col} holds {shown!r} ({type(v).__name__}) where "
+                    f"{shown(path)}: {table} column {col} holds {val!r} ({type(v).__name__}) where "
                     f"{want.get(dtype, 'another type')} is expected; the export is damaged or was edited; {_REEXPORT}"
                 )
-    return TracekitError(f"{path}: {table}: values of unexpected types ({str(exc).splitlines()[0][:120]}); {_REEXPORT}")
+    return TracekitError(f"{shown(path)}: {table}: values of unexpected types ({str(exc).splitlines()[0][:120]}); {_REEXPORT}")
 
 
 _SPLITTABLE = re.compile(r"(?is)^\s*(SELECT\s.+?\sFROM\s+\"?(\w+)\"?)\s+WHERE\s(.+)$")
@@ -899,7 +899,7 @@ def _check_file(path: Path) -> None:
     (:func:`tracekit.userfiles.check_regular`), an nsys report, empty, or another file."""
     import stat
 
-    from tracekit.userfiles import check_regular, os_error, shown
+    from tracekit.userfiles import check_regular, os_error
 
     try:
         st = os.stat(path)
