@@ -470,13 +470,14 @@ class Analysis:
     @property
     def findings(self) -> "pl.DataFrame":
         """The findings (``--json``'s ``findings``): ``topic, pid, device, phase, text`` and
-        ``values`` (the finding's numbers as a JSON object in text; units in their keys)."""
-        import json
-
+        ``values`` (the finding's numbers as a JSON object in text, strict: NaN/inf as null; units
+        in their keys)."""
         import polars as pl
 
+        from tracekit.analyze.trace.cache import dumps_strict
+
         rows = [{"topic": f.get("topic"), "pid": f.get("pid"), "device": f.get("device"), "phase": f.get("phase"),
-                 "text": f.get("text"), "values": json.dumps(f.get("values") or {}, sort_keys=True)}
+                 "text": f.get("text"), "values": dumps_strict(f.get("values") or {}, sort_keys=True)}
                 for f in self._result.get("findings") or []]
         schema = {"topic": pl.String, "pid": pl.Int64, "device": pl.Int64, "phase": pl.String, "text": pl.String,
                   "values": pl.String}

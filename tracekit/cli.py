@@ -275,6 +275,20 @@ def _one_line(exc: BaseException) -> str:
     return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
+def _path_error_line(exc: BaseException) -> str | None:
+    """The one line for an OS error that a user's path causes wherever it is first touched
+    (a path over the system's limit, ``ENAMETOOLONG``, or a symlink loop): the path as given and
+    shortened (:func:`tracekit.userfiles.os_error`), not the 4 kB name twice over; None for
+    any other exception."""
+    import errno
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENAMETOOLONG, errno.ELOOP) and exc.filename is not None:
+        from tracekit.userfiles import os_error
+
+        return _one_line(os_error(exc.filename, exc))
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tracekit`` console script; returns the process exit code."""
     from tracekit import memlimit
@@ -315,6 +329,10 @@ def _main(argv: list[str] | None) -> int:
             return 2
         if memlimit.is_memory_error(exc):  # MemoryError, or a library that could not be mapped
             print(f"tracekit: error: {memlimit.message()}", file=sys.stderr)
+            return 2
+        line = _path_error_line(exc)
+        if line is not None:
+            print(f"tracekit: error: {line}", file=sys.stderr)
             return 2
         code = click_exit_code(exc)  # usage errors of click/typer: their message, exit 2
         if code is not None:

@@ -21,6 +21,9 @@ from tracekit.vocab import PHASES
 #: and a copy's bytes are spread evenly over its duration, so a finer bin only slices single
 #: copies (more rows, no more detail); below 1 ns it would also round to a zero-length bin.
 MIN_BIN_MS = 0.001
+#: Widest ``--bin-ms``: 1e9 ms (11.6 days), longer than any capture (one bin already), and its
+#: width in ns (1e15) far inside int64, which the timeline's bin edges are (issue 25: 1e15 ms overflowed).
+MAX_BIN_MS = 1e9
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class Options:
             computed whatever is selected.
         pcie_threshold: PCIe saturation threshold, % of the link (``pcie`` section), in (0, 100].
         bin_ms: bin width of the copy throughput timeline (``timeline`` section), ms, at least
-            :data:`MIN_BIN_MS`; the number of bins is bounded per trace too
+            :data:`MIN_BIN_MS` and at most :data:`MAX_BIN_MS`; the number of bins is bounded per trace too
             (:data:`tracekit.analyze.sections.throughput.MAX_BINS`).
         ds_config: the run's DeepSpeed config as :func:`tracekit.analyze.trace.dsconfig.load` returns
             it; None = the capture manifest beside the trace, if any.
@@ -75,6 +78,11 @@ class Options:
         if not (isinstance(self.bin_ms, (int, float)) and not isinstance(self.bin_ms, bool)
                 and math.isfinite(self.bin_ms) and self.bin_ms > 0):
             raise TracekitError(f"--bin-ms {self.bin_ms}: must be a positive finite number of ms")
+        if self.bin_ms > MAX_BIN_MS:
+            raise TracekitError(
+                f"--bin-ms {self.bin_ms:g}: above the {MAX_BIN_MS:g} ms (11.6 days) ceiling, longer than any capture; "
+                f"a bin as long as the capture is one bin: use --bin-ms {MAX_BIN_MS:g} or less"
+            )
         if self.bin_ms < MIN_BIN_MS:
             raise TracekitError(
                 f"--bin-ms {self.bin_ms:g}: below the {MIN_BIN_MS:g} ms (1 us) floor; a host<->device copy "

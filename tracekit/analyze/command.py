@@ -149,6 +149,9 @@ def run_analyze(traces: list[Path], phase: str | None = None, iteration: int | N
         from tracekit.analyze.multi import check_expected_ranks
 
         check_expected_ranks(ranks)
+    if dask is not None and not dask.strip():  # "" was taken as no --dask at all (issue 25)
+        raise TracekitError(f"--dask {dask!r}: give the Dask scheduler's address (tcp://HOST:8786), or leave --dask out "
+                            "to analyze here")
     sections = transfer_sections.parse_sections(section, all_sections)
     if fmt == "json" and not sections:  # --json carries every section but the (long) timeline
         sections = tuple(s for s in transfer_sections.SECTIONS if s != "timeline")

@@ -187,6 +187,9 @@ def analyze_many(
 
     opts = Options.of(options)  # checked here, once; a frozen dataclass travels to the workers
     streamed = want in ("json", "stream")
+    if dask is not None and not str(dask).strip():
+        raise TracekitError(f"--dask {dask!r}: give the Dask scheduler's address (tcp://HOST:8786), or leave --dask out "
+                            "to analyze here")
     if dask:
         outcomes = _iter_dask(dask, paths, opts, cache, want, streamed)
     else:
@@ -293,8 +296,10 @@ class ManyJson:
 
 def _named(path: Path, exc: TracekitError) -> str:
     """The first line of ``exc``'s message, starting with the trace's path when it does not name it."""
+    from tracekit.userfiles import shown
+
     msg = (str(exc).splitlines() or [type(exc).__name__])[0]
-    return msg if str(path) in msg else f"{path}: {msg}"
+    return msg if str(path) in msg or shown(path) in msg else f"{shown(path)}: {msg}"
 
 
 def _outcome(call) -> dict | TracekitError:

@@ -168,7 +168,8 @@ def read_hook_reports(report_dir: str) -> list[dict]:
 
 def deepspeed_config_from_command(command: list[str]) -> dict | None:
     """The DeepSpeed JSON config named by ``--deepspeed_config``/``--deepspeed`` in the
-    training command, when it is a readable JSON file; else None."""
+    training command, when :func:`tracekit.analyze.trace.dsconfig.read_json_object` takes it (a
+    regular file of at most 16 MiB holding a JSON object); else None."""
     for i, tok in enumerate(command):
         for flag in ("--deepspeed_config", "--deepspeed"):
             value = None
@@ -177,9 +178,12 @@ def deepspeed_config_from_command(command: list[str]) -> dict | None:
             elif tok.startswith(flag + "="):
                 value = tok.split("=", 1)[1]
             if value and value.endswith(".json") and os.path.isfile(value):
+                from tracekit.analyze.trace.dsconfig import read_json_object  # its size/depth/FIFO checks
+                from tracekit.errors import TracekitError
+
                 try:
-                    return json.loads(Path(value).read_text())
-                except (OSError, ValueError):
+                    return read_json_object(value, "--deepspeed_config")
+                except TracekitError:
                     return None
     return None
 

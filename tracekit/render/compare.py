@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Callable
 from tracekit.errors import TracekitError
 from tracekit.textsafe import mpl as _mpl
 from tracekit.textsafe import text as _t
+from tracekit.userfiles import shown
 
 if TYPE_CHECKING:  # pragma: no cover
     import polars as pl
@@ -79,7 +80,7 @@ def _side(data: ReportData, rank: int) -> tuple[dict, pl.DataFrame, list[int]]:
     if not steady:
         from tracekit.vocab import NO_NVTX, no_iteration_reason
 
-        raise TracekitError(f"{data.path}: no iteration found "
+        raise TracekitError(f"{shown(data.path)}: no iteration found "
                             + no_iteration_reason(data.model.source.get(rk["global_pid"]) == NO_NVTX))
     return rk, summary.iteration_metrics(data, rk), steady
 

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracekit.analyze.trace.dsconfig import manifest_for
+from tracekit.analyze.trace.dsconfig import is_manifest, manifest_for, read_manifest
 
 
 @dataclass
@@ -98,17 +98,15 @@ def _read_manifest(trace: Path) -> tuple[Path | None, dict]:
     report's configuration read). A JSON object without a manifest's keys is a DeepSpeed config
     kept under the manifest's name, read as ``{"deepspeed_config": it}`` (as
     :func:`tracekit.analyze.trace.dsconfig.load` reads it); ``(None, {})`` when there is none or
-    it does not read as a JSON object."""
+    :func:`tracekit.analyze.trace.dsconfig.read_manifest` refuses it (not a JSON object, too
+    large, nested too deeply, keys of the wrong type)."""
     p = manifest_for(trace)
     if p is None:
         return None, {}
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, ValueError):
+    doc, _note = read_manifest(p)  # the one reader: size, depth and shape checked (the advice says why not)
+    if doc is None:
         return None, {}
-    if not isinstance(doc, dict):
-        return None, {}
-    if "deepspeed_config" in doc or "tracekit_version" in doc:
+    if is_manifest(doc):
         return p, doc
     return p, {"deepspeed_config": doc}
 
@@ -170,7 +168,7 @@ def run_config(trace: str | Path, range_names: list[str] | None = None) -> RunCo
         nsys = doc.get("nsys") or {}
         if isinstance(nsys, dict) and nsys.get("version"):
             out.versions["nsys"] = nsys["version"]
-        out.gpus = [g.get("name", "?") for g in doc.get("gpus") or [] if isinstance(g, dict)]
+        out.gpus = [str(g.get("name", "?")) for g in doc.get("gpus") or [] if isinstance(g, dict)]
     name = trace.stem.lower()
     if out.model_size is None:
         m = _SIZE.search(trace.stem)

@@ -36,6 +36,7 @@ from tracekit.analyze.sections import pageable as _pageable
 from tracekit.analyze.sections import pcie_metrics as _pcie
 from tracekit.analyze.model.intervals import spread_cumulative
 from tracekit.errors import MissingDataError, TracekitError
+from tracekit.userfiles import shown
 
 COPY_DIRECTIONS = ("H2D", "D2H")
 
@@ -121,7 +122,7 @@ class ReportData:
         ``global_pid, pid, device, index``. Raises :class:`TracekitError` when out of range."""
         n = self.ranks.height
         if n == 0:
-            raise TracekitError(f"{self.path.name}: no process with GPU work in this trace")
+            raise TracekitError(f"{shown(self.path)}: no process with GPU work in this trace")
         if not 0 <= index < n:
             listing = ", ".join(f"{i} (pid {r['pid']} device {r['device']})" for i, r in enumerate(self.ranks.iter_rows(named=True)))
             raise TracekitError(f"--rank {index}: this trace has {n} rank(s): {listing}")
@@ -154,7 +155,7 @@ class ReportData:
             from tracekit.vocab import NO_NVTX, no_iteration_reason
 
             raise TracekitError(
-                f"{self.path}: no iteration found for pid {rank['pid']} device {rank['device']} "
+                f"{shown(self.path)}: no iteration found for pid {rank['pid']} device {rank['device']} "
                 + no_iteration_reason(self.model.source.get(rank["global_pid"]) == NO_NVTX)
             )
         if iteration is not None:

@@ -28,7 +28,6 @@ copies. Names from the trace are data (JSON strings), never markup.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import polars as pl
@@ -184,7 +183,9 @@ def write_perfetto(data: ReportData, path: str | Path, findings: list[dict] | No
     except OSError as exc:
         raise TracekitError(f"--perfetto {p}: cannot write it ({exc.strerror or exc})") from None
     clean_folder(p.parent)
-    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=True)
+    from tracekit.analyze.trace.cache import dumps_strict
+
+    text = dumps_strict(doc, separators=(",", ":"), ensure_ascii=True)  # NaN/inf -> null: strict JSON
     try:
         write_file(p, text.encode("ascii"))
     except TracekitError as exc:

@@ -140,13 +140,22 @@ def beside(trace) -> dict:
     manifest)."""
     import hashlib
 
-    from tracekit.analyze.trace.dsconfig import manifest_candidates
+    from tracekit.analyze.trace.dsconfig import MAX_CONFIG_BYTES, manifest_candidates
+    from tracekit.errors import TracekitError
+    from tracekit.userfiles import read_limited
 
     out = {}
     for p in manifest_candidates(Path(trace)):
         try:
-            out[p.name] = hashlib.sha1(p.read_bytes()).hexdigest() if p.is_file() else None
-        except OSError:
+            if not p.is_file():
+                out[p.name] = None
+                continue
+            size = p.stat().st_size
+            if size > MAX_CONFIG_BYTES:  # ignored by every reader (dsconfig.read_manifest): not read here either
+                out[p.name] = f"too large: {size}"
+                continue
+            out[p.name] = hashlib.sha1(read_limited(p, "capture manifest", MAX_CONFIG_BYTES)).hexdigest()
+        except (OSError, TracekitError):
             out[p.name] = "unreadable"
     return out
 

@@ -125,6 +125,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compare two runs per phase, update sub-phase, config key and iteration: time, bytes, overlap,
         pageable copies, memory peak, and the advice item that explains a difference."""
+        from tracekit.analyze.trace.cache import dumps_strict
         from tracekit.render import compare as C
         from tracekit.render.report_cache import FORMATS, prepare_dir
 
@@ -159,10 +160,9 @@ def register(app: typer.Typer) -> None:
                 image = S.figure_bytes(fig, ext, S.DPI if ext == "png" else None)
                 written.append(write_file(d / f"compare.{ext}", image))
             S.close(fig)
-            written.append(write_file(d / "compare.json", (json.dumps(result, indent=1) + "\n").encode("utf-8")))
+            written.append(write_file(d / "compare.json", (dumps_strict(result, indent=1) + "\n").encode("utf-8")))
         if as_json:
-            json.dump(result, sys.stdout, indent=1)
-            sys.stdout.write("\n")
+            sys.stdout.write(dumps_strict(result, indent=1) + "\n")  # strict JSON: inf (--fail-above inf) -> null
         else:
             C.render(result, wide=wide)
         for r in slow:

@@ -45,6 +45,7 @@ from tracekit.analyze.model import nvtx
 from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.gpu_ops import load_gpu_ops
 from tracekit.vocab import NO_NVTX
+from tracekit.userfiles import shown
 
 PHASES = ("forward", "backward", "update", "other")
 
@@ -367,7 +368,7 @@ def build(
             )
         raise TracekitError(
             f"--phase-map {' '.join(phase_map)}: matched no NVTX range in "
-            f"{export.path.name}; check the names with `nsys stats -r nvtx_sum` or drop --phase-map"
+            f"{shown(export.path)}; check the names with `nsys stats -r nvtx_sum` or drop --phase-map"
         )
 
     # span of each process with GPU work

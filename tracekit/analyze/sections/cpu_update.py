@@ -88,15 +88,17 @@ def worker_parents(trace: str | Path | None) -> dict[int, int]:
     """``{worker OS pid: parent OS pid}`` from the capture manifest beside ``trace``
     (``hook.processes[*].parent_pid``, written by the hook for each CPU optimizer worker);
     empty when there is no readable manifest or it names no worker."""
-    from tracekit.analyze.trace.dsconfig import manifest_for
+    from tracekit.analyze.trace.dsconfig import manifest_for, read_manifest
 
     if trace is None:
         return {}
     path = manifest_for(trace)
     if path is None:
         return {}
+    data, _note = read_manifest(path)  # the one reader (size, depth, shape); the advice says why not
+    if data is None:
+        return {}
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
         procs = (data.get("hook") or {}).get("processes") or []
         return {int(p["pid"]): int(p["parent_pid"]) for p in procs
                 if isinstance(p, dict) and p.get("parent_pid") is not None and p.get("pid") is not None}

@@ -49,6 +49,7 @@ from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.model.intervals import SpreadCumulative
 from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, attach_window, check_by, ranks_of, ratio
 from tracekit.errors import MissingDataError
+from tracekit.userfiles import shown
 
 PCIE_RE = r"^PCIe (RX|TX) Throughput"
 DIRECTION = {"RX": "H2D", "TX": "D2H"}
@@ -67,7 +68,7 @@ def pcie_metric_ids(export: Export) -> pl.DataFrame:
     m = m.unique("metric_id").filter(pl.col("metric_name").str.contains(PCIE_RE))
     if m.height == 0:
         raise MissingDataError(
-            f"{export.path.name}: GPU_METRICS has no PCIe RX/TX Throughput metric, and the PCIe "
+            f"{shown(export.path)}: GPU_METRICS has no PCIe RX/TX Throughput metric, and the PCIe "
             "series needs it; record it with `nsys profile --gpu-metrics-devices=all` "
             "(a metric set that includes PCIe throughput)"
         )

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -903,8 +904,34 @@ def write_json_to(obj, fh, indent: int = 1, strict: bool = False, buffer_chars: 
     fh.write("".join(parts))
 
 
+def json_safe(obj):
+    """``obj`` with every non-finite float (NaN, inf, -inf) replaced by None, so that it
+    encodes as strict JSON (RFC 8259 has no NaN/Infinity: jq, JavaScript, Go and serde refuse
+    Python's ``NaN``); dicts, lists and tuples are rebuilt, other values kept."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "json_blocks"):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def dumps_strict(obj, **kwargs) -> str:
+    """``json.dumps(obj, **kwargs)`` as strict JSON: non-finite floats written as ``null``
+    (:func:`json_safe`), ``allow_nan=False`` as the guard. For the outputs that keep
+    ``json.dumps``' own layout (``compare --json``, ``compare.json``); everything else goes
+    through :func:`format_json`, which does the same. Also the Perfetto file and the findings'
+    ``values`` column."""
+    try:  # the common case: nothing to replace, no copy made
+        return json.dumps(obj, allow_nan=False, **kwargs)
+    except ValueError:  # "Out of range float values are not JSON compliant"
+        return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
+
+
 def _encode_json(obj, indent: int, strict: bool, out) -> None:
-    """The text of :func:`format_json`, passed piece by piece to ``out(str)``."""
+    """The text of :func:`format_json`, passed piece by piece to ``out(str)``. Strict JSON: a
+    non-finite float is written as ``null`` (:func:`json_safe`), never ``NaN``/``Infinity``."""
     from json.encoder import c_make_encoder, encode_basestring_ascii
 
     if c_make_encoder is not None:  # the C encoder, built once (JSONEncoder.encode builds one per call)
@@ -912,12 +939,19 @@ def _encode_json(obj, indent: int, strict: bool, out) -> None:
         def _default(o):
             raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
 
-        _c = c_make_encoder(None, _default, encode_basestring_ascii, None, ": ", ", ", False, False, True)
+        # allow_nan=False: ValueError on NaN/inf, the piece is then encoded again from json_safe(piece)
+        _c = c_make_encoder(None, _default, encode_basestring_ascii, None, ": ", ", ", False, False, False)
 
-        def dumps(o) -> str:
+        def _dumps(o) -> str:
             return "".join(_c(o, 0))
     else:  # pragma: no cover - Pythons without the C accelerator
-        dumps = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": ")).encode
+        _dumps = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": "), allow_nan=False).encode
+
+    def dumps(o) -> str:
+        try:
+            return _dumps(o)
+        except ValueError:  # "Out of range float values are not JSON compliant"
+            return _dumps(json_safe(o))
 
     def nested(o) -> bool:
         if isinstance(o, dict):

@@ -30,6 +30,7 @@ import re
 from pathlib import Path
 
 from tracekit.errors import TracekitError
+from tracekit.userfiles import shown
 
 #: DeepSpeed defaults of the keys shown (deepspeed/runtime/zero/config.py, offload_config.py).
 #: ``offload_optimizer.pin_memory`` became True by default in DeepSpeed 0.19.6 (PR #8207).
@@ -107,16 +108,114 @@ def manifest_for(trace: str | Path) -> Path | None:
     return None
 
 
-def _read_json(path: Path, what: str) -> dict:
+#: Largest ``--ds-config`` or capture manifest read (bytes): a DeepSpeed config is a few KB and
+#: a manifest with its hook report a few hundred; a larger file is refused by its size at once
+#: instead of read whole (issue 25: a 3 GB ``NAME.json`` took 70 s and 6.4 GB).
+MAX_CONFIG_BYTES = 16 << 20
+#: Deepest nesting of objects and arrays accepted in such a file (DeepSpeed's configs nest 3-4
+#: levels; a deeper document is refused before anything walks it recursively).
+MAX_CONFIG_DEPTH = 64
+
+
+def _depth(doc) -> int:
+    """Nesting depth of ``doc`` (a scalar 0, ``{}``/``[]`` 1), walked without recursion and
+    stopping past :data:`MAX_CONFIG_DEPTH`."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if deepest > MAX_CONFIG_DEPTH:
+                return deepest
+            todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def read_json_object(path: str | Path, what: str) -> dict:
+    """The JSON object in ``path`` (a ``--ds-config`` or a capture manifest; ``what`` names it in
+    messages). The one reader of such files: a regular file of at most :data:`MAX_CONFIG_BYTES`
+    (:func:`tracekit.userfiles.read_limited`: no FIFO, no device), UTF-8 JSON as Python and
+    DeepSpeed read it (``NaN``/``Infinity`` taken), an object nested at most
+    :data:`MAX_CONFIG_DEPTH` deep. Raises
+    :class:`TracekitError`, one line naming ``what``, the path as given and the problem."""
+    from tracekit.userfiles import read_limited
+
+    raw = read_limited(path, what, MAX_CONFIG_BYTES)
+    head = f"{what} {shown(path)}"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise TracekitError(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise TracekitError(f"{head}: not UTF-8 text (byte {exc.start:,}); pass a DeepSpeed JSON config") from None
+    try:
+        data = json.loads(text)  # NaN/Infinity taken, as DeepSpeed's json.load does (HF Trainer writes
+        # steps_per_print: Infinity); tracekit's JSON output writes them as null (cache.json_safe)
+    except RecursionError:
+        raise TracekitError(f"{head}: nested too deeply to be a DeepSpeed config or a capture manifest "
+                            f"(at most {MAX_CONFIG_DEPTH} levels)") from None
     except ValueError as exc:
-        raise TracekitError(f"{what} {path}: not valid JSON ({exc}); pass a DeepSpeed JSON config") from None
+        raise TracekitError(f"{head}: not valid JSON ({exc}); pass a DeepSpeed JSON config") from None
     if not isinstance(data, dict):
-        raise TracekitError(f"{what} {path}: expected a JSON object (a DeepSpeed config or a capture manifest)")
+        raise TracekitError(f"{head}: expected a JSON object (a DeepSpeed config or a capture manifest)")
+    if _depth(data) > MAX_CONFIG_DEPTH:
+        raise TracekitError(f"{head}: nested too deeply to be a DeepSpeed config or a capture manifest "
+                            f"(at most {MAX_CONFIG_DEPTH} levels)")
     return data
+
+
+def is_manifest(doc: dict) -> bool:
+    """True for a capture manifest (``deepspeed_config`` or ``tracekit_version`` at the top),
+    False for a plain DeepSpeed config."""
+    return "deepspeed_config" in doc or "tracekit_version" in doc
+
+
+#: The keys of a capture manifest that tracekit reads, and the JSON type each must have (None
+#: also accepted): the one description of a manifest's shape (:func:`manifest_problem`).
+MANIFEST_SHAPE = {"deepspeed_config": (dict, "an object (the DeepSpeed config)"),
+                  "versions": (dict, "an object of name: version"),
+                  "gpus": (list, "a list of GPU objects"),
+                  "hook": (dict, "an object (the hook's report)"),
+                  "command_line": (str, "a string"),
+                  "nsys": (dict, "an object")}
+
+_JSON_TYPE = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+              float: "a number"}
+
+
+def manifest_problem(doc: dict) -> str | None:
+    """What is wrong with the shape of the capture manifest ``doc`` (:data:`MANIFEST_SHAPE`:
+    ``'"versions" is a list, expected an object of name: version'``), or None when every key
+    tracekit reads has its type (or is absent or null). A plain DeepSpeed config has no such
+    keys and no problem."""
+    if not is_manifest(doc):
+        return None
+    for key, (want, words) in MANIFEST_SHAPE.items():
+        v = doc.get(key)
+        if v is not None and not isinstance(v, want):
+            return f'"{key}" is {_JSON_TYPE.get(type(v), "another value")}, expected {words}'
+    for name, v in (doc.get("versions") or {}).items():
+        if isinstance(v, (dict, list)):
+            return f'"versions"."{name}" is {_JSON_TYPE[type(v)]}, expected a version string'
+    procs = (doc.get("hook") or {}).get("processes")
+    if procs is not None and not isinstance(procs, list):
+        return f'"hook"."processes" is {_JSON_TYPE.get(type(procs), "another value")}, expected a list'
+    return None
+
+
+def read_manifest(path: str | Path) -> tuple[dict | None, str | None]:
+    """``(document, None)`` of the capture manifest at ``path`` (:func:`read_json_object`, its
+    shape checked by :func:`manifest_problem`), or ``(None, note)``: one line saying why it is
+    ignored (``capture manifest t.json: 3,221,225,472 bytes, more than the 16 MiB read ...;
+    manifest ignored``). Every reader of the manifest beside a trace (the advice's config, the
+    report's run configuration, the CPU-update worker map) goes through it; never raises
+    :class:`TracekitError`."""
+    try:
+        doc = read_json_object(path, "capture manifest")
+    except TracekitError as exc:
+        return None, f"{exc}; manifest ignored"
+    problem = manifest_problem(doc)
+    if problem:
+        return None, f"capture manifest {shown(path)}: {problem}; manifest ignored"
+    return doc, None
 
 
 def load(trace: str | Path | None, ds_config: str | Path | None = None) -> dict:
@@ -124,23 +223,27 @@ def load(trace: str | Path | None, ds_config: str | Path | None = None) -> dict:
 
     Returns ``{"source": "ds-config"|"manifest"|None, "path": str|None,
     "deepspeed_config": dict|None, "versions": {name: version}, "gpus": [str], "note": str|None}``.
-    ``versions`` and ``gpus`` come from a manifest only. A manifest beside the trace that is
-    not valid JSON is skipped with a note; a bad ``--ds-config`` raises
-    :class:`TracekitError` (one line: the file and what is wrong).
+    ``versions`` and ``gpus`` come from a manifest only. A manifest beside the trace that
+    :func:`read_manifest` refuses (not valid JSON, too large, nested too deeply, keys of the
+    wrong type) is skipped with a note; a bad ``--ds-config`` raises :class:`TracekitError`
+    (one line: the file and what is wrong).
     """
     out = {"source": None, "path": None, "deepspeed_config": None, "versions": {}, "gpus": [], "note": None}
     if ds_config is not None:
         p = Path(ds_config)
-        data = _read_json(p, "--ds-config")
+        data = read_json_object(p, "--ds-config")
+        problem = manifest_problem(data)
+        if problem:
+            raise TracekitError(f"--ds-config {shown(p)}: a capture manifest whose {problem}; pass the DeepSpeed "
+                                "JSON config itself")
         out.update(source="ds-config", path=str(p))
     else:
         p = manifest_for(trace) if trace is not None else None
         if p is None:
             return out
-        try:
-            data = _read_json(p, "capture manifest")
-        except TracekitError as exc:
-            out["note"] = f"{exc}; config inferred from the trace instead"
+        data, note = read_manifest(p)
+        if data is None:
+            out["note"] = f"{note}, config inferred from the trace instead"
             return out
         out.update(source="manifest", path=str(p))
     if isinstance(data.get("deepspeed_config"), dict):  # a capture manifest
@@ -148,11 +251,11 @@ def load(trace: str | Path | None, ds_config: str | Path | None = None) -> dict:
         out["versions"] = {k: str(v) for k, v in (data.get("versions") or {}).items()}
         out["gpus"] = [str(g.get("name")) for g in data.get("gpus") or [] if isinstance(g, dict)]
     elif "deepspeed_config" in data and data["deepspeed_config"] is None:
-        out["note"] = f"{p.name}: the manifest holds no DeepSpeed config; config inferred from the trace"
+        out["note"] = f"capture manifest {shown(p)}: holds no DeepSpeed config; config inferred from the trace"
     else:
         out["deepspeed_config"] = data
     if out["deepspeed_config"] is not None and ds_config is not None and not _looks_like_ds(out["deepspeed_config"]):
-        raise TracekitError(f"--ds-config {p}: no DeepSpeed key in it (zero_optimization, fp16, bf16, "
+        raise TracekitError(f"--ds-config {shown(p)}: no DeepSpeed key in it (zero_optimization, fp16, bf16, "
                             "train_batch_size, ...); pass the config given to deepspeed.initialize")
     return out
 
@@ -282,7 +385,7 @@ def infer_settings(facts: dict) -> dict:
     elif stage3 and m:
         out["zero_optimization.offload_param.device"] = ("none", "no H2D copy in forward (parameters stay on the GPU)")
     kinds = facts.get("grad_copy_kinds") or {}
-    if kinds:
+    if kinds and sum(kinds.values()) > 0:  # zero-byte copies only: no share to tell the kind by
         main = max(kinds, key=kinds.get)
         if main in ("pinned", "pageable"):
             out["zero_optimization.offload_optimizer.pin_memory"] = (

@@ -34,6 +34,7 @@ import polars as pl
 
 from tracekit.analyze.trace import enums
 from tracekit.errors import MissingDataError, TracekitError
+from tracekit.userfiles import shown
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -76,14 +77,14 @@ def db_error(path: Path, exc: BaseException) -> TracekitError:
     low = msg.lower()
     if "locked" in low or "busy" in low:
         return TracekitError(
-            f"{path}: the database is locked by another process ({msg}); wait until the writer "
+            f"{shown(path)}: the database is locked by another process ({msg}); wait until the writer "
             "(nsys export, sqlite3) is done, or analyze a copy of the file"
         )
     if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError) or any(
         w in low for w in ("malformed", "corrupt", "not a database", "disk i/o")
     ):
-        return TracekitError(f"{path}: the SQLite file is truncated or corrupt ({msg}); {_REEXPORT}")
-    return TracekitError(f"{path}: reading the trace failed ({msg}); {_REEXPORT}")
+        return TracekitError(f"{shown(path)}: the SQLite file is truncated or corrupt ({msg}); {_REEXPORT}")
+    return TracekitError(f"{shown(path)}: reading the trace failed ({msg}); {_REEXPORT}")
 
 
 class _Rows:
@@ -197,12 +198,12 @@ class Export:
         try:
             if "StringTable" in tables and "StringIds" not in tables:
                 raise TracekitError(
-                    f"{path}: this is an nvprof database, not an Nsight Systems export; "
+                    f"{shown(path)}: this is an nvprof database, not an Nsight Systems export; "
                     "profile with `nsys profile` (or `tracekit capture`) and export to SQLite"
                 )
             if "StringIds" not in tables:
                 raise TracekitError(
-                    f"{path}: SQLite file is not an Nsight Systems export (no StringIds table); "
+                    f"{shown(path)}: SQLite file is not an Nsight Systems export (no StringIds table); "
                     "pass the .sqlite written by `nsys export --type sqlite`"
                 )
             exp._check_columns()
@@ -234,7 +235,7 @@ class Export:
             for col in needed:
                 if col not in have:
                     raise TracekitError(
-                        f"{self.path}: {table} has no column {col} (dropped or renamed: the export "
+                        f"{shown(self.path)}: {table} has no column {col} (dropped or renamed: the export "
                         f"is damaged or was edited); {_REEXPORT}"
                     )
 
@@ -247,7 +248,7 @@ class Export:
                 m = re.fullmatch(r"\s*(\d+)(?:\s*-\s*\d+)?\s*", str(value))
                 if not m:
                     raise TracekitError(
-                        f"{self.path}: TRACEKIT_TRIM says iterations = {str(value)[:60]!r}, not A-B "
+                        f"{shown(self.path)}: TRACEKIT_TRIM says iterations = {str(value)[:60]!r}, not A-B "
                         "(the table was edited, or not written by `tracekit trim`); cut the trace again "
                         "with `tracekit trim`"
                     )
@@ -341,10 +342,10 @@ class Export:
             if option == "-t cuda" and table != "TARGET_INFO_GPU":
                 from tracekit.analyze.trace.recording import missing_cuda_advice
 
-                raise MissingDataError(f"{self.path}: {table} {state} this trace, and {purpose} needs it; "
+                raise MissingDataError(f"{shown(self.path)}: {table} {state} this trace, and {purpose} needs it; "
                                        + missing_cuda_advice(self))
-            raise MissingDataError(  # the file's name: this line is also a note of --json (rel-values' path audit)
-                f"{self.path.name}: {table} {state} this trace, and {purpose} needs it; "
+            raise MissingDataError(
+                f"{shown(self.path)}: {table} {state} this trace, and {purpose} needs it; "
                 f"record it with `nsys profile {option}`"
             )
 
@@ -356,7 +357,7 @@ class Export:
         if not row or row[0] is None:
             return None
         if not isinstance(row[0], int):
-            raise TracekitError(f"{self.path}: ANALYSIS_DETAILS.stopTime holds {row[0]!r}, not an integer "
+            raise TracekitError(f"{shown(self.path)}: ANALYSIS_DETAILS.stopTime holds {row[0]!r}, not an integer "
                                 f"time in ns; {_REEXPORT}")
         return row[0]
 
@@ -704,7 +705,7 @@ def _open_uri(path: Path) -> tuple[str, object]:
     except OSError as exc:
         private.cleanup()
         raise TracekitError(
-            f"{path}: a WAL-mode trace with pending changes in {wal.name}, and copying both to a "
+            f"{shown(path)}: a WAL-mode trace with pending changes in {wal.name}, and copying both to a "
             f"private folder to read them failed ({exc}); checkpoint it (`sqlite3 {path.name} "
             "'PRAGMA wal_checkpoint'`) or free space in the temporary folder"
         ) from None
@@ -734,12 +735,12 @@ def _type_error(path: Path, sql: str, rows: list, names: list[str], schema: dict
             else:
                 ok = True
             if not ok:
-                shown = v if not isinstance(v, str) else v[:40]
+                val = v if not isinstance(v, str) else v[:40]
                 return TracekitError(
-                    f"{path}: {table} column {col} holds {shown!r} ({type(v).__name__}) where "
+                    f"{shown(path)}: {table} column {col} holds {val!r} ({type(v).__name__}) where "
                     f"{want.get(dtype, 'another type')} is expected; the export is damaged or was edited; {_REEXPORT}"
                 )
-    return TracekitError(f"{path}: {table}: values of unexpected types ({str(exc).splitlines()[0][:120]}); {_REEXPORT}")
+    return TracekitError(f"{shown(path)}: {table}: values of unexpected types ({str(exc).splitlines()[0][:120]}); {_REEXPORT}")
 
 
 _SPLITTABLE = re.compile(r"(?is)^\s*(SELECT\s.+?\sFROM\s+\"?(\w+)\"?)\s+WHERE\s(.+)$")
@@ -901,22 +902,40 @@ def _is_plain_name(expr: str) -> bool:
 
 
 def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise TracekitError(f"{path}: no such file")
-    if path.is_dir():
-        raise TracekitError(f"{path}: is a directory; pass an nsys .sqlite export")
+    """One line (:class:`TracekitError`) unless ``path`` is a regular file that starts like an
+    SQLite database: missing, a directory, a pipe or FIFO (``analyze <(cat t.sqlite)``, which
+    SQLite cannot read: it seeks), a device, a path over the system's limit
+    (:func:`tracekit.userfiles.check_regular`), an nsys report, empty, or another file."""
+    import stat
+
+    from tracekit.userfiles import check_regular, os_error
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise TracekitError(f"{shown(path)}: is a directory; pass an nsys .sqlite export")
+    check_regular(path, why="SQLite reads its database at random offsets; save the export to a file first "
+                            "(`cat ... > trace.sqlite`) and pass that")
     suffix = "".join(path.suffixes[-1:]).lower()
-    with open(path, "rb") as fh:
-        head = fh.read(16)
+    try:  # O_NONBLOCK: a FIFO swapped in since the check does not block the open
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            head = os.read(fd, 16)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise os_error(path, exc) from None
     if head == SQLITE_MAGIC:
         return
     if suffix in (".nsys-rep", ".qdrep", ".qdstrm"):
         raise TracekitError(
-            f"{path}: this is an Nsight Systems report, not its SQLite export; run "
+            f"{shown(path)}: this is an Nsight Systems report, not its SQLite export; run "
             f"`nsys export --type sqlite {path}` and analyze the .sqlite it writes"
         )
     if not head:
-        raise TracekitError(f"{path}: file is empty; pass an nsys .sqlite export")
+        raise TracekitError(f"{shown(path)}: file is empty; pass an nsys .sqlite export")
     raise TracekitError(
-        f"{path}: not an SQLite file; pass the .sqlite written by `nsys export --type sqlite`"
+        f"{shown(path)}: not an SQLite file; pass the .sqlite written by `nsys export --type sqlite`"
     )

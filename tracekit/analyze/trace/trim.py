@@ -37,6 +37,7 @@ import sqlite_utils
 from tracekit.analyze.model import phases
 from tracekit.analyze.trace.export import Export
 from tracekit.errors import TracekitError
+from tracekit.userfiles import shown
 
 # integer columns that hold StringIds ids
 _STRING_COLUMN = re.compile(r"(?i)(name|text)")
@@ -61,7 +62,7 @@ def iteration_window(export: Export, first: int, last: int, **build_args) -> tup
     if w.height == 0:
         found = model.windows["iteration"].drop_nulls().unique().sort().to_list()
         raise TracekitError(
-            f"{export.path.name}: no iteration {first}-{last} in this trace (it has {found or 'none'})"
+            f"{shown(export.path)}: no iteration {first}-{last} in this trace (it has {found or 'none'})"
         )
     return int(w["start"].min()), int(w["end"].max())
 
@@ -158,7 +159,7 @@ def capture_span(export: Export) -> tuple[int, int]:
             lo = a if lo is None or (a is not None and a < lo) else lo
             hi = b if hi is None or (b is not None and b > hi) else hi
     if lo is None or hi is None:
-        raise TracekitError(f"{export.path.name}: no timestamps to measure the capture by")
+        raise TracekitError(f"{shown(export.path)}: no timestamps to measure the capture by")
     return int(lo), int(hi)
 
 
@@ -211,7 +212,7 @@ def trim(
         columns = export.tables
     unknown = drop_set - set(tables)
     if unknown:
-        raise TracekitError(f"--drop {sorted(unknown)}: no such table in {src.name}")
+        raise TracekitError(f"--drop {sorted(unknown)}: no such table in {shown(src)}")
     tmp = dst.with_name(dst.name + ".tmp-trim")
     if tmp.exists():
         tmp.unlink()
