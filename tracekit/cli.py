@@ -13,6 +13,7 @@ no traceback reaches the user.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -252,7 +253,9 @@ def _run_plain(kwargs: dict):
         print(file=sys.stderr)
         return 130
     except KeyboardInterrupt:
-        return 130
+        from tracekit import signals
+
+        return signals.exit_code()
     except OSError as e:
         import errno
 
@@ -282,16 +285,29 @@ def main(argv: list[str] | None = None) -> int:
     guarded = memlimit.run_guarded(argv)  # under a memory limit: a child, one line if it runs out
     if guarded is not None:
         return guarded
+    from tracekit import output, signals
+
+    signals.install(once=bool(os.environ.get(memlimit.CHILD_ENV)))  # SIGTERM cleans up as ^C does
+    output.checked_stdout()  # a full disk under stdout raises, never a silently cut output
     try:
         plain = _plain_analyze(list(sys.argv[1:] if argv is None else argv))
         rv = _run_plain(plain) if plain is not None else __getattr__("app")(args=argv, standalone_mode=False)
+        sys.stdout.flush()  # what is still buffered: its failure is reported here, not at exit
     except TracekitError as exc:
         print(f"tracekit: error: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("tracekit: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        code = signals.exit_code(exc)
+        print(signals.stop_line(code), file=sys.stderr)
+        return code
     except Exception as exc:
+        if output.is_disk_full(exc) or isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+            output.drop_stdout()  # (the rest of the output goes nowhere: no second failure at exit)
+            full = "disk full" if output.is_disk_full(exc) else "file size limit (ulimit -f) reached"
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else _one_line(exc)
+            print(f"tracekit: error: {full} writing {output.stdout_name()} ({why}): "
+                  "the output is incomplete; free some space or write elsewhere", file=sys.stderr)
+            return 2
         if memlimit.is_memory_error(exc):  # MemoryError, or a library that could not be mapped
             print(f"tracekit: error: {memlimit.message()}", file=sys.stderr)
             return 2
@@ -317,8 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     # without standalone mode typer returns the code of an Exit (130 for Ctrl-C) instead of raising
     if isinstance(rv, int) and not isinstance(rv, bool):
-        if rv == 130:
-            print("tracekit: interrupted", file=sys.stderr)
+        if rv == 130 or rv == signals.EXIT_TERMINATED and signals.terminated():  # typer's 130 for both
+            rv = signals.exit_code()
+            print(signals.stop_line(rv), file=sys.stderr)
         return rv
     return 0
 
