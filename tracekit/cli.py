@@ -13,7 +13,6 @@ no traceback reaches the user.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import sys
@@ -301,12 +300,13 @@ def main(argv: list[str] | None = None) -> int:
         print(signals.stop_line(code), file=sys.stderr)
         return code
     except Exception as exc:
-        if output.is_disk_full(exc) or isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        if output.is_disk_full(exc) or output.is_size_limit(exc):
             output.drop_stdout()  # (the rest of the output goes nowhere: no second failure at exit)
             full = "disk full" if output.is_disk_full(exc) else "file size limit (ulimit -f) reached"
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else _one_line(exc)
-            print(f"tracekit: error: {full} writing {output.stdout_name()} ({why}): "
-                  "the output is incomplete; free some space or write elsewhere", file=sys.stderr)
+            where = f" writing {output.stdout_name()}" if output.stdout_failed() else ""
+            print(f"tracekit: error: {full}{where} ({why}): the output is incomplete; free some space or "
+                  "write elsewhere", file=sys.stderr)
             return 2
         if memlimit.is_memory_error(exc):  # MemoryError, or a library that could not be mapped
             print(f"tracekit: error: {memlimit.message()}", file=sys.stderr)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -34,14 +35,31 @@ _FULL_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded", "
               "database or disk is full")
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def os_errno(exc: BaseException) -> int | None:
+    """The errno of ``exc``: an OSError's own, or the ``(os error N)`` that polars' Rust errors
+    quote (its OSErrors carry none)."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return exc.errno
+    m = _OS_ERROR.search(str(exc))
+    return int(m.group(1)) if m else None
+
+
 def is_disk_full(exc: BaseException) -> bool:
     """Whether ``exc`` means the disk (or the user's quota) is full: an OSError with ``ENOSPC``
     or ``EDQUOT``, or a library's error quoting it (polars: ``No space left on device (os error
-    28)``, sometimes inside a ComputeError)."""
-    if isinstance(exc, OSError) and exc.errno in _FULL:
+    28)``, sometimes inside a ComputeError; SQLite: ``database or disk is full``)."""
+    if os_errno(exc) in _FULL:
         return True
     text = str(exc)
     return any(t in text for t in _FULL_TEXT)
+
+
+def is_size_limit(exc: BaseException) -> bool:
+    """Whether ``exc`` is the file size limit (``ulimit -f``: ``EFBIG``)."""
+    return os_errno(exc) == errno.EFBIG
 
 
 def _strerror(exc: BaseException) -> str:
@@ -58,9 +76,9 @@ def write_error(label: str, name, exc: BaseException, kept: str = "the files the
     where = f"{label} ({name}: {_strerror(exc)})" if name else f"{label} ({_strerror(exc)})"
     if is_disk_full(exc):
         return f"disk full writing {where}: {kept}; free some space or write elsewhere"
-    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+    if is_size_limit(exc):
         return f"file size limit (ulimit -f) reached writing {where}: {kept}; raise the limit or write less"
-    if isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if os_errno(exc) in (errno.EACCES, errno.EPERM, errno.EROFS):
         return f"{label}: is not writable ({_strerror(exc)}): {kept}; choose another place"
     return f"{label}: cannot write it ({name + ': ' if name else ''}{_strerror(exc)}): {kept}"
 
@@ -178,7 +196,7 @@ class OutputSet:
             tmp = write_temporary(str(p), data, mode=0o666, fsync=True)
         except BaseException as exc:
             self.abort()
-            if isinstance(exc, OSError) or (isinstance(exc, Exception) and is_disk_full(exc)):
+            if isinstance(exc, OSError) or (isinstance(exc, Exception) and os_errno(exc) is not None):
                 raise TracekitError(write_error(label or self.label, p.name, exc)) from None
             raise
         self._staged.append((tmp, str(p)))
@@ -204,7 +222,7 @@ class OutputSet:
                 os.close(fd)
         except BaseException as exc:
             self.abort()
-            if isinstance(exc, OSError) or (isinstance(exc, Exception) and is_disk_full(exc)):
+            if isinstance(exc, OSError) or (isinstance(exc, Exception) and (is_disk_full(exc) or is_size_limit(exc))):
                 raise TracekitError(write_error(label or self.label, p.name, exc, "nothing was replaced")) from None
             raise
         return p
@@ -288,11 +306,17 @@ class _FdWriter(io.RawIOBase):
     def isatty(self) -> bool:
         return os.isatty(self._fd)
 
+    failed = False  # a write failed (the disk-full line then names stdout)
+
     def write(self, b) -> int:
         view = memoryview(b).cast("B")
         n = len(view)
-        while view:
-            view = view[os.write(self._fd, view):]
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError:
+            _FdWriter.failed = True
+            raise
         return n
 
     def close(self) -> None:  # the descriptor stays open (it is the process's stdout)
@@ -317,6 +341,11 @@ def checked_stdout() -> None:
     stream = raw if unbuffered else io.BufferedWriter(raw)
     sys.stdout = io.TextIOWrapper(stream, encoding=out.encoding, errors=out.errors, newline="\n",
                                   line_buffering=out.line_buffering, write_through=out.write_through or unbuffered)
+
+
+def stdout_failed() -> bool:
+    """Whether a write to stdout failed (through :func:`checked_stdout`)."""
+    return _FdWriter.failed
 
 
 def stdout_name() -> str:

@@ -229,8 +229,9 @@ def trim(
 
             if is_disk_full(exc):
                 raise
-            if "unable to open" in str(exc):
-                raise TracekitError(f"{dst}: cannot write the output ({exc})") from None
+            if "unable to open" in str(exc) or "disk I/O error" in str(exc):  # (SQLite's word for EFBIG, EIO)
+                raise TracekitError(f"{dst}: cannot write the output ({exc}); it is left as it was: check the "
+                                    "free space and the file size limit (ulimit -f)") from None
             raise
         finally:
             db.close()
