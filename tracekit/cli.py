@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             full = "disk full" if output.is_disk_full(exc) else "file size limit (ulimit -f) reached"
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else _one_line(exc)
             where = f" writing {output.stdout_name()}" if output.stdout_failed() else ""
-            print(f"tracekit: error: {full}{where} ({why}): the output is incomplete; free some space or "
+            print(f"tracekit: error: {full}{where}: {why}; the output is incomplete: free some space or "
                   "write elsewhere", file=sys.stderr)
             return 2
         if memlimit.is_memory_error(exc):  # MemoryError, or a library that could not be mapped

@@ -13,6 +13,11 @@ message and backtrace, and when the child dies of an allocation failure the pare
 :func:`message` as the one error line and exits 2. Without a limit nothing changes (no child;
 the machine's memory or a cgroup limit end in the kernel's OOM killer, which tracekit cannot
 report). ``capture`` is never run this way (the training keeps its terminal).
+
+SIGINT and SIGTERM to the parent are passed on to the child, which stops cleanly on the first
+(no half-written output, no temporary: :mod:`tracekit.signals`) and says so; the parent then
+exits 130 or 143. On Linux the child also gets SIGTERM from the kernel when the parent is
+killed outright (``PR_SET_PDEATHSIG``), so it never goes on writing alone.
 """
 
 from __future__ import annotations

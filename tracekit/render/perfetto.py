@@ -26,7 +26,6 @@ from pathlib import Path
 
 import polars as pl
 
-from tracekit.errors import TracekitError
 from tracekit.render.data import ReportData, host_kind
 
 #: Track (tid) of each lane inside a process.

@@ -37,8 +37,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracekit.errors import TracekitError
-
 FORMATS = ("svg", "pdf")
 #: what a report writes into its folder (a stored entry naming anything else is a miss)
 REPORT_FILE = re.compile(r"(?:data/[0-9A-Za-z_]{1,64}\.csv|[0-9A-Za-z_]{1,64}\.(?:png|svg|pdf)"
