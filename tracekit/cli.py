@@ -286,10 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         return guarded
     from tracekit import output, signals
 
-    signals.install(once=bool(os.environ.get(memlimit.CHILD_ENV)))  # SIGTERM cleans up as ^C does
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in memlimit.GUARDED:  # the commands that write outputs (capture handles its own)
+        signals.install(once=bool(os.environ.get(memlimit.CHILD_ENV)))  # SIGTERM cleans up as ^C does
     output.checked_stdout()  # a full disk under stdout raises, never a silently cut output
     try:
-        plain = _plain_analyze(list(sys.argv[1:] if argv is None else argv))
+        plain = _plain_analyze(args)
         rv = _run_plain(plain) if plain is not None else __getattr__("app")(args=argv, standalone_mode=False)
         sys.stdout.flush()  # what is still buffered: its failure is reported here, not at exit
     except TracekitError as exc:
