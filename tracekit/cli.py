@@ -252,7 +252,9 @@ def _run_plain(kwargs: dict):
         print(file=sys.stderr)
         return 130
     except KeyboardInterrupt:
-        return 130
+        from tracekit import signals
+
+        return signals.exit_code()
     except OSError as e:
         import errno
 
@@ -312,18 +314,32 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from tracekit import memlimit
+    from tracekit import memlimit, output, signals
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in memlimit.GUARDED:  # the commands that write outputs (capture handles its own)
+        signals.install(once=bool(os.environ.get(memlimit.CHILD_ENV)))  # SIGTERM cleans up as ^C does
+    output.checked_stdout()  # a full disk under stdout raises, never a silently cut output
     try:
-        plain = _plain_analyze(list(sys.argv[1:] if argv is None else argv))
+        plain = _plain_analyze(args)
         rv = _run_plain(plain) if plain is not None else __getattr__("app")(args=argv, standalone_mode=False)
+        sys.stdout.flush()  # what is still buffered: its failure is reported here, not at exit
     except TracekitError as exc:
         print(f"tracekit: error: {_one_line(exc)}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("tracekit: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        code = signals.exit_code(exc)
+        print(signals.stop_line(code), file=sys.stderr)
+        return code
     except Exception as exc:
+        if output.is_disk_full(exc) or output.is_size_limit(exc):
+            output.drop_stdout()  # (the rest of the output goes nowhere: no second failure at exit)
+            full = "disk full" if output.is_disk_full(exc) else "file size limit (ulimit -f) reached"
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else _one_line(exc)
+            where = f" writing {output.stdout_name()}" if output.stdout_failed() else ""
+            print(f"tracekit: error: {full}{where}: {why}; the output is incomplete: free some space or "
+                  "write elsewhere", file=sys.stderr)
+            return 2
         if memlimit.failed_import(exc):  # under a limit: a library that could not be loaded whole
             print(f"tracekit: error: {memlimit.start_message(memlimit.current_limit())}", file=sys.stderr)
             return 2
@@ -356,8 +372,9 @@ def _main(argv: list[str] | None) -> int:
         return 1
     # without standalone mode typer returns the code of an Exit (130 for Ctrl-C) instead of raising
     if isinstance(rv, int) and not isinstance(rv, bool):
-        if rv == 130:
-            print("tracekit: interrupted", file=sys.stderr)
+        if rv == 130 or rv == signals.EXIT_TERMINATED and signals.terminated():  # typer's 130 for both
+            rv = signals.exit_code()
+            print(signals.stop_line(rv), file=sys.stderr)
         return rv
     return 0
 

@@ -25,6 +25,11 @@ and written with one ``write``). polars' jemalloc starts a background thread; wh
 it says so and retries for ever, a million lines in 15 s while the command makes no progress:
 the child gets ``_RJEM_MALLOC_CONF=background_thread:false`` unless set (dirty pages are then
 returned by the allocating threads themselves; results do not change).
+
+SIGINT and SIGTERM to the parent are passed on to the child, which stops cleanly on the first
+(no half-written output, no temporary: :mod:`tracekit.signals`) and says so; the parent then
+exits 130 or 143. On Linux the child also gets SIGTERM from the kernel when the parent is
+killed outright (``PR_SET_PDEATHSIG``), so it never goes on writing alone.
 """
 
 from __future__ import annotations
@@ -224,16 +229,25 @@ def run_guarded(argv: list[str] | None = None) -> int | None:
     except OSError:  # cannot even start a child (no memory for it): run in this process
         return None
     saw_alloc = ""
+    got: list[int] = []
+    old = _forward_signals(child, got)
     try:
         saw_alloc = _forward(child.stderr)
         rc = child.wait()
-    except KeyboardInterrupt:  # the child got the same SIGINT and says "interrupted" itself
+    except KeyboardInterrupt:  # (a handler that could not be installed: SIGINT's default)
+        _send(child, signal.SIGINT)
+        got.append(signal.SIGINT)
         try:
             rc = child.wait(timeout=10)
         except (subprocess.TimeoutExpired, KeyboardInterrupt):
             child.kill()
             rc = child.wait()
-        return 130 if rc in (130, -signal.SIGINT) else (rc if rc >= 0 else 128 - rc)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if got:  # the child stopped cleanly (it says "interrupted" / "terminated" itself)
+        stop = 128 + got[0]
+        return stop if rc in (stop, -got[0]) else (rc if rc >= 0 else 128 - rc)
     if saw_alloc == "said" and rc != 0:  # its own error line is out; it may have crashed after it
         return rc if 0 < rc < 128 else 2
     if rc < 0 or (rc != 0 and saw_alloc):  # killed, or a library that ran out of memory and exited
@@ -244,6 +258,36 @@ def run_guarded(argv: list[str] | None = None) -> int | None:
             return 2
         return 128 - rc
     return rc
+
+
+def _send(child, sig: int) -> None:
+    try:
+        child.send_signal(sig)
+    except OSError:
+        pass
+
+
+def _forward_signals(child, got: list[int]) -> dict:
+    """Pass SIGINT and SIGTERM on to the guarded ``child`` (which acts on the first one only and
+    cleans up: no temporaries, no half-written output; a ^C from the terminal reaches it
+    directly too) and note them in ``got``; a second SIGTERM kills it. Returns the handlers
+    replaced (nothing outside the main thread)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum, frame) -> None:
+        if signum == signal.SIGTERM and signal.SIGTERM in got:
+            child.kill()  # asked twice: no more waiting for its clean-up
+        got.append(signum)
+        _send(child, signum)
+
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler):
+            old[sig] = signal.signal(sig, handler)
+    return old
 
 
 def _forward(stream) -> str:

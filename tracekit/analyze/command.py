@@ -60,15 +60,22 @@ def _print(a, fmt: str, wide: bool, store: bool) -> None:
         render_many.store_view(a.path, a.options, render_many.view_of(a.options.phase, wide, fmt), text)
 
 
-def _write_out(a, out: Path, fmt: str) -> None:
-    """``--out``: the files of one analysis; notes (sections skipped) and the summary line on stderr,
-    so that stdout stays the table or the JSON."""
+def _write_out(a, out: Path, fmt: str, output=None):
+    """``--out``: the files of one analysis, renamed in once all are written
+    (:func:`tracekit.render.files.write_frames`); notes (sections skipped) and the summary line
+    on stderr, so that stdout stays the table or the JSON. With ``output`` (an
+    :class:`tracekit.output.OutputSet` of several traces' files) nothing is renamed in yet, and
+    the summary line is returned, to be printed once the set is committed."""
     from tracekit.render.files import write_analysis
 
-    written = write_analysis(a, out, fmt)
+    written = write_analysis(a, out, fmt, output)
     for note in a.notes:
         print(f"note: {note}", file=sys.stderr)
-    print(f"wrote {len(written)} files to {out} ({a.path})", file=sys.stderr)
+    line = f"wrote {len(written)} files to {out} ({a.path})"
+    if output is not None:
+        return line
+    print(line, file=sys.stderr)
+    return None
 
 
 def _many(traces, options, out, out_format: str, fmt: str, wide: bool, jobs, dask, ranks) -> None:
@@ -81,20 +88,33 @@ def _many(traces, options, out, out_format: str, fmt: str, wide: bool, jobs, das
 
     stream = multi.ManyJson(sys.stdout) if fmt == "json" else None
     want, each = ("json", lambda i, path, part: stream.trace(part["json"])) if stream else ("compact", None)
+    output = None
+    lines: list[str] = []
     if out is not None:
         from tracekit.analysis import Analysis
+        from tracekit.output import OutputSet
         from tracekit.render.files import frame_dirs
 
         dirs = frame_dirs(multi.expand_inputs(traces), out)
+        output = OutputSet(f"--out {out}")  # every trace's files, renamed in at the end
 
         def each(i, path, result):  # the whole result, let go once written
-            _write_out(Analysis(path, options, result), dirs[i], out_format)
+            lines.append(_write_out(Analysis(path, options, result), dirs[i], out_format, output))
             if stream is not None:
                 stream.trace(multi.trace_json_text(result))
 
         want = "stream"
-    many = multi.analyze_many(traces, options, jobs=jobs, dask=dask, cache=options.cache,
-                              expected_ranks=ranks, want=want, each=each)
+    try:
+        many = multi.analyze_many(traces, options, jobs=jobs, dask=dask, cache=options.cache,
+                                  expected_ranks=ranks, want=want, each=each)
+        if output is not None:
+            output.commit()
+    except BaseException:
+        if output is not None:
+            output.abort()  # an error, a full disk, ^C, SIGTERM: the earlier files stay
+        raise
+    for line in lines:
+        print(line, file=sys.stderr)
     if stream is not None:
         stream.close(many["failed"], many["summary"])
     elif fmt in ("csv", "md"):

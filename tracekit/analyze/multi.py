@@ -475,9 +475,37 @@ def _iter_processes(paths: list[Path], opts, cache: bool, jobs: int, work=None, 
                 yield first
                 del first
                 yield from ordered
-        finally:  # stopped early (an error, ^C): the traces not started are not run
+        except BaseException:  # stopped early (an error in each(), ^C, SIGTERM, closed)
+            for f in futures:  # the traces not started are not run
+                f.cancel()
+            if futures:  # and the running ones are not waited for: their workers end now
+                _stop_workers(pool)
+            raise
+        finally:
             for f in futures:
                 f.cancel()
+
+
+def _stop_workers(pool) -> None:
+    """End the worker processes of the ProcessPoolExecutor ``pool`` (SIGTERM, then SIGKILL
+    after 2 s) instead of letting its shutdown wait for the traces they are analyzing: a
+    command stopped early (^C, SIGTERM, an error while writing) leaves no worker behind. Uses
+    the executor's process table (``_processes``; Python 3.14 has ``terminate_workers``)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        try:
+            p.terminate()
+        except (OSError, ValueError, AttributeError):
+            pass
+    for p in procs:
+        try:
+            p.join(2)
+            if p.is_alive():
+                p.kill()
+                p.join(1)
+        except (OSError, ValueError, AttributeError, AssertionError):
+            pass
 
 
 def _analyze_on_dask_worker(path: str, name: str | None = None, options=None, cache: bool = True,

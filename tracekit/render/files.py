@@ -11,12 +11,13 @@ from tracekit.errors import TracekitError
 
 def check_out(out_dir: str | Path, fmt: str) -> None:
     """Check ``--out DIR --format FMT`` before any analysis: raises :class:`TracekitError` for
-    an unknown format or a ``DIR`` that exists and is not a directory."""
+    an unknown format or a ``DIR`` that exists and is not a directory, exists and is not
+    writable, or cannot be created (:func:`tracekit.output.check_folder`). Creates nothing."""
+    from tracekit.output import check_folder
+
     if fmt not in ("csv", "parquet"):
         raise TracekitError(f"--format {fmt!r}: choose csv or parquet")
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise TracekitError(f"--out {out}: exists and is not a directory")
+    check_folder(out_dir, f"--out {out_dir}")
 
 
 def frame_dirs(paths: list[Path], out_dir: str | Path) -> list[Path]:
@@ -58,29 +59,37 @@ def frame_dirs(paths: list[Path], out_dir: str | Path) -> list[Path]:
     return final
 
 
-def write_frames(frames: dict, out_dir: str | Path, fmt: str = "csv") -> list[Path]:
+def write_frames(frames: dict, out_dir: str | Path, fmt: str = "csv", output=None) -> list[Path]:
     """Write each frame to ``out_dir/NAME.csv`` or ``.parquet``; returns the paths written.
 
-    Raises :class:`TracekitError` for an unknown format, an ``out_dir`` that is a file, or
-    one that cannot be written."""
+    The files are one :class:`tracekit.output.OutputSet`, or part of ``output`` when given (the
+    caller commits it: ``analyze DIR --out`` renames every trace's files in at the end): each
+    file is written by polars to an exclusive temporary beside its name, and all are renamed in
+    once every one is written, so a full disk, an error or an interrupt leaves the earlier files
+    whole (old complete or new complete, never a mix). Raises :class:`TracekitError` for an
+    unknown format, an ``out_dir`` that is a file or cannot be written, and a full disk
+    (``disk full ...``)."""
+    from tracekit.output import OutputSet
+
     check_out(out_dir, fmt)
-    out = Path(out_dir)
+    own = output is None
+    output = OutputSet(f"--out {out_dir}") if own else output
     paths = []
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out = output.folder(out_dir, f"--out {out_dir}")
         for name, f in frames.items():
             p = out / f"{name}.{fmt}"
-            if fmt == "csv":
-                f.write_csv(p)
-            else:
-                f.write_parquet(p)
+            output.add(p, f.write_csv if fmt == "csv" else f.write_parquet, f"--out {out_dir}")
             paths.append(p)
-    except OSError as exc:
-        raise TracekitError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+        if own:
+            output.commit()
+    except BaseException:
+        output.abort()
+        raise
     return paths
 
 
-def write_analysis(analysis, out_dir: str | Path, fmt: str = "csv") -> list[Path]:
+def write_analysis(analysis, out_dir: str | Path, fmt: str = "csv", output=None) -> list[Path]:
     """``--out DIR``: write the frames of an :class:`tracekit.analysis.Analysis` with
     :func:`write_frames`: ``phases`` (per rank, iteration, phase and micro-step: the numbers of
     ``--json``), ``totals`` (per rank and phase, whole trace), ``sub_phases`` (every phase by
@@ -88,7 +97,8 @@ def write_analysis(analysis, out_dir: str | Path, fmt: str = "csv") -> list[Path
     ``global_pid`` as the OS ``pid``). In CSV, a text cell starting with ``= + - @``, tab or CR
     gets a leading ``'`` (:func:`tracekit.textsafe.csv_frame`: no formula in a spreadsheet).
     Returns the paths written; the sections skipped for
-    missing data are in ``analysis.notes`` (the caller prints them, on stderr)."""
+    missing data are in ``analysis.notes`` (the caller prints them, on stderr). ``output``: the
+    :class:`tracekit.output.OutputSet` the files join (see :func:`write_frames`)."""
     wanted = {n for s in (analysis.options.sections or SECTIONS) for n in SECTION_FRAMES[s]}
     frames = {"phases": analysis.phases, "totals": analysis.totals, "sub_phases": analysis.sub_phases}
     frames.update({k: v for k, v in analysis.section_frames().items() if k in wanted})
@@ -96,4 +106,4 @@ def write_analysis(analysis, out_dir: str | Path, fmt: str = "csv") -> list[Path
         from tracekit.textsafe import csv_frame
 
         frames = {k: csv_frame(v) for k, v in frames.items()}
-    return write_frames(frames, out_dir, fmt)
+    return write_frames(frames, out_dir, fmt, output)

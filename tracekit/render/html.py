@@ -261,16 +261,18 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
     return fig.to_plotly_json()
 
 
-def _img(path: Path) -> str:
-    b64 = base64.b64encode(path.read_bytes()).decode("ascii")
+def _img(path: Path, png: bytes | None = None) -> str:
+    b64 = base64.b64encode(path.read_bytes() if png is None else png).decode("ascii")
     return f'<img alt="{_e(path.stem)}" src="data:image/png;base64,{b64}">'
 
 
 def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, frames: dict[str, pl.DataFrame],
                 figures: dict[str, Path], captions: dict[str, str], findings: list[dict],
-                advice: dict | None = None, notes: list[str] | None = None) -> str:
+                advice: dict | None = None, notes: list[str] | None = None,
+                pngs: dict[str, bytes] | None = None) -> str:
     """The text of ``report.html`` (see the module doc). ``figures``: figure name -> PNG path;
-    ``captions``: figure name -> caption (plain text, escaped here); ``advice``: the dict of
+    ``pngs``: figure name -> the PNG's bytes, read from ``figures`` where missing (a report's
+    files are renamed into place only once all are written); ``captions``: figure name -> caption (plain text, escaped here); ``advice``: the dict of
     :func:`tracekit.analyze.sections.advice.advise` or None."""
     import plotly.offline
 
@@ -361,7 +363,7 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     for name, (_fn, title) in F.FIGURES.items():
         if name not in figures:
             continue
-        P.append(f'<figure id="fig-{_e(name)}" class="static-fig"><h3>{_e(title)}</h3>{_img(figures[name])}'
+        P.append(f'<figure id="fig-{_e(name)}" class="static-fig"><h3>{_e(title)}</h3>{_img(figures[name], (pngs or {}).get(name))}'
                  f"<figcaption>{_e(captions.get(name, ''))} "
                  f"{_csv_link(frames[name], name) if name in frames else ''}</figcaption></figure>")
     # tables

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import polars as pl
 
-from tracekit.errors import TracekitError
 from tracekit.render.data import ReportData, host_kind
 
 #: Track (tid) of each lane inside a process.
@@ -165,29 +164,28 @@ def _kernel_names(data: ReportData) -> dict:
     return out
 
 
-def write_perfetto(data: ReportData, path: str | Path, findings: list[dict] | None = None) -> Path:
-    """Write :func:`trace_events` of ``data`` as JSON to ``path`` (parent folders created), by
-    :func:`tracekit.render.report_cache.write_file` (a temporary of tracekit's naming, created
-    exclusively, then renamed over ``path``: a link named ``path`` is replaced, not written
-    through); stale temporaries of a killed run in that folder are removed first
-    (:func:`tracekit.render.report_cache.clean_folder`). Returns the path. Raises
-    :class:`TracekitError` when it cannot be written."""
-    from tracekit.render.report_cache import clean_folder, write_file
-
-    p = Path(path)
-    if p.is_dir():
-        raise TracekitError(f"--perfetto {p}: is a directory; give a file name such as trace.json")
-    doc = trace_events(data, findings)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise TracekitError(f"--perfetto {p}: cannot write it ({exc.strerror or exc})") from None
-    clean_folder(p.parent)
+def perfetto_bytes(data: ReportData, findings: list[dict] | None = None) -> bytes:
+    """:func:`trace_events` of ``data`` as the compact ASCII JSON of a ``--perfetto`` file."""
     from tracekit.analyze.trace.cache import dumps_strict
 
-    text = dumps_strict(doc, separators=(",", ":"), ensure_ascii=True)  # NaN/inf -> null: strict JSON
-    try:
-        write_file(p, text.encode("ascii"))
-    except TracekitError as exc:
-        raise TracekitError(f"--perfetto {exc}") from None
+    # NaN/inf -> null: strict JSON
+    return dumps_strict(trace_events(data, findings), separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def write_perfetto(data: ReportData, path: str | Path, findings: list[dict] | None = None) -> Path:
+    """Write :func:`perfetto_bytes` of ``data`` to ``path`` (parent folders created) as a
+    one-file :class:`tracekit.output.OutputSet` (a temporary of tracekit's naming, created
+    exclusively, fsynced, then renamed over ``path``: a link named ``path`` is replaced, not
+    written through; a full disk leaves the earlier file as it was); stale temporaries of a
+    killed run in that folder are removed first. ``tracekit report`` puts the file into the
+    report's own set instead (:func:`tracekit.render.report_cache.add_perfetto`). Returns the
+    path. Raises :class:`TracekitError` when it cannot be written (checked before the events
+    are built)."""
+    from tracekit.output import OutputSet, check_file
+    from tracekit.render.report_cache import add_perfetto
+
+    check_file(path, f"--perfetto {path}")
+    text = perfetto_bytes(data, findings)
+    with OutputSet(f"--perfetto {path}") as output:
+        p = add_perfetto(output, path, text)
     return p

@@ -30,7 +30,7 @@ from tracekit.render import style as S
 from tracekit.render import summary
 from tracekit.render.data import ReportData
 from tracekit.render.report_cache import (  # noqa: F401 (FORMATS, ReportResult, prepare_dir: this module's API)
-    FORMATS, PERFETTO_MEMBER, TIMED, ReportResult, prepare_dir, write_file)
+    FORMATS, PERFETTO_MEMBER, TIMED, ReportResult, add_perfetto, check_out, prepare_dir)
 from tracekit.textsafe import csv_frame, md, md_code
 from tracekit.vocab import UNITS_LINE, fmt_count, fmt_gb, fmt_gbps, fmt_mb, fmt_ms, fmt_pct, os_pid
 
@@ -105,12 +105,16 @@ def write_report(
     ``tracekit report`` does; :mod:`tracekit.render.report_cache`): the same report again
     writes the stored files without drawing.
 
-    Each file is written to a temporary beside it and renamed into place (a file of the same
-    name is replaced, never written through). Raises :class:`TracekitError` for an unreadable
-    trace, a missing rank or iteration, an unknown format or an output path that is a file.
+    The files are one :class:`tracekit.output.OutputSet`: each is written to a temporary beside
+    it, and all are renamed into place once every one is written (a file of the same name is
+    replaced, never written through; an error, a full disk, ^C or SIGTERM leaves the earlier
+    report whole and no temporary). Raises :class:`TracekitError` for an unreadable trace, a
+    missing rank or iteration, an unknown format, an output folder or Perfetto path that cannot
+    be written (checked first) and a full disk (``disk full ...``).
     """
     if fmt not in FORMATS:
         raise TracekitError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
+    check_out(out_dir, perfetto)  # before any work: a folder or Perfetto path that cannot be written
     step = step or (lambda _m: None)
     tc = key = None
     if cache:
@@ -124,20 +128,24 @@ def write_report(
     dpi = S.DPI if dpi is None else dpi
     data = ReportData.load(trace, phase_map=phase_map, gas=gas, step=step, ds_config=ds_config,
                            cache=tc if tc is not None else False)
+    from tracekit.output import OutputSet
+
+    output = OutputSet(f"-o {out_dir}")  # every file renamed in once all are written
     try:
         rk = data.rank(rank)
         it = data.pick_iteration(rk, iteration)
-        out = prepare_dir(out_dir)
+        out = prepare_dir(out_dir, output)
         res = ReportResult(out_dir=out, iteration=it, rank=rk)
         written: list[tuple[str, bytes]] = []  # (name in out, bytes): what the cache keeps
 
         def put(name: str, payload: bytes) -> Path:
             written.append((name, payload))
-            p = write_file(out / name, payload)
+            p = output.add(out / name, payload)
             res.files.append(p)
             return p
 
         frames: dict[str, pl.DataFrame] = {}
+        pngs: dict[str, bytes] = {}  # for report.html (the files are renamed in at the end)
         n = len(F.FIGURES)
         if tc is not None:
             from tracekit.options import load_ds_config
@@ -168,6 +176,7 @@ def write_report(
                 if fkey is not None:
                     report_cache.store_figure(tc, fkey, name, fmt, png, vector, csv, frame)
             put(f"{name}.png", png)
+            pngs[name] = png
             put(f"{name}.{fmt}", vector)
             res.figures[name] = out / f"{name}.png"
             frames[name] = frame
@@ -185,21 +194,25 @@ def write_report(
 
             means = summary.phase_means(metrics, data.steady_iterations(rk))
             page = render_html(data, rk, it, metrics, frames, res.figures, _captions(data, rk, it, frames, means),
-                               findings, write_advice(data, res.notes), res.notes)
+                               findings, write_advice(data, res.notes), res.notes, pngs=pngs)
             put("report.html", page.encode("utf-8"))
         if perfetto is not None:
             step("Perfetto trace")
-            from tracekit.render.perfetto import write_perfetto
+            from tracekit.render.perfetto import perfetto_bytes
 
-            p = write_perfetto(data, perfetto, findings=_findings(data, None, []))
-            res.files.append(p)
+            text = perfetto_bytes(data, findings=_findings(data, None, []))
+            res.files.append(add_perfetto(output, perfetto, text))
             if tc is not None:
-                written.append((PERFETTO_MEMBER, p.read_bytes()))
+                written.append((PERFETTO_MEMBER, text))
+        output.commit()
         if tc is not None:
             from tracekit.render import report_cache
 
             report_cache.store_report(tc, key, res, written)
         return res
+    except BaseException:
+        output.abort()  # an error, a full disk, ^C or SIGTERM: the earlier report stays whole
+        raise
     finally:
         data.close()
 

@@ -17,15 +17,18 @@ A miss reads through the same cache as ``tracekit analyze`` (the stored analysis
 the Parquet frames of every query, :meth:`tracekit.render.data.ReportData.load`), so another
 ``--rank``, ``--iteration`` or ``--format`` mostly redraws.
 
-Writing into ``--out`` (both on a hit and on a miss, :func:`write_file`): each file goes to a
-temporary of tracekit's naming in the same folder, then is renamed over ``NAME``; so a file of
-that name is replaced, never written through (a symbolic link or hard link named like a
-report file is replaced by the new file; what it pointed to is not touched), and no
-half-written report file is left under its name. Files of other names are not touched.
-A temporary left by a killed report (``--out``, its ``data/``, the ``--perfetto`` file's
-folder, ``compare -o``) is removed by the next report writing there, by the trace cache's own
-rule (:func:`tracekit.analyze.trace.cache.remove_stale_temporaries`: its pid gone on this host,
-or untouched for an hour); a live report's temporaries and every other file are kept.
+Writing into ``--out`` (both on a hit and on a miss): the report's files are one
+:class:`tracekit.output.OutputSet`. Each file goes to a temporary of tracekit's naming in the
+same folder; once every file is written they are all renamed over their names (SIGINT and
+SIGTERM held meanwhile). So a file of that name is replaced, never written through (a symbolic
+link or hard link named like a report file is replaced by the new file; what it pointed to is
+not touched), and an interrupted report, a full disk or an error leaves the earlier report
+whole: the folder holds the old report or the new one, never a mix. Files of other names are
+not touched. A temporary left by a killed report (``--out``, its ``data/``, the ``--perfetto``
+file's folder, ``compare -o``) is removed by the next report writing there, by the trace
+cache's own rule (:func:`tracekit.analyze.trace.cache.remove_stale_temporaries`: its pid gone
+on this host, or untouched for an hour); a live report's temporaries and every other file are
+kept.
 """
 
 from __future__ import annotations
@@ -33,8 +36,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from tracekit.errors import TracekitError
 
 FORMATS = ("svg", "pdf")
 #: what a report writes into its folder (a stored entry naming anything else is a miss)
@@ -59,28 +60,33 @@ class ReportResult:
     cached: bool = False
 
 
-def prepare_dir(out_dir: str | Path, with_data: bool = True) -> Path:
-    """Create ``out_dir`` (and parents, and ``data/`` with ``with_data``) when missing, and
-    remove the stale temporaries a killed report left in them (:func:`clean_folder`); raises
-    :class:`TracekitError` when it is a file or cannot be created."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise TracekitError(f"-o {out}: exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        if with_data:
-            (out / "data").mkdir(exist_ok=True)
-    except OSError as exc:
-        raise TracekitError(f"-o {out}: cannot create the directory ({exc.strerror})") from None
-    clean_folder(out)
+def check_out(out_dir: str | Path, perfetto: str | Path | None = None) -> None:
+    """Check before any work that ``-o out_dir`` (and ``--perfetto perfetto``) can be written
+    (:func:`tracekit.output.check_folder`, :func:`tracekit.output.check_file`): raises
+    :class:`TracekitError` for a folder that is a file, is not writable or cannot be created, and
+    a Perfetto path that is a folder or cannot be written. Creates nothing."""
+    from tracekit.output import check_file, check_folder
+
+    check_folder(out_dir, f"-o {out_dir}")
+    if perfetto is not None:
+        check_file(perfetto, f"--perfetto {perfetto}")
+
+
+def prepare_dir(out_dir: str | Path, output, with_data: bool = True) -> Path:
+    """Create ``out_dir`` (and parents, and ``data/`` with ``with_data``) when missing, as
+    folders of the :class:`tracekit.output.OutputSet` ``output`` (removed again when the set is
+    aborted and they are empty), and remove the stale temporaries a killed report left in them
+    (:func:`clean_folder`); raises :class:`TracekitError` when it is a file, cannot be created or
+    is not writable."""
+    out = output.folder(out_dir, f"-o {out_dir}")
     if with_data:
-        clean_folder(out / "data")
+        output.folder(out / "data", f"-o {out_dir}")
     return out
 
 
 def clean_folder(folder: str | Path) -> list[str]:
-    """Remove the temporaries of :func:`write_file` that a killed run left in ``folder`` and
-    nothing else: the trace cache's rule,
+    """Remove the temporaries of a set of output files (:class:`tracekit.output.OutputSet`)
+    that a killed run left in ``folder`` and nothing else: the trace cache's rule,
     :func:`tracekit.analyze.trace.cache.remove_stale_temporaries` (tracekit's naming
     ``.tmp-tk-<pid>-<random>-<host>``, a regular file of ours, its pid gone on this host or
     untouched for an hour). Returns the names removed; never raises."""
@@ -89,19 +95,17 @@ def clean_folder(folder: str | Path) -> list[str]:
     return remove_stale_temporaries(folder)
 
 
-def write_file(path: str | Path, data) -> Path:
-    """Write ``data`` (bytes-like) as ``path``: a temporary ``.tmp-tk-<pid>-<random>-<host>``
-    created exclusively beside it (never following a link), then renamed over ``path`` (see
-    the module doc). Raises :class:`TracekitError` when it cannot be written; the temporary
-    is removed then."""
-    from tracekit.analyze.trace.cache import write_replacing
+def add_perfetto(output, perfetto: str | Path, data: bytes) -> Path:
+    """Put the ``--perfetto`` file (``data``) into the set ``output``: its folder created when
+    missing (:meth:`tracekit.output.OutputSet.folder`), the file renamed in with the report's.
+    Raises :class:`TracekitError` for a folder given as the file or one that cannot be written."""
+    from tracekit.output import check_file
 
-    p = Path(path)
-    try:
-        write_replacing(str(p), data, mode=0o666, fsync=False)
-    except OSError as exc:
-        raise TracekitError(f"{p}: cannot write it ({exc.strerror or exc})") from None
-    return p
+    p = Path(perfetto)
+    label = f"--perfetto {p}"
+    check_file(p, label)
+    output.folder(p.parent, label)
+    return output.add(p, data, label)
 
 
 def _versions() -> dict:
@@ -248,8 +252,10 @@ def lookup_report(trace, out_dir, perfetto=None, *, rank: int = 0, iteration: in
 def cached_report(tc, key: str, out_dir: str | Path, perfetto: str | Path | None = None) -> ReportResult | None:
     """Write the report stored under ``key`` into ``out_dir`` (and its Perfetto file to
     ``perfetto``) and return what was written; None on a miss (nothing written then), or when
-    the entry names a file a report never writes. Raises :class:`TracekitError` as
-    :func:`prepare_dir` and :func:`write_file` do."""
+    the entry names a file a report never writes. The files are one
+    :class:`tracekit.output.OutputSet`: all renamed in once all are written. Raises
+    :class:`TracekitError` as :func:`check_out` and :func:`prepare_dir` do, and for a full disk
+    (``disk full ...``: the earlier files are left as they were)."""
     hit = tc.get_files(key) if tc is not None else None
     if hit is None:
         return None
@@ -262,23 +268,19 @@ def cached_report(tc, key: str, out_dir: str | Path, perfetto: str | Path | None
             or (PERFETTO_MEMBER in names) != want_perfetto or not isinstance(meta.get("figures"), dict)
             or not all(isinstance(v, str) and v in names for v in meta["figures"].values())):
         return None
-    out = prepare_dir(out_dir)
-    res = ReportResult(out_dir=out, iteration=meta.get("iteration"), rank=meta.get("rank"),
-                       notes=list(meta.get("notes") or []), cached=True)
-    for name, data in files:
-        if name == PERFETTO_MEMBER:
-            continue
-        res.files.append(write_file(out / name, data))
-    if want_perfetto:
-        p = Path(perfetto)
-        if p.is_dir():
-            raise TracekitError(f"--perfetto {p}: is a directory; give a file name such as trace.json")
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise TracekitError(f"--perfetto {p}: cannot write it ({exc.strerror or exc})") from None
-        clean_folder(p.parent)
-        res.files.append(write_file(p, dict(files)[PERFETTO_MEMBER]))
+    from tracekit.output import OutputSet
+
+    check_out(out_dir, perfetto)
+    with OutputSet(f"-o {out_dir}") as output:  # renamed in together once all are written
+        out = prepare_dir(out_dir, output)
+        res = ReportResult(out_dir=out, iteration=meta.get("iteration"), rank=meta.get("rank"),
+                           notes=list(meta.get("notes") or []), cached=True)
+        for name, data in files:
+            if name == PERFETTO_MEMBER:
+                continue
+            res.files.append(output.add(out / name, data))
+        if want_perfetto:
+            res.files.append(add_perfetto(output, perfetto, dict(files)[PERFETTO_MEMBER]))
     res.figures = {k: out / v for k, v in meta["figures"].items()}
     return res
 

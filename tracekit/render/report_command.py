@@ -60,6 +60,7 @@ def register(app: typer.Typer) -> None:
         _check(rank, gas)
         if fmt not in report_cache.FORMATS:
             raise TracekitError(f"--format {fmt!r}: choose {' or '.join(report_cache.FORMATS)}")
+        report_cache.check_out(out, perfetto)  # before any work: where it writes can be written
         res = None
         if cache:  # the same report again: the stored files, without polars or matplotlib
             _tc, _key, res = report_cache.lookup_report(trace, out, perfetto, rank=rank, iteration=iteration, fmt=fmt,
@@ -134,6 +135,10 @@ def register(app: typer.Typer) -> None:
             raise TracekitError(f"--format {fmt!r}: choose {' or '.join(FORMATS)}")
         if fail_above is not None and not fail_above >= 0:
             raise TracekitError(f"--fail-above {fail_above:g}: give a percent >= 0")
+        if out is not None:  # before any work
+            from tracekit.output import check_folder
+
+            check_folder(out, f"-o {out}")
         result = None
         if cache:  # the same comparison again: as stored, without polars or matplotlib
             from tracekit.render.report_cache import lookup_compare
@@ -150,17 +155,18 @@ def register(app: typer.Typer) -> None:
         if fail_above is not None:
             result["regressions"] = {"fail_above_pct": fail_above, "slower": slow}
         written = []
-        if out is not None:  # each file by temporary + rename, as report's (report_cache.write_file)
+        if out is not None:  # one set of files, renamed in together once all are written, as report's
+            from tracekit.output import OutputSet
             from tracekit.render import style as S
-            from tracekit.render.report_cache import write_file
 
-            d = prepare_dir(out, with_data=False)
-            fig, _ = C.compare_figure(result)
-            for ext in ("png", fmt):
-                image = S.figure_bytes(fig, ext, S.DPI if ext == "png" else None)
-                written.append(write_file(d / f"compare.{ext}", image))
-            S.close(fig)
-            written.append(write_file(d / "compare.json", (dumps_strict(result, indent=1) + "\n").encode("utf-8")))
+            with OutputSet(f"-o {out}") as output:
+                d = prepare_dir(out, output, with_data=False)
+                fig, _ = C.compare_figure(result)
+                for ext in ("png", fmt):
+                    image = S.figure_bytes(fig, ext, S.DPI if ext == "png" else None)
+                    written.append(output.add(d / f"compare.{ext}", image))
+                S.close(fig)
+                written.append(output.add(d / "compare.json", (dumps_strict(result, indent=1) + "\n").encode("utf-8")))
         if as_json:
             sys.stdout.write(dumps_strict(result, indent=1) + "\n")  # strict JSON: inf (--fail-above inf) -> null
         else:

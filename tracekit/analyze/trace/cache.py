@@ -246,26 +246,62 @@ def _owned(st: os.stat_result) -> bool:
     return not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
 
 
-def write_replacing(path: str, data, *, dir_fd: int | None = None, mode: int = 0o600,
-                    fsync: bool = True) -> None:
-    """Write ``data`` (bytes-like) as ``path`` (relative to ``dir_fd`` when given): a temporary
-    ``.tmp-tk-<pid>-<16 hex>-<host>`` created exclusively beside it (``O_EXCL``, never following
-    a link; file mode ``mode``), written whole, fsynced when ``fsync``, then renamed over
-    ``path``, so a reader never sees a partial file under its name and a link named ``path`` is
-    replaced, not written through. The temporary is removed when anything fails; the OSError
-    is raised. What the cache's entries and ``tracekit report``'s files are written with."""
-    tmp = os.path.join(os.path.dirname(path), f".tmp-tk-{os.getpid()}-{secrets.token_hex(8)}-{_HOST}")
+def temporary_name(path: str) -> str:
+    """A fresh temporary name of tracekit's naming beside ``path``:
+    ``.tmp-tk-<pid>-<16 hex>-<host>`` in the same folder (what :func:`stale_temporary` knows)."""
+    return os.path.join(os.path.dirname(path), f".tmp-tk-{os.getpid()}-{secrets.token_hex(8)}-{_HOST}")
+
+
+def write_temporary(path: str, data, *, dir_fd: int | None = None, mode: int = 0o600,
+                    fsync: bool = True) -> str:
+    """Write ``data`` to a new temporary beside ``path`` (relative to ``dir_fd`` when given) and
+    return the temporary's path, for the caller to rename over ``path``: a
+    :func:`temporary_name` created exclusively (``O_EXCL``, never following a link; file mode
+    ``mode``), written whole, fsynced when ``fsync``. ``data``: bytes-like, or a callable given
+    the open binary file (``data(fh)``: a library writing a large file itself, e.g. polars'
+    ``write_csv``). The temporary is removed when anything fails, an interrupt included; the
+    exception is raised (OSError for a full disk)."""
+    tmp = temporary_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
                  | getattr(os, "O_CLOEXEC", 0), mode, dir_fd=dir_fd)
     try:
-        try:
-            view = memoryview(data)
+        if callable(data):
+            with os.fdopen(fd, "wb", closefd=False) as fh:
+                data(fh)
+        else:
+            view = memoryview(data).cast("B")
             while view:
                 view = view[os.write(fd, view):]
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    try:
+        os.close(fd)  # (a network file system may report a full disk only here)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    return tmp
+
+
+def write_replacing(path: str, data, *, dir_fd: int | None = None, mode: int = 0o600,
+                    fsync: bool = True) -> None:
+    """Write ``data`` (as :func:`write_temporary` takes it) as ``path`` (relative to ``dir_fd``
+    when given): a :func:`write_temporary` beside it, then renamed over ``path``, so a reader
+    never sees a partial file under its name and a link named ``path`` is replaced, not written
+    through. The temporary is removed when anything fails; the OSError is raised. What the
+    cache's entries are written with; a set of output files is written the same way and renamed
+    in together (:class:`tracekit.output.OutputSet`)."""
+    tmp = write_temporary(path, data, dir_fd=dir_fd, mode=mode, fsync=fsync)
+    try:
         os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         try:

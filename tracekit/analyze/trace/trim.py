@@ -213,62 +213,78 @@ def trim(
     unknown = drop_set - set(tables)
     if unknown:
         raise TracekitError(f"--drop {sorted(unknown)}: no such table in {shown(src)}")
-    tmp = dst.with_name(dst.name + ".tmp-trim")
-    if tmp.exists():
-        tmp.unlink()
-    try:
-        db = sqlite_utils.Database(tmp)
-    except (OSError, sqlite3.Error) as exc:
-        raise TracekitError(f"{dst}: cannot write the output ({exc})") from None
+    from tracekit.output import OutputSet
+
+    counts: dict[str, int] = {}
+
+    def fill(tmp: str) -> None:  # the cut, written into the set's exclusive temporary
+        try:
+            db = sqlite_utils.Database(tmp)
+        except (OSError, sqlite3.Error) as exc:
+            raise TracekitError(f"{dst}: cannot write the output ({exc})") from None
+        try:
+            _copy_cut(db, src, tables, indexes, columns, drop_set, t0, t1, keep_metrics, time_range,
+                      None if time_range is not None else (first, last), counts)
+        except sqlite3.OperationalError as exc:
+            from tracekit.output import is_disk_full
+
+            if is_disk_full(exc):
+                raise
+            if "unable to open" in str(exc) or "disk I/O error" in str(exc):  # (SQLite's word for EFBIG, EIO)
+                raise TracekitError(f"{dst}: cannot write the output ({exc}); it is left as it was: check the "
+                                    "free space and the file size limit (ulimit -f)") from None
+            raise
+        finally:
+            db.close()
+
+    # one file renamed over DST once written whole: a full disk, an error, ^C or SIGTERM leave
+    # DST as it was and no temporary (tracekit.output)
+    with OutputSet(str(dst)) as output:
+        output.add_by_path(dst, fill)
+    return {"window_ns": (t0, t1), "rows": counts}
+
+
+def _copy_cut(db, src: Path, tables: dict, indexes: list, columns: dict, drop_set: set, t0: int, t1: int,
+              keep_metrics, time_range, its, counts: dict) -> None:
+    """Copy the rows of ``src`` in the window ``t0..t1`` into the empty database ``db`` (see
+    :func:`trim`), fill ``counts`` ({table: rows kept}) and vacuum."""
     db.conn.create_function(
         "REGEXP", 2, lambda pattern, value: value is not None and re.search(pattern, value) is not None
     )
-    counts: dict[str, int] = {}
-    try:
-        db.execute(f"ATTACH DATABASE 'file:{quote(str(src.resolve()))}?mode=ro' AS src")
-        for name, sql in tables.items():
-            if name == "sqlite_sequence":
-                continue
+    db.execute(f"ATTACH DATABASE 'file:{quote(str(src.resolve()))}?mode=ro' AS src")
+    for name, sql in tables.items():
+        if name == "sqlite_sequence":
+            continue
+        db.execute(sql)
+        if name in drop_set or name in ("StringIds", "TRACEKIT_TRIM"):  # a cut of a cut: its own rows only
+            continue
+        cols = columns.get(name, {})
+        where, params = _filter(name, cols, t0, t1, keep_metrics, set(tables))
+        db.execute(f'INSERT INTO main."{name}" SELECT * FROM src."{name}" {where}', params)
+    _keep_used_strings(db, tables, columns, drop_set)
+    for sql in indexes:
+        try:
             db.execute(sql)
-            if name in drop_set or name in ("StringIds", "TRACEKIT_TRIM"):  # a cut of a cut: its own rows only
-                continue
-            cols = columns.get(name, {})
-            where, params = _filter(name, cols, t0, t1, keep_metrics, set(tables))
-            db.execute(f'INSERT INTO main."{name}" SELECT * FROM src."{name}" {where}', params)
-        _keep_used_strings(db, tables, columns, drop_set)
-        for sql in indexes:
-            try:
-                db.execute(sql)
-            except Exception:  # an index on a dropped table's column is not worth failing for
-                pass
-        db.conn.commit()
-        db.execute("DETACH DATABASE src")
-        db["TRACEKIT_TRIM"].insert_all(
-            [
-                {"name": "source", "value": src.name},
-                # a time cut has no "iterations" row: Export reads it as the first iteration kept (A-B only)
-                *([{"name": "iterations", "value": f"{first}-{last}"}] if time_range is None else []),
-                {"name": "time_range", "value": time_range or ""},
-                {"name": "window_start_ns", "value": str(t0)},
-                {"name": "window_end_ns", "value": str(t1)},
-                {"name": "dropped", "value": ",".join(sorted(drop_set))},
-                {"name": "keep_metrics", "value": keep_metrics or ""},
-            ]
-        )
-        for name in tables:
-            if name != "sqlite_sequence":
-                counts[name] = db.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
-        db.vacuum()
-        db.close()
-        os.replace(tmp, dst)
-    except BaseException as exc:
-        db.close()
-        if tmp.exists():
-            tmp.unlink()
-        if isinstance(exc, OSError) or (isinstance(exc, sqlite3.OperationalError) and "unable to open" in str(exc)):
-            raise TracekitError(f"{dst}: cannot write the output ({exc})") from None
-        raise
-    return {"window_ns": (t0, t1), "rows": counts}
+        except Exception:  # an index on a dropped table's column is not worth failing for
+            pass
+    db.conn.commit()
+    db.execute("DETACH DATABASE src")
+    db["TRACEKIT_TRIM"].insert_all(
+        [
+            {"name": "source", "value": src.name},
+            # a time cut has no "iterations" row: Export reads it as the first iteration kept (A-B only)
+            *([{"name": "iterations", "value": f"{its[0]}-{its[1]}"}] if its is not None else []),
+            {"name": "time_range", "value": time_range or ""},
+            {"name": "window_start_ns", "value": str(t0)},
+            {"name": "window_end_ns", "value": str(t1)},
+            {"name": "dropped", "value": ",".join(sorted(drop_set))},
+            {"name": "keep_metrics", "value": keep_metrics or ""},
+        ]
+    )
+    for name in tables:
+        if name != "sqlite_sequence":
+            counts[name] = db.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
+    db.vacuum()
 
 
 def _filter(name: str, cols: dict, t0: int, t1: int, keep_metrics: str | None, present: set) -> tuple[str, tuple]:
