@@ -776,7 +776,8 @@ def _sub_group(pieces, cb: pl.DataFrame, target: float, P, nsg: int, n: int) -> 
         g, why = per_it_bytes / now if now else None, "the copy-back's own bandwidth"
     if not g:  # no copy of that kind with a duration (e.g. zero-duration records): no bandwidth to re-time at
         return _result(pieces, "sub_group_size", 0.0, f"no {kind} H2D bandwidth measured (the copy-back's copies "
-                       "have no duration)", "low", applicable=False, why="no copy-back bandwidth measured",
+                       "have no duration)", "low", applicable=False,
+                       why=f"no {kind} H2D copy with a measured duration to re-time the copy-back at",
                        sub_group_size=target, sub_groups=new_n)
     new = per_it_bytes / g
     s = now - new
