@@ -1,0 +1,311 @@
+"""Where the idle GPU time goes (issue 22): each window's wall time split into GPU busy time and
+three kinds of idle time, and launch statistics per window.
+
+Per rank (``global_pid``, ``device``) and interval [start, end) (a phase window, or the self
+time of a sub-phase), every nanosecond lands in exactly one category, tested in this order:
+
+1. ``gpu_busy_ns``: a kernel, memcpy or memset of the device (not a communication kernel) is
+   executing, whatever window launched it: the union of their GPU intervals (the busy time of
+   :mod:`tracekit.analyze.sections.breakdown`, so ``wall_ns - gpu_busy_ns`` is its ``gpu_idle_ns``).
+2. ``waiting_ns``: no such work, but a communication kernel (NCCL and the like,
+   :mod:`tracekit.analyze.model.communication`) of the device is executing: the rank waits on a
+   collective (an NCCL kernel spins until its peers arrive). Waiting on another stream through
+   ``cudaStreamWaitEvent`` is *not* counted here: the tables record when the wait was enqueued,
+   not when the event it waits on completed, so it cannot be told apart from launch latency.
+3. ``in_api_ns``: idle, and a *launching thread* of the device is inside a CUDA API call
+   (``CUPTI_ACTIVITY_KIND_RUNTIME``, names from ``StringIds`` via ``nameId``). The launching
+   threads of a device are the threads that launched at least one of its kernels, copies or
+   memsets (``correlationId`` join). ``by_api`` splits this time by call name (the ``_vNNNN``
+   suffix dropped: ``cudaLaunchKernel``); where calls overlap (several threads at once) an
+   instant belongs to the call that began first, so ``by_api`` sums to ``in_api_ns`` exactly.
+   :func:`api_group` groups the names (:data:`API_GROUPS`).
+4. ``between_api_ns``: idle, no collective running, no API call in flight on the launching
+   threads: the host runs Python / framework code (or waits on something outside CUDA).
+
+The four sum to ``wall_ns`` exactly (elementary segments between all interval edges, each
+classified once).
+
+Launch statistics (:func:`launch_stats`) per window count the kernels *attributed* to it (their
+launching call began inside it, :mod:`tracekit.analyze.model.phases`): ``kernel_count`` (all
+kernels, communication included), ``launch_count`` (kernels whose launching call is of the
+``launch`` group: ``cudaLaunchKernel``, ``cuLaunchKernelEx``, ...), ``launch_mean_ns`` /
+``launch_p50_ns`` / ``launch_p99_ns`` (duration of those calls; percentiles are the nearest
+rank), ``queue_mean_ns`` / ``queue_p50_ns`` (kernel GPU start minus the end of its launching
+call), ``kernel_p50_ns`` (median kernel duration), ``short_kernels`` (kernels that ran shorter
+than their launching call took), ``kernels_per_ms`` and ``launches_per_ms`` (per ms of wall time).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import polars as pl
+
+from tracekit.analyze.model.intervals import union
+from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.trace.export import Export
+
+TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
+CATEGORIES = ("gpu_busy_ns", "waiting_ns", "in_api_ns", "between_api_ns")
+#: call name (without the ``_vNNNN`` suffix) -> group, the first matching pattern wins
+API_GROUPS = (
+    ("launch", r"Launch"),
+    ("synchronize", r"Synchronize"),
+    ("memcpy", r"Memcpy|Memset"),
+    ("allocator", r"Malloc|Free|Alloc|MemPool|HostRegister|HostUnregister|^cuMem(Create|Map|Unmap|Release|Address|SetAccess)"),
+    ("event", r"Event"),
+)
+GROUPS = (*(g for g, _ in API_GROUPS), "other")
+_SUFFIX = re.compile(r"_v\d+$")
+
+#: Findings rule (docs/idle.md): a phase gets a cause finding when its mean wall time per steady
+#: iteration is at least this, and its GPU idle share at least :data:`FINDING_MIN_IDLE_SHARE`.
+FINDING_MIN_WALL_NS = 1_000_000
+FINDING_MIN_IDLE_SHARE = 0.5
+
+
+def short_name(name: str | None) -> str:
+    """A runtime call's name without nsys' ``_vNNNN`` version suffix (``"?"`` for none)."""
+    return _SUFFIX.sub("", name) if name else "?"
+
+
+def api_group(name: str) -> str:
+    """The group of a call name (:data:`API_GROUPS`): launch, synchronize, memcpy (copies and
+    memsets, which block the thread for pageable memory), allocator, event, else other."""
+    for g, pat in API_GROUPS:
+        if re.search(pat, name):
+            return g
+    return "other"
+
+
+def api_calls(export: Export, model: PhaseModel) -> pl.DataFrame:
+    """Every CUDA API call of the threads that launched GPU work: ``launch_tid`` (globalTid),
+    ``start``, ``end`` (ns), ``name`` (short, :func:`short_name`), ``group``. Empty (same
+    columns) when the trace lacks the runtime table. Computed once per model."""
+    def compute() -> pl.DataFrame:
+        schema = {"launch_tid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "name_id": pl.Int64}
+        cols = set(export.columns(TABLE))
+        tids = model.ops["launch_tid"].drop_nulls().unique()
+        if not {"globalTid", "start", "end"} <= cols or tids.len() == 0:
+            return pl.DataFrame(schema={**schema, "name": pl.String, "group": pl.String}).drop("name_id")
+        name = "nameId" if "nameId" in cols else "NULL"
+        rt = export.query(f'SELECT globalTid, start, "end", {name} FROM {TABLE} WHERE "end" > start',
+                          schema=schema)
+        rt = rt.filter(pl.col("launch_tid").is_in(tids.implode()))
+        ids = rt["name_id"].drop_nulls().unique().to_list()
+        names = {i: short_name(s) for i, s in export.strings(ids).items()}
+        groups = {n: api_group(n) for n in set(names.values()) | {"?"}}
+        rt = rt.with_columns(name=pl.col("name_id").replace_strict(names, default="?", return_dtype=pl.String))
+        return rt.with_columns(group=pl.col("name").replace_strict(groups, default="other",
+                                                                     return_dtype=pl.String)).drop("name_id")
+
+    return model.derived("idle_api_calls", compute)
+
+
+def _inside(u: tuple[np.ndarray, np.ndarray], p: np.ndarray) -> np.ndarray:
+    """Whether each time of ``p`` lies in the sorted disjoint union ``u``."""
+    if u[0].size == 0:
+        return np.zeros(p.size, dtype=bool)
+    i = np.searchsorted(u[0], p, side="right") - 1
+    return (i >= 0) & (p < u[1][np.maximum(i, 0)])
+
+
+def _disjoint_calls(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Calls made disjoint, sorted by start: where calls overlap, the one that began first keeps
+    the overlap. Returns ``(starts, ends, index into the input)``."""
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    prev = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(e)[:-1]]) if s.size else s
+    s2 = np.maximum(s, prev)
+    keep = e > s2
+    return s2[keep], e[keep], order[keep]
+
+
+_SEG_SCHEMA = {"iid": pl.Int64, "cat": pl.String, "name": pl.String, "group": pl.String, "ns": pl.Int64}
+
+
+def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
+             calls: pl.DataFrame) -> pl.DataFrame:
+    """Split disjoint ``intervals`` (columns ``iid``, ``start``, ``end``) of one rank into the
+    categories of the module doc. ``busy`` and ``comm`` hold the rank's compute ops and
+    communication kernels (``start``, ``end``), ``calls`` the API calls of its launching threads
+    (:func:`api_calls`). Returns one row per interval, category and call:
+    ``iid``, ``cat`` (one of :data:`CATEGORIES`), ``name`` (the call for ``in_api_ns``, else
+    null), ``group``, ``ns`` (Int64); categories with no time have no row."""
+    iv = intervals.sort("start")
+    ws, we = iv["start"].to_numpy(), iv["end"].to_numpy()
+    out_schema = _SEG_SCHEMA
+    if ws.size == 0:
+        return pl.DataFrame(schema=out_schema)
+    lo, hi = int(ws.min()), int(we.max())
+
+    def clipped(f: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        f = f.filter((pl.col("end") > lo) & (pl.col("start") < hi))
+        return union(f["start"].to_numpy(), f["end"].to_numpy())
+
+    b, c = clipped(busy), clipped(comm)
+    cf = calls.filter((pl.col("end") > lo) & (pl.col("start") < hi))
+    cs, ce, ci = _disjoint_calls(cf["start"].to_numpy(), cf["end"].to_numpy())
+    pts = np.unique(np.concatenate([ws, we, b[0], b[1], c[0], c[1], cs, ce]))
+    seg_s, seg_e = pts[:-1], pts[1:]
+    w = np.searchsorted(ws, seg_s, side="right") - 1
+    keep = (w >= 0) & (seg_s < we[np.maximum(w, 0)])
+    seg_s, seg_e, w = seg_s[keep], seg_e[keep], w[keep]
+    in_b = _inside(b, seg_s)
+    in_c = _inside(c, seg_s) & ~in_b
+    k = np.searchsorted(cs, seg_s, side="right") - 1
+    in_a = (k >= 0) & (seg_s < ce[np.maximum(k, 0)]) & ~in_b & ~in_c if cs.size else np.zeros(seg_s.size, bool)
+    cat = np.where(in_b, 0, np.where(in_c, 1, np.where(in_a, 2, 3)))
+    call = np.where(in_a, ci[np.maximum(k, 0)] if cs.size else 0, -1)
+    seg = pl.DataFrame({"iid": iv["iid"].to_numpy()[w], "cat_i": cat.astype(np.int8), "call": call.astype(np.int64),
+                        "ns": (seg_e - seg_s).astype(np.int64)})
+    names = cf.select("name", "group").with_row_index("call").with_columns(pl.col("call").cast(pl.Int64))
+    seg = seg.join(names, on="call", how="left")
+    seg = seg.group_by("iid", "cat_i", "name", "group").agg(pl.col("ns").sum())
+    return seg.with_columns(cat=pl.col("cat_i").replace_strict(dict(enumerate(CATEGORIES)), return_dtype=pl.String)) \
+        .select(list(out_schema)).cast(out_schema)
+
+
+def _rank_parts(model: PhaseModel, export: Export):
+    """Per rank: ``(global_pid, device, compute ops, communication kernels, API calls)``."""
+    from tracekit.analyze.sections.transfer_common import model_compute_ops, model_kernel_frames
+
+    active = model_compute_ops(model)
+    _k, comm = model_kernel_frames(model)
+    calls = api_calls(export, model)
+    threads = model.ops.select("global_pid", "device", "launch_tid").drop_nulls().unique()
+    from tracekit.analyze.sections.breakdown import ranks
+
+    for gpid, dev in ranks(model).select("global_pid", "device").iter_rows():
+        def of(f):
+            return f.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev)).select("start", "end")
+
+        tids = threads.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))["launch_tid"]
+        yield gpid, dev, of(active), of(comm), calls.filter(pl.col("launch_tid").is_in(tids.implode()))
+
+
+def _breakdown(model: PhaseModel, export: Export, intervals: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``intervals``: rows with ``global_pid, device, start, end`` and ``keys`` (disjoint per
+    rank). Returns ``(per key: keys + CATEGORIES + wall_ns, per key and call: keys + name, group,
+    ns)``."""
+    by = ["global_pid", "device", *keys]
+    iv = intervals.with_row_index("iid").with_columns(pl.col("iid").cast(pl.Int64))
+    parts = []
+    for gpid, dev, busy, comm, calls in _rank_parts(model, export):
+        mine = iv.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
+        if mine.height:
+            parts.append(classify(mine.select("iid", "start", "end"), busy, comm, calls))
+    seg = pl.concat(parts) if parts else pl.DataFrame(schema=_SEG_SCHEMA)
+    seg = seg.join(iv.select("iid", *by), on="iid")
+    wide = seg.group_by(by).agg(**{c: pl.col("ns").filter(pl.col("cat") == c).sum() for c in CATEGORIES})
+    wall = iv.group_by(by).agg(wall_ns=(pl.col("end") - pl.col("start")).sum())
+    wide = wall.join(wide, on=by, how="left", nulls_equal=True).with_columns(
+        **{c: pl.col(c).fill_null(0).cast(pl.Int64) for c in CATEGORIES})
+    by_api = seg.filter(pl.col("cat") == "in_api_ns").group_by(*by, "name", "group").agg(pl.col("ns").sum())
+    return (wide.select(*by, "wall_ns", *CATEGORIES).sort(by, nulls_last=False),
+            by_api.sort([*by, "ns", "name"], descending=[False] * len(by) + [True, False], nulls_last=False))
+
+
+def idle_windows(model: PhaseModel, export: Export) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The idle breakdown of every phase window of every rank, summed per phase row
+    (``global_pid, device, iteration, phase, micro_step``: ``other`` inside an iteration sums its
+    gaps, as :func:`tracekit.analyze.sections.breakdown.phase_table` does). Returns
+    ``(idle, idle_by_api)``: ``idle`` with those keys plus ``wall_ns`` and :data:`CATEGORIES`
+    (ns, the four summing to ``wall_ns``); ``idle_by_api`` with the keys plus ``name``, ``group``
+    and ``ns`` (the ``in_api_ns`` of each call name, largest first). Computed once per model."""
+    from tracekit.analyze.sections.breakdown import rank_windows
+
+    def compute():
+        w = rank_windows(model).select("global_pid", "device", "iteration", "phase", "micro_step", "start", "end")
+        return _breakdown(model, export, w, ["iteration", "phase", "micro_step"])
+
+    return model.derived("idle_windows", compute)
+
+
+def idle_sub_phases(model: PhaseModel, export: Export, phase: str = "update") -> pl.DataFrame:
+    """The idle breakdown of ``phase`` per iteration and sub-phase (the self time of each NVTX
+    range nested in the phase window, :func:`tracekit.analyze.sections.breakdown.self_segments`;
+    ``(none)`` for time directly in the phase range): ``global_pid, device, iteration, phase,
+    sub_phase, wall_ns`` and :data:`CATEGORIES` (ns). Empty when the phase has no windows."""
+    from tracekit.analyze.sections.breakdown import rank_windows, self_segments
+
+    wm = rank_windows(model).filter(pl.col("phase") == phase)
+    if wm.height == 0:
+        return pl.DataFrame(schema={"global_pid": pl.Int64, "device": pl.Int64, "iteration": pl.Int64,
+                                    "phase": pl.String, "sub_phase": pl.String, "wall_ns": pl.Int64,
+                                    **{c: pl.Int64 for c in CATEGORIES}})
+    segs = self_segments(model, wm).rename({"s": "start", "e": "end"})
+    wide, _ = _breakdown(model, export, segs, ["iteration", "sub_phase"])
+    return wide.with_columns(phase=pl.lit(phase)).select(
+        "global_pid", "device", "iteration", "phase", "sub_phase", "wall_ns", *CATEGORIES)
+
+
+LAUNCH_COLUMNS = ("kernel_count", "launch_count", "kernels_per_ms", "launches_per_ms", "launch_mean_ns",
+                  "launch_p50_ns", "launch_p99_ns", "queue_mean_ns", "queue_p50_ns", "kernel_p50_ns",
+                  "short_kernels")
+
+
+def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iteration", "phase", "micro_step"),
+                 idle: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Launch statistics (module doc) per rank and ``by`` of the kernels attributed to each
+    window: ``global_pid, device``, ``by``, ``wall_ns`` and :data:`LAUNCH_COLUMNS` (counts,
+    ns, per ms of wall time; null means where there is no launch). ``idle`` (the first frame of
+    :func:`idle_windows`) gives the wall time of each row; every row of it gets a row here."""
+    keys = ["global_pid", "device", *by]
+    idle = idle_windows(model, export)[0] if idle is None else idle
+    names = export.strings(model.ops["api_name_id"].drop_nulls().unique().to_list())
+    launch_ids = [i for i, n in names.items() if api_group(short_name(n)) == "launch"]
+    k = model.ops.filter((pl.col("kind") == "kernel") & pl.col("device").is_not_null()).with_columns(
+        dur=pl.col("end") - pl.col("start"),
+        api=pl.when(pl.col("api_name_id").is_in(launch_ids)).then(pl.col("api_end") - pl.col("launch")),
+    ).with_columns(queue=pl.when(pl.col("api").is_not_null()).then(pl.col("start") - pl.col("api_end")))
+    lq = pl.col("api").drop_nulls()
+    stats = k.group_by(keys).agg(
+        kernel_count=pl.len().cast(pl.Int64),
+        launch_count=lq.len().cast(pl.Int64),
+        launch_mean_ns=lq.mean(),
+        launch_p50_ns=lq.quantile(0.5, "nearest"),
+        launch_p99_ns=lq.quantile(0.99, "nearest"),
+        queue_mean_ns=pl.col("queue").drop_nulls().mean(),
+        queue_p50_ns=pl.col("queue").drop_nulls().quantile(0.5, "nearest"),
+        kernel_p50_ns=pl.col("dur").quantile(0.5, "nearest"),
+        short_kernels=(pl.col("api").is_not_null() & (pl.col("dur") < pl.col("api"))).sum().cast(pl.Int64),
+    )
+    base = idle.group_by(keys).agg(pl.col("wall_ns").sum()) if by != ("iteration", "phase", "micro_step") \
+        else idle.select(*keys, "wall_ns")
+    out = base.join(stats, on=keys, how="left", nulls_equal=True).with_columns(
+        pl.col("kernel_count", "launch_count", "short_kernels").fill_null(0))
+    ms = pl.col("wall_ns").cast(pl.Float64) / 1e6
+    out = out.with_columns(kernels_per_ms=pl.when(ms > 0).then(pl.col("kernel_count") / ms),
+                           launches_per_ms=pl.when(ms > 0).then(pl.col("launch_count") / ms))
+    return out.select(*keys, "wall_ns", *LAUNCH_COLUMNS).sort(keys, nulls_last=False)
+
+
+def idle_phase(idle: pl.DataFrame) -> pl.DataFrame:
+    """Whole-trace sums per rank and phase of the first frame of :func:`idle_windows`:
+    ``global_pid, device, phase, wall_ns`` and :data:`CATEGORIES` (ns)."""
+    return idle.group_by("global_pid", "device", "phase").agg(
+        pl.col("wall_ns", *CATEGORIES).sum()).sort("global_pid", "device", "phase")
+
+
+def breakdown_json(idle: pl.DataFrame, by_api: pl.DataFrame) -> dict[tuple, dict]:
+    """``{(global_pid, device, iteration, phase, micro_step): {"gpu_busy_ns", "in_api_ns",
+    "between_api_ns", "waiting_ns", "by_api": {call: ns}, "by_api_group": {group: ns}}}``
+    from the frames of :func:`idle_windows` (``by_api`` largest first)."""
+    keys = ("global_pid", "device", "iteration", "phase", "micro_step")
+    calls: dict[tuple, dict] = {}
+    groups: dict[tuple, dict] = {}
+    for r in by_api.iter_rows(named=True):
+        key = tuple(r[k] for k in keys)
+        calls.setdefault(key, {})[r["name"]] = int(r["ns"])
+        g = groups.setdefault(key, {})
+        g[r["group"]] = g.get(r["group"], 0) + int(r["ns"])
+    out = {}
+    for r in idle.iter_rows(named=True):
+        key = tuple(r[k] for k in keys)
+        out[key] = {"gpu_busy_ns": int(r["gpu_busy_ns"]), "in_api_ns": int(r["in_api_ns"]),
+                    "between_api_ns": int(r["between_api_ns"]), "waiting_ns": int(r["waiting_ns"]),
+                    "by_api": calls.get(key, {}),
+                    "by_api_group": dict(sorted(groups.get(key, {}).items(), key=lambda kv: (-kv[1], kv[0])))}
+    return out
