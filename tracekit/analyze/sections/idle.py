@@ -309,3 +309,22 @@ def breakdown_json(idle: pl.DataFrame, by_api: pl.DataFrame) -> dict[tuple, dict
                     "by_api": calls.get(key, {}),
                     "by_api_group": dict(sorted(groups.get(key, {}).items(), key=lambda kv: (-kv[1], kv[0])))}
     return out
+
+
+ROW_KEYS = ("global_pid", "device", "iteration", "phase", "micro_step")
+
+
+def phase_json(model: PhaseModel, export: Export) -> dict[tuple, dict]:
+    """Per phase row key (:data:`ROW_KEYS`): ``{"idle_breakdown": {...}, "launch_stats": {...}}``,
+    the JSON of :func:`breakdown_json` and of :func:`launch_stats` (:data:`LAUNCH_COLUMNS`;
+    floats rounded to 6 decimals, NaN as null)."""
+    from tracekit.vocab import json_number
+
+    w, api = idle_windows(model, export)
+    bd = breakdown_json(w, api)
+    out = {k: {"idle_breakdown": v} for k, v in bd.items()}
+    for r in launch_stats(model, export, idle=w).iter_rows(named=True):
+        key = tuple(r[k] for k in ROW_KEYS)
+        vals = {c: json_number(c, r[c]) for c in LAUNCH_COLUMNS}
+        out.setdefault(key, {})["launch_stats"] = vals
+    return out
