@@ -245,6 +245,9 @@ def _advice_and_findings(export: Export, model, tr, options: Options) -> dict:
     from tracekit.analyze.sections.findings import cpu_update_findings
 
     findings = cpu_update_findings(findings, cpu_update.for_model(model, export.path), options.iteration)
+    from tracekit.analyze.sections.idle import idle_findings
+
+    findings = findings + idle_findings(model, export, options.iteration)  # issue 22: why the GPU is idle
     return {"findings": findings, **adv}
 
 

@@ -328,3 +328,79 @@ def phase_json(model: PhaseModel, export: Export) -> dict[tuple, dict]:
         vals = {c: json_number(c, r[c]) for c in LAUNCH_COLUMNS}
         out.setdefault(key, {})["launch_stats"] = vals
     return out
+
+
+def idle_findings(model: PhaseModel, export: Export, iteration: int | None = None) -> list[dict]:
+    """One finding per rank and phase that names where its idle GPU time goes (topic ``idle``),
+    over the steady iterations (:func:`tracekit.analyze.model.phases.steady_model`; only
+    ``iteration`` when given). The rule (docs/idle.md): the phase's mean wall time per iteration
+    is at least :data:`FINDING_MIN_WALL_NS` and its GPU idle share (1 - busy / wall) at least
+    :data:`FINDING_MIN_IDLE_SHARE`; the cause is the largest of ``between_api_ns`` (host-bound),
+    ``in_api_ns`` (held in CUDA API calls, the largest call group named) and ``waiting_ns``
+    (waiting on collectives). Returns finding dicts ``{"topic", "pid", "device", "phase",
+    "text", "values"}`` (``values`` in ns, per iteration), in rank then phase order."""
+    from tracekit.analyze.model.phases import steady_model
+    from tracekit.vocab import PHASE_ORDER, os_pid
+
+    steady = steady_model(model)
+    w, api = idle_windows(steady, export)
+    w = w.filter(pl.col("iteration").is_not_null() & (pl.col("phase") != "other"))
+    api = api.filter(pl.col("iteration").is_not_null())
+    if iteration is not None:
+        w, api = w.filter(pl.col("iteration") == iteration), api.filter(pl.col("iteration") == iteration)
+    if w.height == 0:
+        return []
+    per = w.group_by("global_pid", "device", "phase").agg(
+        pl.col("wall_ns", *CATEGORIES).sum(), iterations=pl.col("iteration").n_unique())
+    k = steady.ops.filter((pl.col("kind") == "kernel") & pl.col("iteration").is_not_null())
+    if iteration is not None:
+        k = k.filter(pl.col("iteration") == iteration)
+    ls = launch_stats(steady, export, by=("phase",), idle=w)
+    out = []
+    order = {p: i for i, p in enumerate(PHASE_ORDER)}
+    for r in sorted(per.iter_rows(named=True), key=lambda r: (r["global_pid"], r["device"], order.get(r["phase"], 99))):
+        n = r["iterations"]
+        wall, busy = r["wall_ns"] / n, r["gpu_busy_ns"] / n
+        idle_ns = wall - busy
+        if wall < FINDING_MIN_WALL_NS or wall <= 0 or idle_ns / wall < FINDING_MIN_IDLE_SHARE:
+            continue
+        parts = {"between_api_ns": r["between_api_ns"] / n, "in_api_ns": r["in_api_ns"] / n,
+                 "waiting_ns": r["waiting_ns"] / n}
+        cause = max(parts, key=lambda c: (parts[c], c))
+        share = parts[cause] / idle_ns
+        phase = r["phase"]
+        if cause == "between_api_ns":
+            head = (f"{phase} is host-bound: {share:.0%} of its idle time is the launching thread between "
+                    f"CUDA API calls (Python/framework)")
+        elif cause == "in_api_ns":
+            mine = api.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"])
+                              & (pl.col("phase") == phase))
+            g = mine.group_by("group").agg(pl.col("ns").sum()).sort("ns", "group", descending=[True, False])
+            top = mine.group_by("name").agg(pl.col("ns").sum()).sort("ns", "name", descending=[True, False])
+            grp = g["group"][0] if g.height else "other"
+            call = top["name"][0] if top.height else "?"
+            head = (f"{phase} is held in CUDA API calls: {share:.0%} of its idle time is the launching thread "
+                    f"inside them, mostly {grp} ({call} {fmt(top['ns'][0] / n if top.height else 0)} ms per iteration)")
+        else:
+            head = (f"{phase} waits on collectives: {share:.0%} of its idle time a communication kernel runs "
+                    "while no compute does")
+        text = (f"{head}; GPU idle {fmt(idle_ns)} of {fmt(wall)} ms per iteration "
+                f"({idle_ns / wall:.0%}, steady iterations)")
+        st = ls.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"])
+                       & (pl.col("phase") == phase))
+        s = st.row(0, named=True) if st.height else {}
+        values = {"wall_ns": wall, "gpu_idle_ns": idle_ns, **parts, "iterations": n}
+        if s.get("kernel_count"):
+            kern = s["kernel_count"] / n
+            values.update(kernels=kern, kernel_p50_ns=s["kernel_p50_ns"], launch_mean_ns=s["launch_mean_ns"])
+            text += f"; {kern:,.0f} kernels of median {s['kernel_p50_ns'] / 1e3:,.1f} us"
+            if s.get("launch_mean_ns") is not None:
+                text += f", launch {s['launch_mean_ns'] / 1e3:,.1f} us each"
+        out.append({"topic": "idle", "pid": os_pid(r["global_pid"]), "device": r["device"], "phase": phase,
+                    "text": text, "values": values})
+    return out
+
+
+def fmt(ns: float) -> str:
+    """ns as ms with one decimal (the findings' unit)."""
+    return f"{ns / 1e6:,.1f}"
