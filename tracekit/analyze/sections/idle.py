@@ -393,7 +393,7 @@ def idle_findings(model: PhaseModel, export: Export, iteration: int | None = Non
         if s.get("kernel_count"):
             kern = s["kernel_count"] / n
             values.update(kernels=kern, kernel_p50_ns=s["kernel_p50_ns"], launch_mean_ns=s["launch_mean_ns"])
-            text += f"; {kern:,.0f} kernels of median {s['kernel_p50_ns'] / 1e3:,.1f} us"
+            text += f"; {kern:,.0f} kernel{'' if kern == 1 else 's'} of median {s['kernel_p50_ns'] / 1e3:,.1f} us"
             if s.get("launch_mean_ns") is not None:
                 text += f", launch {s['launch_mean_ns'] / 1e3:,.1f} us each"
         out.append({"topic": "idle", "pid": os_pid(r["global_pid"]), "device": r["device"], "phase": phase,
