@@ -248,6 +248,12 @@ def _advice_and_findings(export: Export, model, tr, options: Options) -> dict:
     from tracekit.analyze.sections.idle import idle_findings
 
     findings = findings + idle_findings(model, export, options.iteration)  # issue 22: why the GPU is idle
+    from tracekit.analyze.sections.idle import microbatch_advice
+
+    extra, preds = microbatch_advice(model, export, adv)  # issue 22: the launch-bound what-if
+    if extra:
+        adv["advice"] = sorted(adv["advice"] + extra, key=lambda x: -x["saving_ms_per_iteration"])
+        adv["predictions"] = adv["predictions"] + preds
     return {"findings": findings, **adv}
 
 

@@ -405,3 +405,74 @@ def idle_findings(model: PhaseModel, export: Export, iteration: int | None = Non
 def fmt(ns: float) -> str:
     """ns as ms with one decimal (the findings' unit)."""
     return f"{ns / 1e6:,.1f}"
+
+
+def microbatch_advice(model: PhaseModel, export: Export, adv: dict) -> tuple[list[dict], list[dict]]:
+    """The ``larger_micro_batch`` what-if (docs/idle.md): twice the micro-batch at half the
+    gradient accumulation steps (same global batch), for a rank whose forward or backward meets the
+    findings rule (:func:`idle_findings`). Per steady iteration (``adv["predictions"]``: the
+    iterations and baseline of :func:`tracekit.analyze.sections.advice.advise`), with ``W`` the
+    forward + backward wall time, ``K`` their compute kernel busy time: each of the ``gas / 2`` new
+    micro-steps keeps the host time (wall - GPU busy) and the copy time of one old micro-step and
+    runs twice its kernel time, fully exposed, so ``predicted = baseline - (W - K) / 2`` (an upper
+    bound on the time; the lower bound, where the longer kernels hide under the host time, is
+    ``baseline - W + max(W, W_gpu + K) / 2`` with ``W_gpu`` the GPU busy time).
+
+    Returns ``(advice items, prediction rows)`` in the shapes of ``adv["advice"]`` and
+    ``adv["predictions"]``; both empty for a rank without an even ``gas >= 2`` or host-bound
+    micro-steps, or a saving under the advice's threshold."""
+    from tracekit.analyze.sections.advice import MIN_SAVING_SHARE
+    from tracekit.analyze.sections.breakdown import phase_table
+    from tracekit.vocab import os_pid
+
+    base = {(p["pid"], p["device"]): (p["baseline_ns"], p.get("iterations") or []) for p in adv.get("predictions", [])}
+    w, _ = idle_windows(model, export)
+    rows = phase_table(model).select(*ROW_KEYS, "wall_ns", "kernel_busy_ns").join(
+        w.select(*ROW_KEYS, "gpu_busy_ns"), on=list(ROW_KEYS), nulls_equal=True)
+    items, preds = [], []
+    for gpid, dev in rows.select("global_pid", "device").unique().sort("global_pid", "device").iter_rows():
+        pid = os_pid(gpid)
+        if (pid, dev) not in base:
+            continue
+        b, its = base[(pid, dev)]
+        m = rows.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev)
+                        & pl.col("iteration").is_in(list(its)) & pl.col("phase").is_in(["forward", "backward"]))
+        n = len(its)
+        if not n or m.height == 0:
+            continue
+        fwd = m.filter(pl.col("phase") == "forward").group_by("iteration").len()["len"].unique().to_list()
+        if len(fwd) != 1 or fwd[0] < 2 or fwd[0] % 2:
+            continue
+        gas = int(fwd[0])
+        W = m["wall_ns"].sum() / n
+        K = m["kernel_busy_ns"].sum() / n
+        B = m["gpu_busy_ns"].sum() / n
+        host_bound = any(
+            (g["wall_ns"].sum() / n >= FINDING_MIN_WALL_NS)
+            and 1 - g["gpu_busy_ns"].sum() / max(g["wall_ns"].sum(), 1) >= FINDING_MIN_IDLE_SHARE
+            for _, g in m.group_by("phase"))
+        saving = (W - K) / 2
+        if not host_bound or saving < max(MIN_SAVING_SHARE * b, 1e6):
+            continue
+        lower = b - W + max(W, B + K) / 2
+        basis = (f"forward + backward of the steady iterations, {W / 1e6:,.1f} ms per iteration in {gas} micro-steps "
+                 f"with {K / 1e6:,.1f} ms of compute kernels: per new micro-step the host time (wall - GPU busy) and "
+                 f"the copies of one old micro-step kept, its kernel time doubled and fully exposed (saving = (wall - "
+                 f"kernels) / 2); if the longer kernels hide under the host time, {lower / 1e6:,.1f} ms")
+        pred = {"pid": pid, "device": dev, "iterations": its, "scenario": "larger_micro_batch", "applicable": True,
+                "why_not": "", "baseline_ns": round(b, 3), "predicted_ns": round(b - saving, 3),
+                "saving_ns": round(saving, 3), "basis": basis, "confidence": "low",
+                "lower_bound_ns": round(lower, 3), "gas": gas}
+        preds.append(pred)
+        items.append({
+            "problem": (f"forward and backward are host-bound: the GPU is idle {100 * (1 - B / W):.0f}% of their "
+                        f"{W / 1e6:,.1f} ms per iteration (mean over steady iterations); each of the {gas} "
+                        "micro-steps pays the launch and framework time again"),
+            "knob": "train_micro_batch_size_per_gpu / gradient_accumulation_steps",
+            "change": f"micro-batch x 2, gradient_accumulation_steps {gas} -> {gas // 2} (same global batch; needs "
+                      "memory for twice the activations)",
+            "baseline_iteration_ms": round(b / 1e6, 3), "predicted_iteration_ms": round((b - saving) / 1e6, 3),
+            "saving_ms_per_iteration": round(saving / 1e6, 3), "saving_pct": round(100 * saving / b, 2) if b else None,
+            "basis": basis, "confidence": "low", "scenario": "larger_micro_batch", "pid": pid, "device": dev,
+            "config_fixable": True})
+    return items, preds
