@@ -171,3 +171,38 @@ def test_fixture_in_api_equals_interval_algebra(fixture_result):
                 continue
             win = (np.array([p["start_ns"]]), np.array([p["end_ns"]]))
             assert p["idle_breakdown"]["in_api_ns"] == intervals.intersection_length(free_calls, win)
+
+
+def test_larger_micro_batch_advice_synthetic(tmp_path):
+    """Three iterations of 2 micro-steps (forward 10 ms with a 1 ms kernel, backward 10 ms with a
+    2 ms kernel) and a 20 ms step: per steady iteration W = 40 ms of micro-steps, K = 6 ms of
+    kernels, so gradient_accumulation_steps 2 -> 1 saves (W - K) / 2 = 17 ms."""
+    t = SyntheticTrace()
+    tid = gtid(1, MAIN)
+    now = 0
+    for _ in range(3):
+        for _ in range(2):
+            t.range("DeepSpeedEngine.forward", now, now + 10 * MS, tid, "DeepSpeed")
+            _kernel(t, now + 5 * MS, now + 6 * MS, MAIN, now + 1 * MS, now + 1 * MS + 10 * US)
+            now += 11 * MS
+            t.range("DeepSpeedEngine.backward", now, now + 10 * MS, tid, "DeepSpeed")
+            _kernel(t, now + 5 * MS, now + 7 * MS, MAIN, now + 1 * MS, now + 1 * MS + 10 * US)
+            now += 11 * MS
+        t.range("DeepSpeedZeroOptimizer_Stage3.step", now, now + 20 * MS, tid, "DeepSpeed")
+        now += 21 * MS
+    res = analyze_path(t.write(tmp_path / "synthetic_gas2.sqlite"))
+    items = [a for a in res["advice"] if a["scenario"] == "larger_micro_batch"]
+    assert len(items) == 1
+    a = items[0]
+    assert a["saving_ms_per_iteration"] == 17.0
+    assert a["change"].startswith("micro-batch x 2, gradient_accumulation_steps 2 -> 1")
+    pred = [p for p in res["predictions"] if p["scenario"] == "larger_micro_batch"][0]
+    base = [p for p in res["predictions"] if p["scenario"] != "larger_micro_batch"][0]["baseline_ns"]
+    assert pred["baseline_ns"] == base and pred["predicted_ns"] == pytest.approx(base - 17 * MS)
+    assert pred["lower_bound_ns"] == pytest.approx(base - 40 * MS + 20 * MS)  # max(W, B + K) / 2 = 20 ms
+    assert a["predicted_iteration_ms"] == pytest.approx((base - 17 * MS) / 1e6, abs=1e-3)
+
+
+def test_no_micro_batch_advice_at_gas_1_synthetic(tmp_path):
+    res = analyze_path(_synthetic(tmp_path))
+    assert not [a for a in res["advice"] if a["scenario"] == "larger_micro_batch"]
