@@ -466,7 +466,7 @@ def microbatch_advice(model: PhaseModel, export: Export, adv: dict) -> tuple[lis
         preds.append(pred)
         items.append({
             "problem": (f"forward and backward are host-bound: the GPU is idle {100 * (1 - B / W):.0f}% of their "
-                        f"{W / 1e6:,.1f} ms per iteration (mean over steady iterations); each of the {gas} "
+                        f"{W / 1e6:,.1f} ms per iteration (mean over steady iterations {_span(its)}); each of the {gas} "
                         "micro-steps pays the launch and framework time again"),
             "knob": "train_micro_batch_size_per_gpu / gradient_accumulation_steps",
             "change": f"micro-batch x 2, gradient_accumulation_steps {gas} -> {gas // 2} (same global batch; needs "
@@ -476,3 +476,8 @@ def microbatch_advice(model: PhaseModel, export: Export, adv: dict) -> tuple[lis
             "basis": basis, "confidence": "low", "scenario": "larger_micro_batch", "pid": pid, "device": dev,
             "config_fixable": True})
     return items, preds
+
+
+def _span(its: list[int]) -> str:
+    """``1-2`` for steady iterations [1, 2], ``3`` for one."""
+    return f"{its[0]}-{its[-1]}" if len(its) > 1 else (str(its[0]) if its else "none")
