@@ -89,9 +89,11 @@ def api_calls(export: Export, model: PhaseModel) -> pl.DataFrame:
         tids = model.ops["launch_tid"].drop_nulls().unique()
         if not {"globalTid", "start", "end"} <= cols or tids.len() == 0:
             return pl.DataFrame(schema={**schema, "name": pl.String, "group": pl.String}).drop("name_id")
-        name = "nameId" if "nameId" in cols else "NULL"
-        rt = export.query(f'SELECT globalTid, start, "end", {name} FROM {TABLE} WHERE "end" > start',
-                          schema=schema)
+        name = "CASE WHEN typeof(nameId) = 'integer' THEN nameId END" if "nameId" in cols else "NULL"
+        # rows whose times or thread are not integers (a damaged or edited export) are left out
+        rt = export.query(f"""SELECT globalTid, start, "end", {name} FROM {TABLE}
+                              WHERE typeof(globalTid) = 'integer' AND typeof(start) = 'integer'
+                                AND typeof("end") = 'integer' AND "end" > start""", schema=schema)
         rt = rt.filter(pl.col("launch_tid").is_in(tids.implode()))
         ids = rt["name_id"].drop_nulls().unique().to_list()
         names = {i: short_name(s) for i, s in export.strings(ids).items()}
@@ -141,12 +143,12 @@ def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
     lo, hi = int(ws.min()), int(we.max())
 
     def clipped(f: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        f = f.filter((pl.col("end") > lo) & (pl.col("start") < hi))
-        return union(f["start"].to_numpy(), f["end"].to_numpy())
+        f = f.filter((pl.col("end") > lo) & (pl.col("start") < hi))  # (clipped: no edge far outside)
+        return union(np.clip(f["start"].to_numpy(), lo, hi), np.clip(f["end"].to_numpy(), lo, hi))
 
     b, c = clipped(busy), clipped(comm)
     cf = calls.filter((pl.col("end") > lo) & (pl.col("start") < hi))
-    cs, ce, ci = _disjoint_calls(cf["start"].to_numpy(), cf["end"].to_numpy())
+    cs, ce, ci = _disjoint_calls(np.clip(cf["start"].to_numpy(), lo, hi), np.clip(cf["end"].to_numpy(), lo, hi))
     pts = np.sort(np.concatenate([ws, we, b[0], b[1], c[0], c[1], cs, ce]))
     pts = pts[np.concatenate([[True], pts[1:] != pts[:-1]])]  # (np.unique's hash path is slower)
     seg_s, seg_e = pts[:-1], pts[1:]
