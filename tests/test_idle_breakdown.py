@@ -206,3 +206,47 @@ def test_larger_micro_batch_advice_synthetic(tmp_path):
 def test_no_micro_batch_advice_at_gas_1_synthetic(tmp_path):
     res = analyze_path(_synthetic(tmp_path))
     assert not [a for a in res["advice"] if a["scenario"] == "larger_micro_batch"]
+
+
+def test_iteration_scopes_the_idle_findings_synthetic(tmp_path):
+    from tracekit.options import Options
+
+    path = _synthetic(tmp_path)
+    res = analyze_path(path, Options(iteration=0))
+    assert [f["phase"] for f in res["findings"] if f["topic"] == "idle"] == ["forward", "backward", "update"]
+    with pytest.raises(Exception, match="--iteration 5"):
+        analyze_path(path, Options(iteration=5))
+
+
+def test_without_runtime_rows_idle_is_between_api_and_noted_synthetic(tmp_path):
+    t = SyntheticTrace()
+    tid = gtid(1, MAIN)
+    t.range("DeepSpeedEngine.forward", 0, 10 * MS, tid, "DeepSpeed")
+    t.range("DeepSpeedZeroOptimizer_Stage3.step", 11 * MS, 20 * MS, tid, "DeepSpeed")
+    t.kernel(2 * MS, 3 * MS, pid=1, tid=MAIN, launch=None)  # no runtime record at all
+    from tracekit.options import Options
+
+    res = analyze_path(t.write(tmp_path / "synthetic_noruntime.sqlite"), Options(sections=("idle",)))
+    fwd = _phases(res)[(0, "forward", 0)]
+    b = fwd["idle_breakdown"]
+    assert (b["gpu_busy_ns"], b["in_api_ns"], b["waiting_ns"], b["between_api_ns"]) == (1 * MS, 0, 0, 9 * MS)
+    assert fwd["launch_stats"]["launch_count"] == 0 and fwd["launch_stats"]["launch_mean_ns"] is None
+    assert any(n.startswith("idle: CUPTI_ACTIVITY_KIND_RUNTIME is missing") for n in res["transfer_notes"])
+
+
+def test_fixture_update_sub_phases_tile_the_update(fixture_result):
+    import polars as pl
+
+    from tracekit.analyze.model import phases as ph
+    from tracekit.analyze.sections import idle
+    from tracekit.analyze.trace.export import Export
+
+    with Export.open(FIXTURE) as e:
+        sub = idle.idle_sub_phases(ph.build(e), e)
+    per = sub.group_by("iteration").agg(pl.col("wall_ns", *idle.CATEGORIES).sum()).sort("iteration")
+    upd = {it["index"]: p for it in fixture_result["ranks"][0]["iterations"] for p in it["phases"]
+           if p["phase"] == "update"}
+    for r in per.iter_rows(named=True):
+        assert r["wall_ns"] == upd[r["iteration"]]["wall_ns"]
+        for c in idle.CATEGORIES:
+            assert r[c] == upd[r["iteration"]]["idle_breakdown"][c], c
