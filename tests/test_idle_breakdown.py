@@ -250,3 +250,17 @@ def test_fixture_update_sub_phases_tile_the_update(fixture_result):
         assert r["wall_ns"] == upd[r["iteration"]]["wall_ns"]
         for c in idle.CATEGORIES:
             assert r[c] == upd[r["iteration"]]["idle_breakdown"][c], c
+
+
+def test_in_api_cause_names_group_and_call_synthetic(tmp_path):
+    t = SyntheticTrace()
+    tid = gtid(1, MAIN)
+    t.range("DeepSpeedEngine.forward", 0, 10 * MS, tid, "DeepSpeed")
+    t.range("DeepSpeedZeroOptimizer_Stage3.step", 11 * MS, 12 * MS, tid, "DeepSpeed")
+    _kernel(t, 1 * MS, 1100 * US, MAIN, 500 * US, 510 * US)
+    _call(t, 2 * MS, 9 * MS, MAIN, "cudaMalloc_v3020")  # 7 ms of the 9.9 ms idle
+    res = analyze_path(t.write(tmp_path / "synthetic_inapi.sqlite"))
+    f = [f for f in res["findings"] if f["topic"] == "idle" and f["phase"] == "forward"][0]
+    assert f["text"].startswith("forward is held in CUDA API calls: 71% of its idle time is the launching thread "
+                                "inside them, mostly allocator (cudaMalloc 7.0 ms per iteration)")
+    assert f["values"]["in_api_ns"] == 7 * MS + 10 * US
