@@ -53,7 +53,8 @@ API_GROUPS = (
     ("launch", r"Launch"),
     ("synchronize", r"Synchronize"),
     ("memcpy", r"Memcpy|Memset"),
-    ("allocator", r"Malloc|Free|Alloc|MemPool|HostRegister|HostUnregister|^cuMem(Create|Map|Unmap|Release|Address|SetAccess)"),
+    ("allocator", r"Malloc|Free|Alloc|MemPool|HostRegister|HostUnregister|"
+                  r"^cuMem(Create|Map|Unmap|Release|Address|SetAccess)"),
     ("event", r"Event"),
 )
 GROUPS = (*(g for g, _ in API_GROUPS), "other")
@@ -188,7 +189,8 @@ def _rank_parts(model: PhaseModel, export: Export):
         yield gpid, dev, of(active), of(comm), calls.filter(pl.col("launch_tid").is_in(tids.implode()))
 
 
-def _breakdown(model: PhaseModel, export: Export, intervals: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _breakdown(model: PhaseModel, export: Export, intervals: pl.DataFrame,
+               keys: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
     """``intervals``: rows with ``global_pid, device, start, end`` and ``keys`` (disjoint per
     rank). Returns ``(per key: keys + CATEGORIES + wall_ns, per key and call: keys + name, group,
     ns)``."""
@@ -468,7 +470,8 @@ def microbatch_advice(model: PhaseModel, export: Export, adv: dict) -> tuple[lis
         preds.append(pred)
         items.append({
             "problem": (f"forward and backward are host-bound: the GPU is idle {100 * (1 - B / W):.0f}% of their "
-                        f"{W / 1e6:,.1f} ms per iteration (mean over steady iterations {_span(its)}); each of the {gas} "
+                        f"{W / 1e6:,.1f} ms per iteration (mean over steady iterations {_span(its)}); "
+                        f"each of the {gas} "
                         "micro-steps pays the launch and framework time again"),
             "knob": "train_micro_batch_size_per_gpu / gradient_accumulation_steps",
             "change": f"micro-batch x 2, gradient_accumulation_steps {gas} -> {gas // 2} (same global batch; needs "
