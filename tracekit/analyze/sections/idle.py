@@ -33,6 +33,10 @@ kernels, communication included), ``launch_count`` (kernels whose launching call
 rank), ``queue_mean_ns`` / ``queue_p50_ns`` (kernel GPU start minus the end of its launching
 call), ``kernel_p50_ns`` (median kernel duration), ``short_kernels`` (kernels that ran shorter
 than their launching call took), ``kernels_per_ms`` and ``launches_per_ms`` (per ms of wall time).
+
+On top of these: :func:`idle_findings` (one finding per host-bound, API-bound or waiting phase,
+the rule in docs/idle.md) and :func:`microbatch_advice` (the ``larger_micro_batch`` what-if).
+Every function here only computes; :mod:`tracekit.render.idle_tables` draws the table.
 """
 
 from __future__ import annotations
