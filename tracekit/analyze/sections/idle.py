@@ -220,14 +220,18 @@ def idle_windows(model: PhaseModel, export: Export) -> tuple[pl.DataFrame, pl.Da
     """The idle breakdown of every phase window of every rank, summed per phase row
     (``global_pid, device, iteration, phase, micro_step``: ``other`` inside an iteration sums its
     gaps, as :func:`tracekit.analyze.sections.breakdown.phase_table` does). Returns
-    ``(idle, idle_by_api)``: ``idle`` with those keys plus ``wall_ns`` and :data:`CATEGORIES`
+    ``(idle, idle_by_api)``: ``idle`` with those keys plus ``boundary`` (the gradient accumulation
+    boundary backward), ``wall_ns`` and :data:`CATEGORIES`
     (ns, the four summing to ``wall_ns``); ``idle_by_api`` with the keys plus ``name``, ``group``
     and ``ns`` (the ``in_api_ns`` of each call name, largest first). Computed once per model."""
     from tracekit.analyze.sections.breakdown import rank_windows
 
     def compute():
-        w = rank_windows(model).select("global_pid", "device", "iteration", "phase", "micro_step", "start", "end")
-        return _breakdown(model, export, w, ["iteration", "phase", "micro_step"])
+        w = rank_windows(model).select(*ROW_KEYS, "boundary", "start", "end")
+        wide, by_api = _breakdown(model, export, w.drop("boundary"), ["iteration", "phase", "micro_step"])
+        b = w.group_by(ROW_KEYS).agg(pl.col("boundary").any())  # (the accumulation boundary, for the tables)
+        wide = wide.join(b, on=list(ROW_KEYS), how="left", nulls_equal=True, maintain_order="left")
+        return wide.select(*ROW_KEYS, "boundary", "wall_ns", *CATEGORIES), by_api
 
     return model.derived("idle_windows", compute)
 
