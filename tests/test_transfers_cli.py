@@ -35,7 +35,7 @@ def test_json_carries_sections_and_findings():
     assert rc == 0, err
     res = json.loads(out)
     tr = res["ranks"][0]["transfers"]
-    assert set(tr) == {"overlap", "contention", "sizes", "pageable", "memory", "pcie", "opportunities"}
+    assert set(tr) == {"overlap", "contention", "sizes", "pageable", "memory", "pcie", "opportunities", "idle"}
     con = sqlite3.connect(f"file:{ZERO3_CUT}?mode=ro", uri=True)
     n = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE (copyKind = 1 AND srcKind = 0) "
                     "OR (copyKind = 2 AND dstKind = 0)").fetchone()[0]

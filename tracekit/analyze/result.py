@@ -13,7 +13,8 @@ Shape (times in ns, sizes in bytes, rates in GB/s = 1e9 B/s)::
                                             "boundary": bool, "inferred": bool, "unclosed": bool,
                                             "start_ns": int, "end_ns": int, **METRICS,
                                             "gpu_idle_share": float|null,
-                                            "h2d_gbps": float|null, "d2h_gbps": float|null}]}],
+                                            "h2d_gbps": float|null, "d2h_gbps": float|null,
+                                            "idle_breakdown": {...}, "launch_stats": {...}}]}],
                 "totals": {PHASE: {same numeric keys}},
                 "sub_phases": {PHASE: [{"iteration": int, "sub_phase": str, ...}]}}],
      "summary": {"ranks": int, "iterations": int, "per_phase": {PHASE: {"mean_wall_ns": float,
@@ -53,6 +54,12 @@ Advice (docs/advice.md, :mod:`tracekit.analyze.sections.advice`): top level ``"c
 first), ``"one_time_costs": [{"problem", "total_ms", "knob", "change", "pid", "device"}]`` and
 ``"predictions": [{"pid", "device", "scenario", "applicable", "baseline_ns", "predicted_ns",
 "saving_ns", "basis", "confidence", ...}]`` (every what-if scenario, applicable or not).
+
+Idle GPU time (docs/idle.md, :mod:`tracekit.analyze.sections.idle`, issue 22): each phase row carries
+``"idle_breakdown": {"gpu_busy_ns", "in_api_ns", "between_api_ns", "waiting_ns", "by_api": {call: ns},
+"by_api_group": {group: ns}}`` (the first four summing to its ``wall_ns``) and ``"launch_stats":
+{"kernel_count", "launch_count", "kernels_per_ms", "launches_per_ms", "launch_mean_ns", "launch_p50_ns",
+"launch_p99_ns", "queue_mean_ns", "queue_p50_ns", "kernel_p50_ns", "short_kernels"}``.
 
 The CPU optimizer step wherever it ran (:mod:`tracekit.analyze.sections.cpu_update`, issue 15): each
 iteration has ``"cpu_update": {"busy_ns", "hidden_ns", "exposed_ns", "overlapped_ns",
@@ -137,7 +144,9 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
         if sub.height:
             sub = sub.filter(pl.col("iteration") == options.iteration)
     ranks = []
-    from tracekit.analyze.sections import cpu_update
+    from tracekit.analyze.sections import cpu_update, idle
+
+    idle_rows = idle.phase_json(model, export)  # where each phase's GPU idle time goes (issue 22)
     from tracekit.analyze.sections.multi_gpu import rank_index, to_json
 
     cu = cpu_update.for_model(model, export.path)  # the CPU optimizer step, also in worker processes
@@ -161,7 +170,8 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
                     "index": int(idx),
                     "complete": not any(row["complete"] is False for row in it),  # polars' all(): nulls skipped
                     "unclosed": any(row["unclosed"] is True for row in it),
-                    "phases": [_clean({k: row[k] for k in PHASE_ROW_KEYS}) for row in it],
+                    "phases": [{**_clean({k: row[k] for k in PHASE_ROW_KEYS}),
+                                **idle_rows.get(tuple(row[k] for k in idle.ROW_KEYS), {})} for row in it],
                     "cpu_update": cpu_update.iteration_json(cu, r["global_pid"], r["device"], int(idx)),
                 }
             )
@@ -236,6 +246,15 @@ def _advice_and_findings(export: Export, model, tr, options: Options) -> dict:
     from tracekit.analyze.sections.findings import cpu_update_findings
 
     findings = cpu_update_findings(findings, cpu_update.for_model(model, export.path), options.iteration)
+    from tracekit.analyze.sections.idle import idle_findings
+
+    findings = findings + idle_findings(model, export, options.iteration)  # issue 22: why the GPU is idle
+    from tracekit.analyze.sections.idle import microbatch_advice
+
+    extra, preds = microbatch_advice(model, export, adv)  # issue 22: the launch-bound what-if
+    if extra:
+        adv["advice"] = sorted(adv["advice"] + extra, key=lambda x: -x["saving_ms_per_iteration"])
+        adv["predictions"] = adv["predictions"] + preds
     return {"findings": findings, **adv}
 
 

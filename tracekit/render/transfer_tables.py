@@ -36,7 +36,8 @@ def _it(r):
 #: columns left out of the default (80-column) section tables; ``--wide`` shows them
 NARROW_DROP = {"H2D exposed ms", "D2H exposed ms", "both dirs ms", "windows", "same-dir ms", "bidir ms",
                "host ms", "blocking", "min GB", "device GB", "samples", "idle %", "implied peak GB/s",
-               "size to", "copy ms", "start ms", "H2D MB", "D2H MB"}
+               "size to", "copy ms", "start ms", "H2D MB", "D2H MB",
+               "launch p99 us", "queue p50 us", "kernel p50 us", "waiting ms"}
 _TEXT_COLUMNS = ("phase", "sub-phase", "kind", "dir", "host", "iter")
 
 
@@ -160,6 +161,10 @@ def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | 
                o.get("round_trips", []), TRIPS, wide=wide)
         _table(console, f"{head}: update: idle GPU and free memory during the CPU optimizer step",
                o.get("update_opportunity", []), UPDATE, wide=wide)
+    if "idle" in tr:
+        from tracekit.render.idle_tables import render_idle
+
+        render_idle(console, head, tr["idle"], wide=wide)
 
 
 def timeline_line(timeline: dict) -> str | None:

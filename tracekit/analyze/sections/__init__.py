@@ -92,6 +92,12 @@ REGISTRY: dict[str, Section] = {s.name: s for s in (
             {"round_trips": ("pid", "device", "iteration", "micro_step"), "round_trip_summary": ("pid", "device"),
              "update_opportunity": ("pid", "device", "iteration")},
             tables=("NVTX_EVENTS",), findings=("gradient-round-trip", "update")),
+    Section("idle", "idle", "where GPU idle time goes (busy, waiting, in CUDA API calls, between them) and launch cost",
+            ("idle", "idle_by_api", "idle_sub_phase", "launch_stats"),
+            {"idle": WINDOW_KEYS, "idle_by_api": (*WINDOW_KEYS, "name"),
+             "idle_sub_phase": ("pid", "device", "iteration", "phase", "sub_phase"),
+             "launch_stats": WINDOW_KEYS},
+            tables=("CUPTI_ACTIVITY_KIND_RUNTIME",), findings=("idle",)),
 )}
 
 SECTIONS: tuple[str, ...] = tuple(REGISTRY)

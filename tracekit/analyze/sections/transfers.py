@@ -12,6 +12,7 @@ memory          :mod:`tracekit.analyze.sections.memory` (peaks; the event timeli
 timeline        :func:`tracekit.analyze.sections.throughput.throughput_timeline`
 pcie            :mod:`tracekit.analyze.sections.pcie_metrics` (reads GPU_METRICS: slower)
 opportunities   :mod:`tracekit.analyze.sections.opportunities`
+idle            :mod:`tracekit.analyze.sections.idle` (GPU idle by cause, launch statistics)
 ==============  ======================================================================
 
 The findings summary always needs overlap, contention, pageable, memory peaks and the
@@ -261,7 +262,8 @@ def analyze_transfers(
     contention_sub_phase, contention_windows, uncontended_bandwidth, copy_sizes,
     pageable, pageable_phase (per phase and sub-phase), pageable_copies, pinned_bandwidth,
     memory_peaks, memory_phase, memory_timeline, throughput_timeline, pcie, pcie_phase,
-    pcie_saturation, pcie_series, round_trips, round_trip_summary, update_opportunity.
+    pcie_saturation, pcie_series, round_trips, round_trip_summary, update_opportunity, idle,
+    idle_by_api, idle_sub_phase, launch_stats.
     """
     frames: dict[str, pl.DataFrame] = {}
     notes: list[str] = []
@@ -318,6 +320,15 @@ def analyze_transfers(
             model.cache["pcie_reduction"] = red
         except MissingDataError as exc:
             notes.append(f"pcie: skipped, {exc}")
+    if "idle" in sel:
+        from tracekit.analyze.sections import idle
+
+        frames["idle"], frames["idle_by_api"] = idle.idle_windows(model, export)
+        frames["idle_sub_phase"] = idle.idle_sub_phases(model, export)
+        frames["launch_stats"] = idle.launch_stats(model, export, idle=frames["idle"])
+        if not export.has(idle.TABLE, 1):
+            notes.append(f"idle: {REGISTRY['idle'].missing_note(idle.TABLE).split(', ', 1)[1]}: in_api_ns is 0 "
+                         "and every idle ns without a collective counts as between_api_ns")
     steady = steady_model(model)
     ff = frames if steady is model else _findings_frames(export, model, steady, frames, pcie_threshold)
     iters: dict[tuple[int, int], dict[str, int]] = {}

@@ -1,0 +1,496 @@
+"""Where the idle GPU time goes (issue 22): each window's wall time split into GPU busy time and
+three kinds of idle time, and launch statistics per window.
+
+Per rank (``global_pid``, ``device``) and interval [start, end) (a phase window, or the self
+time of a sub-phase), every nanosecond lands in exactly one category, tested in this order:
+
+1. ``gpu_busy_ns``: a kernel, memcpy or memset of the device (not a communication kernel) is
+   executing, whatever window launched it: the union of their GPU intervals (the busy time of
+   :mod:`tracekit.analyze.sections.breakdown`, so ``wall_ns - gpu_busy_ns`` is its ``gpu_idle_ns``).
+2. ``waiting_ns``: no such work, but a communication kernel (NCCL and the like,
+   :mod:`tracekit.analyze.model.communication`) of the device is executing: the rank waits on a
+   collective (an NCCL kernel spins until its peers arrive). Waiting on another stream through
+   ``cudaStreamWaitEvent`` is *not* counted here: the tables record when the wait was enqueued,
+   not when the event it waits on completed, so it cannot be told apart from launch latency.
+3. ``in_api_ns``: idle, and a *launching thread* of the device is inside a CUDA API call
+   (``CUPTI_ACTIVITY_KIND_RUNTIME``, names from ``StringIds`` via ``nameId``). The launching
+   threads of a device are the threads that launched at least one of its kernels, copies or
+   memsets (``correlationId`` join). ``by_api`` splits this time by call name (the ``_vNNNN``
+   suffix dropped: ``cudaLaunchKernel``); where calls overlap (several threads at once) an
+   instant belongs to the call that began first, so ``by_api`` sums to ``in_api_ns`` exactly.
+   :func:`api_group` groups the names (:data:`API_GROUPS`).
+4. ``between_api_ns``: idle, no collective running, no API call in flight on the launching
+   threads: the host runs Python / framework code (or waits on something outside CUDA).
+
+The four sum to ``wall_ns`` exactly (elementary segments between all interval edges, each
+classified once).
+
+Launch statistics (:func:`launch_stats`) per window count the kernels *attributed* to it (their
+launching call began inside it, :mod:`tracekit.analyze.model.phases`): ``kernel_count`` (all
+kernels, communication included), ``launch_count`` (kernels whose launching call is of the
+``launch`` group: ``cudaLaunchKernel``, ``cuLaunchKernelEx``, ...), ``launch_mean_ns`` /
+``launch_p50_ns`` / ``launch_p99_ns`` (duration of those calls; percentiles are the nearest
+rank), ``queue_mean_ns`` / ``queue_p50_ns`` (kernel GPU start minus the end of its launching
+call), ``kernel_p50_ns`` (median kernel duration), ``short_kernels`` (kernels that ran shorter
+than their launching call took), ``kernels_per_ms`` and ``launches_per_ms`` (per ms of wall time).
+
+On top of these: :func:`idle_findings` (one finding per host-bound, API-bound or waiting phase,
+the rule in docs/idle.md) and :func:`microbatch_advice` (the ``larger_micro_batch`` what-if).
+Every function here only computes; :mod:`tracekit.render.idle_tables` draws the table.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import polars as pl
+
+from tracekit.analyze.model.intervals import union
+from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.trace.export import Export
+
+TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
+CATEGORIES = ("gpu_busy_ns", "waiting_ns", "in_api_ns", "between_api_ns")
+#: call name (without the ``_vNNNN`` suffix) -> group, the first matching pattern wins
+API_GROUPS = (
+    ("launch", r"Launch"),
+    ("synchronize", r"Synchronize"),
+    ("memcpy", r"Memcpy|Memset"),
+    ("allocator", r"Malloc|Free|Alloc|MemPool|HostRegister|HostUnregister|"
+                  r"^cuMem(Create|Map|Unmap|Release|Address|SetAccess)"),
+    ("event", r"Event"),
+)
+GROUPS = (*(g for g, _ in API_GROUPS), "other")
+_SUFFIX = re.compile(r"_v\d+$")
+
+#: Findings rule (docs/idle.md): a phase gets a cause finding when its mean wall time per steady
+#: iteration is at least this, and its GPU idle share at least :data:`FINDING_MIN_IDLE_SHARE`.
+FINDING_MIN_WALL_NS = 1_000_000
+FINDING_MIN_IDLE_SHARE = 0.5
+
+
+def short_name(name: str | None) -> str:
+    """A runtime call's name without nsys' ``_vNNNN`` version suffix (``"?"`` for none)."""
+    return _SUFFIX.sub("", name) if name else "?"
+
+
+def api_group(name: str) -> str:
+    """The group of a call name (:data:`API_GROUPS`): launch, synchronize, memcpy (copies and
+    memsets, which block the thread for pageable memory), allocator, event, else other."""
+    for g, pat in API_GROUPS:
+        if re.search(pat, name):
+            return g
+    return "other"
+
+
+def api_calls(export: Export, model: PhaseModel) -> pl.DataFrame:
+    """Every CUDA API call of the threads that launched GPU work: ``launch_tid`` (globalTid),
+    ``start``, ``end`` (ns), ``name`` (short, :func:`short_name`), ``group``. Empty (same
+    columns) when the trace lacks the runtime table. Computed once per model."""
+    def compute() -> pl.DataFrame:
+        schema = {"launch_tid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "name_id": pl.Int64}
+        cols = set(export.columns(TABLE))
+        tids = model.ops["launch_tid"].drop_nulls().unique()
+        if not {"globalTid", "start", "end"} <= cols or tids.len() == 0:
+            return pl.DataFrame(schema={**schema, "name": pl.String, "group": pl.String}).drop("name_id")
+        name = "CASE WHEN typeof(nameId) = 'integer' THEN nameId END" if "nameId" in cols else "NULL"
+        # rows whose times or thread are not integers (a damaged or edited export) are left out
+        rt = export.query(f"""SELECT globalTid, start, "end", {name} FROM {TABLE}
+                              WHERE typeof(globalTid) = 'integer' AND typeof(start) = 'integer'
+                                AND typeof("end") = 'integer' AND "end" > start""", schema=schema)
+        rt = rt.filter(pl.col("launch_tid").is_in(tids.implode()))
+        ids = rt["name_id"].drop_nulls().unique().to_list()
+        names = {i: short_name(s) for i, s in export.strings(ids).items()}
+        groups = {n: api_group(n) for n in set(names.values()) | {"?"}}
+        rt = rt.with_columns(name=pl.col("name_id").replace_strict(names, default="?", return_dtype=pl.String))
+        return rt.with_columns(group=pl.col("name").replace_strict(groups, default="other",
+                                                                     return_dtype=pl.String)).drop("name_id")
+
+    return model.derived("idle_api_calls", compute)
+
+
+def _inside(u: tuple[np.ndarray, np.ndarray], p: np.ndarray) -> np.ndarray:
+    """Whether each time of ``p`` lies in the sorted disjoint union ``u``."""
+    if u[0].size == 0:
+        return np.zeros(p.size, dtype=bool)
+    i = np.searchsorted(u[0], p, side="right") - 1
+    return (i >= 0) & (p < u[1][np.maximum(i, 0)])
+
+
+def _disjoint_calls(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Calls made disjoint, sorted by start: where calls overlap, the one that began first keeps
+    the overlap. Returns ``(starts, ends, index into the input)``."""
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    prev = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(e)[:-1]]) if s.size else s
+    s2 = np.maximum(s, prev)
+    keep = e > s2
+    return s2[keep], e[keep], order[keep]
+
+
+_SEG_SCHEMA = {"iid": pl.Int64, "cat": pl.String, "name": pl.String, "group": pl.String, "ns": pl.Int64}
+
+
+def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
+             calls: pl.DataFrame) -> pl.DataFrame:
+    """Split disjoint ``intervals`` (columns ``iid``, ``start``, ``end``) of one rank into the
+    categories of the module doc. ``busy`` and ``comm`` hold the rank's compute ops and
+    communication kernels (``start``, ``end``), ``calls`` the API calls of its launching threads
+    (:func:`api_calls`). Returns one row per interval, category and call:
+    ``iid``, ``cat`` (one of :data:`CATEGORIES`), ``name`` (the call for ``in_api_ns``, else
+    null), ``group``, ``ns`` (Int64); categories with no time have no row."""
+    iv = intervals.sort("start")
+    ws, we = iv["start"].to_numpy(), iv["end"].to_numpy()
+    out_schema = _SEG_SCHEMA
+    if ws.size == 0:
+        return pl.DataFrame(schema=out_schema)
+    lo, hi = int(ws.min()), int(we.max())
+
+    def clipped(f: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        f = f.filter((pl.col("end") > lo) & (pl.col("start") < hi))  # (clipped: no edge far outside)
+        return union(np.clip(f["start"].to_numpy(), lo, hi), np.clip(f["end"].to_numpy(), lo, hi))
+
+    b, c = clipped(busy), clipped(comm)
+    cf = calls.filter((pl.col("end") > lo) & (pl.col("start") < hi))
+    cs, ce, ci = _disjoint_calls(np.clip(cf["start"].to_numpy(), lo, hi), np.clip(cf["end"].to_numpy(), lo, hi))
+    pts = np.sort(np.concatenate([ws, we, b[0], b[1], c[0], c[1], cs, ce]))
+    pts = pts[np.concatenate([[True], pts[1:] != pts[:-1]])]  # (np.unique's hash path is slower)
+    seg_s, seg_e = pts[:-1], pts[1:]
+    w = np.searchsorted(ws, seg_s, side="right") - 1
+    keep = (w >= 0) & (seg_s < we[np.maximum(w, 0)])
+    seg_s, seg_e, w = seg_s[keep], seg_e[keep], w[keep]
+    in_b = _inside(b, seg_s)
+    in_c = _inside(c, seg_s) & ~in_b
+    k = np.searchsorted(cs, seg_s, side="right") - 1
+    in_a = (k >= 0) & (seg_s < ce[np.maximum(k, 0)]) & ~in_b & ~in_c if cs.size else np.zeros(seg_s.size, bool)
+    cat = np.where(in_b, 0, np.where(in_c, 1, np.where(in_a, 2, 3)))
+    call = np.where(in_a, ci[np.maximum(k, 0)] if cs.size else 0, -1)
+    seg = pl.DataFrame({"iid": iv["iid"].to_numpy()[w], "cat_i": cat.astype(np.int8), "call": call.astype(np.int64),
+                        "ns": (seg_e - seg_s).astype(np.int64)})
+    names = cf.select("name", "group").with_row_index("call").with_columns(pl.col("call").cast(pl.Int64))
+    seg = seg.join(names, on="call", how="left")
+    seg = seg.group_by("iid", "cat_i", "name", "group").agg(pl.col("ns").sum())
+    return seg.with_columns(cat=pl.col("cat_i").replace_strict(dict(enumerate(CATEGORIES)), return_dtype=pl.String)) \
+        .select(list(out_schema)).cast(out_schema)
+
+
+def _rank_parts(model: PhaseModel, export: Export):
+    """Per rank: ``(global_pid, device, compute ops, communication kernels, API calls)``."""
+    from tracekit.analyze.sections.transfer_common import model_compute_ops, model_kernel_frames
+
+    active = model_compute_ops(model)
+    _k, comm = model_kernel_frames(model)
+    calls = api_calls(export, model)
+    threads = model.ops.select("global_pid", "device", "launch_tid").drop_nulls().unique()
+    from tracekit.analyze.sections.breakdown import ranks
+
+    for gpid, dev in ranks(model).select("global_pid", "device").iter_rows():
+        def of(f):
+            return f.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev)).select("start", "end")
+
+        tids = threads.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))["launch_tid"]
+        yield gpid, dev, of(active), of(comm), calls.filter(pl.col("launch_tid").is_in(tids.implode()))
+
+
+def _breakdown(model: PhaseModel, export: Export, intervals: pl.DataFrame,
+               keys: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``intervals``: rows with ``global_pid, device, start, end`` and ``keys`` (disjoint per
+    rank). Returns ``(per key: keys + CATEGORIES + wall_ns, per key and call: keys + name, group,
+    ns)``."""
+    by = ["global_pid", "device", *keys]
+    iv = intervals.with_row_index("iid").with_columns(pl.col("iid").cast(pl.Int64))
+    parts = []
+    for gpid, dev, busy, comm, calls in _rank_parts(model, export):
+        mine = iv.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
+        if mine.height:
+            parts.append(classify(mine.select("iid", "start", "end"), busy, comm, calls))
+    seg = pl.concat(parts) if parts else pl.DataFrame(schema=_SEG_SCHEMA)
+    seg = seg.join(iv.select("iid", *by), on="iid")
+    wide = seg.group_by(by).agg(**{c: pl.col("ns").filter(pl.col("cat") == c).sum() for c in CATEGORIES})
+    wall = iv.group_by(by).agg(wall_ns=(pl.col("end") - pl.col("start")).sum())
+    wide = wall.join(wide, on=by, how="left", nulls_equal=True).with_columns(
+        **{c: pl.col(c).fill_null(0).cast(pl.Int64) for c in CATEGORIES})
+    by_api = seg.filter(pl.col("cat") == "in_api_ns").group_by(*by, "name", "group").agg(pl.col("ns").sum())
+    return (wide.select(*by, "wall_ns", *CATEGORIES).sort(by, nulls_last=False),
+            by_api.sort([*by, "ns", "name"], descending=[False] * len(by) + [True, False], nulls_last=False))
+
+
+def idle_windows(model: PhaseModel, export: Export) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The idle breakdown of every phase window of every rank, summed per phase row
+    (``global_pid, device, iteration, phase, micro_step``: ``other`` inside an iteration sums its
+    gaps, as :func:`tracekit.analyze.sections.breakdown.phase_table` does). Returns
+    ``(idle, idle_by_api)``: ``idle`` with those keys plus ``boundary`` (the gradient accumulation
+    boundary backward), ``wall_ns`` and :data:`CATEGORIES`
+    (ns, the four summing to ``wall_ns``); ``idle_by_api`` with the keys plus ``name``, ``group``
+    and ``ns`` (the ``in_api_ns`` of each call name, largest first). Computed once per model."""
+    from tracekit.analyze.sections.breakdown import rank_windows
+
+    def compute():
+        w = rank_windows(model).select(*ROW_KEYS, "boundary", "start", "end")
+        wide, by_api = _breakdown(model, export, w.drop("boundary"), ["iteration", "phase", "micro_step"])
+        b = w.group_by(ROW_KEYS).agg(pl.col("boundary").any())  # (the accumulation boundary, for the tables)
+        wide = wide.join(b, on=list(ROW_KEYS), how="left", nulls_equal=True, maintain_order="left")
+        return wide.select(*ROW_KEYS, "boundary", "wall_ns", *CATEGORIES), by_api
+
+    return model.derived("idle_windows", compute)
+
+
+def idle_sub_phases(model: PhaseModel, export: Export, phase: str = "update") -> pl.DataFrame:
+    """The idle breakdown of ``phase`` per iteration and sub-phase (the self time of each NVTX
+    range nested in the phase window, :func:`tracekit.analyze.sections.breakdown.self_segments`;
+    ``(none)`` for time directly in the phase range): ``global_pid, device, iteration, phase,
+    sub_phase, wall_ns`` and :data:`CATEGORIES` (ns). Empty when the phase has no windows."""
+    from tracekit.analyze.sections.breakdown import rank_windows, self_segments
+
+    wm = rank_windows(model).filter(pl.col("phase") == phase)
+    if wm.height == 0:
+        return pl.DataFrame(schema={"global_pid": pl.Int64, "device": pl.Int64, "iteration": pl.Int64,
+                                    "phase": pl.String, "sub_phase": pl.String, "wall_ns": pl.Int64,
+                                    **{c: pl.Int64 for c in CATEGORIES}})
+    segs = self_segments(model, wm).rename({"s": "start", "e": "end"})
+    wide, _ = _breakdown(model, export, segs, ["iteration", "sub_phase"])
+    return wide.with_columns(phase=pl.lit(phase)).select(
+        "global_pid", "device", "iteration", "phase", "sub_phase", "wall_ns", *CATEGORIES)
+
+
+LAUNCH_COLUMNS = ("kernel_count", "launch_count", "kernels_per_ms", "launches_per_ms", "launch_mean_ns",
+                  "launch_p50_ns", "launch_p99_ns", "queue_mean_ns", "queue_p50_ns", "kernel_p50_ns",
+                  "short_kernels")
+
+
+def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iteration", "phase", "micro_step"),
+                 idle: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Launch statistics (module doc) per rank and ``by`` of the kernels attributed to each
+    window: ``global_pid, device``, ``by``, ``wall_ns`` and :data:`LAUNCH_COLUMNS` (counts,
+    ns, per ms of wall time; null means where there is no launch). ``idle`` (the first frame of
+    :func:`idle_windows`) gives the wall time of each row; every row of it gets a row here."""
+    keys = ["global_pid", "device", *by]
+    idle = idle_windows(model, export)[0] if idle is None else idle
+    names = export.strings(model.ops["api_name_id"].drop_nulls().unique().to_list())
+    launch_ids = [i for i, n in names.items() if api_group(short_name(n)) == "launch"]
+    k = model.ops.filter((pl.col("kind") == "kernel") & pl.col("device").is_not_null()).with_columns(
+        dur=pl.col("end") - pl.col("start"),
+        api=pl.when(pl.col("api_name_id").is_in(launch_ids)).then(pl.col("api_end") - pl.col("launch")),
+    ).with_columns(queue=pl.when(pl.col("api").is_not_null()).then(pl.col("start") - pl.col("api_end")))
+    lq = pl.col("api").drop_nulls()
+    stats = k.group_by(keys).agg(
+        kernel_count=pl.len().cast(pl.Int64),
+        launch_count=lq.len().cast(pl.Int64),
+        launch_mean_ns=lq.mean(),
+        launch_p50_ns=lq.quantile(0.5, "nearest"),
+        launch_p99_ns=lq.quantile(0.99, "nearest"),
+        queue_mean_ns=pl.col("queue").drop_nulls().mean(),
+        queue_p50_ns=pl.col("queue").drop_nulls().quantile(0.5, "nearest"),
+        kernel_p50_ns=pl.col("dur").quantile(0.5, "nearest"),
+        short_kernels=(pl.col("api").is_not_null() & (pl.col("dur") < pl.col("api"))).sum().cast(pl.Int64),
+    )
+    base = idle.group_by(keys).agg(pl.col("wall_ns").sum()) if by != ("iteration", "phase", "micro_step") \
+        else idle.select(*keys, "wall_ns")
+    out = base.join(stats, on=keys, how="left", nulls_equal=True).with_columns(
+        pl.col("kernel_count", "launch_count", "short_kernels").fill_null(0))
+    ms = pl.col("wall_ns").cast(pl.Float64) / 1e6
+    out = out.with_columns(kernels_per_ms=pl.when(ms > 0).then(pl.col("kernel_count") / ms),
+                           launches_per_ms=pl.when(ms > 0).then(pl.col("launch_count") / ms))
+    return out.select(*keys, "wall_ns", *LAUNCH_COLUMNS).sort(keys, nulls_last=False)
+
+
+def idle_phase(idle: pl.DataFrame) -> pl.DataFrame:
+    """Whole-trace sums per rank and phase of the first frame of :func:`idle_windows`:
+    ``global_pid, device, phase, wall_ns`` and :data:`CATEGORIES` (ns)."""
+    return idle.group_by("global_pid", "device", "phase").agg(
+        pl.col("wall_ns", *CATEGORIES).sum()).sort("global_pid", "device", "phase")
+
+
+def breakdown_json(idle: pl.DataFrame, by_api: pl.DataFrame) -> dict[tuple, dict]:
+    """``{(global_pid, device, iteration, phase, micro_step): {"gpu_busy_ns", "in_api_ns",
+    "between_api_ns", "waiting_ns", "by_api": {call: ns}, "by_api_group": {group: ns}}}``
+    from the frames of :func:`idle_windows` (``by_api`` largest first)."""
+    keys = ("global_pid", "device", "iteration", "phase", "micro_step")
+    calls: dict[tuple, dict] = {}
+    groups: dict[tuple, dict] = {}
+    for r in by_api.iter_rows(named=True):
+        key = tuple(r[k] for k in keys)
+        calls.setdefault(key, {})[r["name"]] = int(r["ns"])
+        g = groups.setdefault(key, {})
+        g[r["group"]] = g.get(r["group"], 0) + int(r["ns"])
+    out = {}
+    for r in idle.iter_rows(named=True):
+        key = tuple(r[k] for k in keys)
+        out[key] = {"gpu_busy_ns": int(r["gpu_busy_ns"]), "in_api_ns": int(r["in_api_ns"]),
+                    "between_api_ns": int(r["between_api_ns"]), "waiting_ns": int(r["waiting_ns"]),
+                    "by_api": calls.get(key, {}),
+                    "by_api_group": dict(sorted(groups.get(key, {}).items(), key=lambda kv: (-kv[1], kv[0])))}
+    return out
+
+
+ROW_KEYS = ("global_pid", "device", "iteration", "phase", "micro_step")
+
+
+def phase_json(model: PhaseModel, export: Export) -> dict[tuple, dict]:
+    """Per phase row key (:data:`ROW_KEYS`): ``{"idle_breakdown": {...}, "launch_stats": {...}}``,
+    the JSON of :func:`breakdown_json` and of :func:`launch_stats` (:data:`LAUNCH_COLUMNS`;
+    floats rounded to 6 decimals, NaN as null)."""
+    from tracekit.vocab import json_number
+
+    w, api = idle_windows(model, export)
+    bd = breakdown_json(w, api)
+    out = {k: {"idle_breakdown": v} for k, v in bd.items()}
+    for r in launch_stats(model, export, idle=w).iter_rows(named=True):
+        key = tuple(r[k] for k in ROW_KEYS)
+        vals = {c: json_number(c, r[c]) for c in LAUNCH_COLUMNS}
+        out.setdefault(key, {})["launch_stats"] = vals
+    return out
+
+
+def idle_findings(model: PhaseModel, export: Export, iteration: int | None = None) -> list[dict]:
+    """One finding per rank and phase that names where its idle GPU time goes (topic ``idle``),
+    over the steady iterations (:func:`tracekit.analyze.model.phases.steady_model`; only
+    ``iteration`` when given). The rule (docs/idle.md): the phase's mean wall time per iteration
+    is at least :data:`FINDING_MIN_WALL_NS` and its GPU idle share (1 - busy / wall) at least
+    :data:`FINDING_MIN_IDLE_SHARE`; the cause is the largest of ``between_api_ns`` (host-bound),
+    ``in_api_ns`` (held in CUDA API calls, the largest call group named) and ``waiting_ns``
+    (waiting on collectives). Returns finding dicts ``{"topic", "pid", "device", "phase",
+    "text", "values"}`` (``values`` in ns, per iteration), in rank then phase order."""
+    from tracekit.analyze.model.phases import steady_model
+    from tracekit.vocab import PHASE_ORDER, os_pid
+
+    steady = steady_model(model)
+    w, api = idle_windows(steady, export)
+    w = w.filter(pl.col("iteration").is_not_null() & (pl.col("phase") != "other"))
+    api = api.filter(pl.col("iteration").is_not_null())
+    if iteration is not None:
+        w, api = w.filter(pl.col("iteration") == iteration), api.filter(pl.col("iteration") == iteration)
+    if w.height == 0:
+        return []
+    per = w.group_by("global_pid", "device", "phase").agg(
+        pl.col("wall_ns", *CATEGORIES).sum(), iterations=pl.col("iteration").n_unique())
+    k = steady.ops.filter((pl.col("kind") == "kernel") & pl.col("iteration").is_not_null())
+    if iteration is not None:
+        k = k.filter(pl.col("iteration") == iteration)
+    ls = launch_stats(steady, export, by=("phase",), idle=w)
+    out = []
+    order = {p: i for i, p in enumerate(PHASE_ORDER)}
+    for r in sorted(per.iter_rows(named=True), key=lambda r: (r["global_pid"], r["device"], order.get(r["phase"], 99))):
+        n = r["iterations"]
+        wall, busy = r["wall_ns"] / n, r["gpu_busy_ns"] / n
+        idle_ns = wall - busy
+        if wall < FINDING_MIN_WALL_NS or wall <= 0 or idle_ns / wall < FINDING_MIN_IDLE_SHARE:
+            continue
+        parts = {"between_api_ns": r["between_api_ns"] / n, "in_api_ns": r["in_api_ns"] / n,
+                 "waiting_ns": r["waiting_ns"] / n}
+        cause = max(parts, key=lambda c: (parts[c], c))
+        share = parts[cause] / idle_ns
+        phase = r["phase"]
+        if cause == "between_api_ns":
+            head = (f"{phase} is host-bound: {share:.0%} of its idle time is the launching thread between "
+                    f"CUDA API calls (Python/framework)")
+        elif cause == "in_api_ns":
+            mine = api.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"])
+                              & (pl.col("phase") == phase))
+            g = mine.group_by("group").agg(pl.col("ns").sum()).sort("ns", "group", descending=[True, False])
+            top = mine.group_by("name").agg(pl.col("ns").sum()).sort("ns", "name", descending=[True, False])
+            grp = g["group"][0] if g.height else "other"
+            call = top["name"][0] if top.height else "?"
+            head = (f"{phase} is held in CUDA API calls: {share:.0%} of its idle time is the launching thread "
+                    f"inside them, mostly {grp} ({call} {fmt(top['ns'][0] / n if top.height else 0)} ms per iteration)")
+        else:
+            head = (f"{phase} waits on collectives: {share:.0%} of its idle time a communication kernel runs "
+                    "while no compute does")
+        text = (f"{head}; GPU idle {fmt(idle_ns)} of {fmt(wall)} ms per iteration "
+                f"({idle_ns / wall:.0%}, steady iterations)")
+        st = ls.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"])
+                       & (pl.col("phase") == phase))
+        s = st.row(0, named=True) if st.height else {}
+        values = {"wall_ns": wall, "gpu_idle_ns": idle_ns, **parts, "iterations": n}
+        if s.get("kernel_count"):
+            kern = s["kernel_count"] / n
+            values.update(kernels=kern, kernel_p50_ns=s["kernel_p50_ns"], launch_mean_ns=s["launch_mean_ns"])
+            text += f"; {kern:,.0f} kernel{'' if kern == 1 else 's'} of median {s['kernel_p50_ns'] / 1e3:,.1f} us"
+            if s.get("launch_mean_ns") is not None:
+                text += f", launch {s['launch_mean_ns'] / 1e3:,.1f} us each"
+        out.append({"topic": "idle", "pid": os_pid(r["global_pid"]), "device": r["device"], "phase": phase,
+                    "text": text, "values": values})
+    return out
+
+
+def fmt(ns: float) -> str:
+    """ns as ms with one decimal (the findings' unit)."""
+    return f"{ns / 1e6:,.1f}"
+
+
+def microbatch_advice(model: PhaseModel, export: Export, adv: dict) -> tuple[list[dict], list[dict]]:
+    """The ``larger_micro_batch`` what-if (docs/idle.md): twice the micro-batch at half the
+    gradient accumulation steps (same global batch), for a rank whose forward or backward meets the
+    findings rule (:func:`idle_findings`). Per steady iteration (``adv["predictions"]``: the
+    iterations and baseline of :func:`tracekit.analyze.sections.advice.advise`), with ``W`` the
+    forward + backward wall time, ``K`` their compute kernel busy time: each of the ``gas / 2`` new
+    micro-steps keeps the host time (wall - GPU busy) and the copy time of one old micro-step and
+    runs twice its kernel time, fully exposed, so ``predicted = baseline - (W - K) / 2`` (an upper
+    bound on the time; the lower bound, where the longer kernels hide under the host time, is
+    ``baseline - W + max(W, W_gpu + K) / 2`` with ``W_gpu`` the GPU busy time).
+
+    Returns ``(advice items, prediction rows)`` in the shapes of ``adv["advice"]`` and
+    ``adv["predictions"]``; both empty for a rank without an even ``gas >= 2`` or host-bound
+    micro-steps, or a saving under the advice's threshold."""
+    from tracekit.analyze.sections.advice import MIN_SAVING_SHARE
+    from tracekit.analyze.sections.breakdown import phase_table
+    from tracekit.vocab import os_pid
+
+    base = {(p["pid"], p["device"]): (p["baseline_ns"], p.get("iterations") or []) for p in adv.get("predictions", [])}
+    w, _ = idle_windows(model, export)
+    rows = phase_table(model).select(*ROW_KEYS, "wall_ns", "kernel_busy_ns").join(
+        w.select(*ROW_KEYS, "gpu_busy_ns"), on=list(ROW_KEYS), nulls_equal=True)
+    items, preds = [], []
+    for gpid, dev in rows.select("global_pid", "device").unique().sort("global_pid", "device").iter_rows():
+        pid = os_pid(gpid)
+        if (pid, dev) not in base:
+            continue
+        b, its = base[(pid, dev)]
+        m = rows.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev)
+                        & pl.col("iteration").is_in(list(its)) & pl.col("phase").is_in(["forward", "backward"]))
+        n = len(its)
+        if not n or m.height == 0:
+            continue
+        fwd = m.filter(pl.col("phase") == "forward").group_by("iteration").len()["len"].unique().to_list()
+        if len(fwd) != 1 or fwd[0] < 2 or fwd[0] % 2:
+            continue
+        gas = int(fwd[0])
+        W = m["wall_ns"].sum() / n
+        K = m["kernel_busy_ns"].sum() / n
+        B = m["gpu_busy_ns"].sum() / n
+        host_bound = any(
+            (g["wall_ns"].sum() / n >= FINDING_MIN_WALL_NS)
+            and 1 - g["gpu_busy_ns"].sum() / max(g["wall_ns"].sum(), 1) >= FINDING_MIN_IDLE_SHARE
+            for _, g in m.group_by("phase"))
+        saving = (W - K) / 2
+        if not host_bound or saving < max(MIN_SAVING_SHARE * b, 1e6):
+            continue
+        lower = b - W + max(W, B + K) / 2
+        basis = (f"forward + backward of the steady iterations, {W / 1e6:,.1f} ms per iteration in {gas} micro-steps "
+                 f"with {K / 1e6:,.1f} ms of compute kernels: per new micro-step the host time (wall - GPU busy) and "
+                 f"the copies of one old micro-step kept, its kernel time doubled and fully exposed (saving = (wall - "
+                 f"kernels) / 2); if the longer kernels hide under the host time, {lower / 1e6:,.1f} ms")
+        pred = {"pid": pid, "device": dev, "iterations": its, "scenario": "larger_micro_batch", "applicable": True,
+                "why_not": "", "baseline_ns": round(b, 3), "predicted_ns": round(b - saving, 3),
+                "saving_ns": round(saving, 3), "basis": basis, "confidence": "low",
+                "lower_bound_ns": round(lower, 3), "gas": gas}
+        preds.append(pred)
+        items.append({
+            "problem": (f"forward and backward are host-bound: the GPU is idle {100 * (1 - B / W):.0f}% of their "
+                        f"{W / 1e6:,.1f} ms per iteration (mean over steady iterations {_span(its)}); "
+                        f"each of the {gas} "
+                        "micro-steps pays the launch and framework time again"),
+            "knob": "train_micro_batch_size_per_gpu / gradient_accumulation_steps",
+            "change": f"micro-batch x 2, gradient_accumulation_steps {gas} -> {gas // 2} (same global batch; needs "
+                      "memory for twice the activations)",
+            "baseline_iteration_ms": round(b / 1e6, 3), "predicted_iteration_ms": round((b - saving) / 1e6, 3),
+            "saving_ms_per_iteration": round(saving / 1e6, 3), "saving_pct": round(100 * saving / b, 2) if b else None,
+            "basis": basis, "confidence": "low", "scenario": "larger_micro_batch", "pid": pid, "device": dev,
+            "config_fixable": True})
+    return items, preds
+
+
+def _span(its: list[int]) -> str:
+    """``1-2`` for steady iterations [1, 2], ``3`` for one."""
+    return f"{its[0]}-{its[-1]}" if len(its) > 1 else (str(its[0]) if its else "none")
