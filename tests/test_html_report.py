@@ -201,6 +201,7 @@ def _shot_dir(tmp_path: Path) -> Path:
     return d
 
 
+@pytest.mark.browser
 def test_html_in_headless_chromium(report, tmp_path):
     if _chromium() is None:
         if os.environ.get("CI"):

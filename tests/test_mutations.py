@@ -130,6 +130,7 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", [c[1] for c in CASES], ids=[c[0] for c in CASES])
 def test_mutated_trace_gives_a_report_or_one_line(tmp_path, how):
     p = tmp_path / "synthetic_mutated.sqlite"
