@@ -204,6 +204,23 @@ def union_length_loop(intervals) -> int:
 
 
 # ---------------------------------------------------------------- session-wide settings
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """The whole suite (``pytest`` with no paths, as the README and ``.ci/run`` run it) runs on
+    one pytest-xdist worker per core (``-n auto``) when pytest-xdist is installed; a run that
+    names files or tests, ``-n 0``/``-n N``, ``-p no:xdist`` or ``--pdb`` is left as asked.
+    ``--dist loadgroup``: the tests of one ``xdist_group`` (the full shared trace, decompressed
+    once per worker) run on one worker."""
+    opt = config.option
+    if (not hasattr(opt, "numprocesses") or hasattr(config, "workerinput") or opt.numprocesses is not None
+            or config.args_source == pytest.Config.ArgsSource.ARGS or opt.usepdb or opt.collectonly):
+        return None
+    opt.numprocesses = "auto"
+    if opt.dist == "no":
+        opt.dist = "loadgroup"
+    return None
+
+
 def pytest_configure(config):
     """One cache folder per test session (per xdist worker), removed at the end: tracekit's
     caches (``TRACEKIT_CACHE_DIR``, which every cache of tracekit honours) never go beside the
@@ -233,7 +250,9 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test of the full shared trace (the ``full_trace`` fixture) is ``slow`` without saying so."""
+    """A test of the full shared trace (the ``full_trace`` fixture) is ``slow`` without saying so,
+    and all of them run on one xdist worker (``xdist_group``), which decompresses the trace once."""
     for item in items:
         if "full_trace" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.xdist_group("full_trace"))
