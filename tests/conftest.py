@@ -47,6 +47,36 @@ def zero3_cut() -> Path:
     return ZERO3_CUT
 
 
+@pytest.fixture(scope="session")
+def zero3_analysis():
+    """``tracekit.analyze(ZERO3_CUT, cache=False)``, computed once per session (per xdist worker)
+    and shared by every test file that reads it: tests must not change it."""
+    import tracekit
+
+    return tracekit.analyze(ZERO3_CUT, cache=False)
+
+
+@pytest.fixture(scope="session")
+def zero3_report_data():
+    """``ReportData.load(ZERO3_CUT)`` (what every figure of ``tracekit report`` is drawn from),
+    loaded once per session and shared: tests must not change it."""
+    from tracekit.render.data import ReportData
+
+    d = ReportData.load(ZERO3_CUT)
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="session")
+def zero3_report(tmp_path_factory):
+    """``write_report(ZERO3_CUT, OUT)`` once per session: (its ReportResult, OUT). Tests read
+    the files; one that changes them makes its own report."""
+    from tracekit.render.report import write_report
+
+    out = tmp_path_factory.mktemp("zero3_report") / "r"
+    return write_report(ZERO3_CUT, out), out
+
+
 def public_exports():
     return sorted(PUBLIC.glob("*.sqlite")) if PUBLIC.exists() else []
 
