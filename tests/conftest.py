@@ -259,6 +259,11 @@ def pytest_configure(config):
     placement set or drop ``TRACEKIT_CACHE_DIR`` themselves (monkeypatch or their own ``env``)."""
     import tempfile
 
+    if hasattr(config, "workerinput"):
+        # an xdist worker gets COLUMNS=80 and LINES=24 from its launcher, no terminal of the
+        # user's: without them it lays out tables as a run of one process does
+        os.environ.pop("COLUMNS", None)
+        os.environ.pop("LINES", None)
     root = tempfile.mkdtemp(prefix="tracekit-test-cache-")
     config._tracekit_saved_cache_env = os.environ.get("TRACEKIT_CACHE_DIR")
     config._tracekit_cache_root = root
