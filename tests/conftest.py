@@ -1,3 +1,7 @@
+import contextlib
+import io
+import locale
+import os
 import sys
 from pathlib import Path
 
@@ -43,6 +47,36 @@ def zero3_cut() -> Path:
     return ZERO3_CUT
 
 
+@pytest.fixture(scope="session")
+def zero3_analysis():
+    """``tracekit.analyze(ZERO3_CUT, cache=False)``, computed once per session (per xdist worker)
+    and shared by every test file that reads it: tests must not change it."""
+    import tracekit
+
+    return tracekit.analyze(ZERO3_CUT, cache=False)
+
+
+@pytest.fixture(scope="session")
+def zero3_report_data():
+    """``ReportData.load(ZERO3_CUT)`` (what every figure of ``tracekit report`` is drawn from),
+    loaded once per session and shared: tests must not change it."""
+    from tracekit.render.data import ReportData
+
+    d = ReportData.load(ZERO3_CUT)
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="session")
+def zero3_report(tmp_path_factory):
+    """``write_report(ZERO3_CUT, OUT)`` once per session: (its ReportResult, OUT). Tests read
+    the files; one that changes them makes its own report."""
+    from tracekit.render.report import write_report
+
+    out = tmp_path_factory.mktemp("zero3_report") / "r"
+    return write_report(ZERO3_CUT, out), out
+
+
 def public_exports():
     return sorted(PUBLIC.glob("*.sqlite")) if PUBLIC.exists() else []
 
@@ -66,13 +100,18 @@ def full_trace(tmp_path_factory) -> Path:
 
 
 # ---------------------------------------------------------------- shared test helpers
-def run_cli(*args, env=None):
-    """Run ``tracekit ARGS`` in a subprocess; returns (exit code, stdout, stderr).
+#: commands that start other programs writing to the real file descriptors 1 and 2 (the
+#: training, nsys): :func:`run_cli` runs these in a subprocess so that their output is captured
+_SUBPROCESS_COMMANDS = {"capture"}
+
+
+def run_cli_process(*args, env=None):
+    """Run ``tracekit ARGS`` in a subprocess (``python -m tracekit.cli``); returns (exit code,
+    stdout, stderr). For the tests of the real entry point; others use :func:`run_cli`.
 
     Without ``env``, the child gets this environment less ``COLUMNS`` and ``LINES``: GNU
     readline (imported by pytest through pdb) exports the terminal's size into the process
     environment, and tracekit honours ``COLUMNS``; tests that want a width pass it."""
-    import os
     import subprocess
 
     if env is None:
@@ -81,6 +120,92 @@ def run_cli(*args, env=None):
     p = subprocess.run([sys.executable, "-m", "tracekit.cli", *map(str, args)],
                        capture_output=True, text=True, env=env)
     return p.returncode, p.stdout, p.stderr
+
+
+@contextlib.contextmanager
+def _environment(env: dict):
+    """``os.environ`` replaced by ``env`` for the duration (restored after, also on errors)."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _decoded(raw: bytes) -> str:
+    """What ``subprocess.run(..., text=True)`` makes of a child's output: the locale's encoding,
+    universal newlines (``\\r\\n`` and ``\\r`` read as ``\\n``)."""
+    return io.TextIOWrapper(io.BytesIO(raw), encoding=locale.getpreferredencoding(False)).read()
+
+
+def run_cli(*args, env=None):
+    """``tracekit ARGS`` as :func:`run_cli_process` would run it, but in this process through
+    :func:`tracekit.cli.main` (a subprocess costs ~1 s of imports; the suite ran ~110 of them);
+    returns (exit code, stdout, stderr).
+
+    What the child would see is reproduced: the environment ``env`` (default: this one less
+    ``COLUMNS`` and ``LINES``) for the call, stdout and stderr that are no terminal, with the
+    encodings and error handlers of this interpreter's own streams, read back as
+    ``text=True`` reads a pipe; Python's default warning filters, warnings printed to the
+    captured stderr; ``sys.exit`` turned into its exit code and an exception that escapes
+    ``main`` into a traceback on stderr and exit code 1, as the interpreter would. ``capture``
+    starts programs that write to the real file descriptors: it runs in a subprocess."""
+    args = [str(a) for a in args]
+    if args and args[0] in _SUBPROCESS_COMMANDS:
+        return run_cli_process(*args, env=env)
+    import traceback
+    import warnings
+
+    from tracekit.cli import main
+
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    raw_out, raw_err = io.BytesIO(), io.BytesIO()
+    out = io.TextIOWrapper(raw_out, encoding=sys.__stdout__.encoding or "utf-8",
+                           errors=getattr(sys.__stdout__, "errors", None) or "strict", write_through=True)
+    err = io.TextIOWrapper(raw_err, encoding=sys.__stderr__.encoding or "utf-8",
+                           errors="backslashreplace", write_through=True)
+    saved_argv = sys.argv
+    with _environment(env), warnings.catch_warnings():
+        warnings.resetwarnings()  # the interpreter's defaults, not pytest's
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", category)
+        warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+        sys.argv = [str(Path(sys.modules["tracekit.cli"].__file__)), *args]
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    rc = main(args)
+                except SystemExit as e:
+                    code = e.code
+                    if code is None:
+                        rc = 0
+                    elif isinstance(code, int):
+                        rc = code
+                    else:
+                        print(code, file=sys.stderr)
+                        rc = 1
+                except KeyboardInterrupt:
+                    raise
+                except BaseException:
+                    traceback.print_exc(file=sys.stderr)
+                    rc = 1
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                except (OSError, ValueError):
+                    pass
+        finally:
+            sys.argv = saved_argv
+    try:
+        out.flush()
+        err.flush()
+    except (OSError, ValueError):
+        pass
+    return rc, _decoded(raw_out.getvalue()), _decoded(raw_err.getvalue())
 
 
 def assert_one_line_error(rc, out, err, pattern):
@@ -106,3 +231,63 @@ def union_length_loop(intervals) -> int:
         else:
             cur_e = max(cur_e, e)
     return total + (cur_e - cur_s if cur_e is not None else 0)
+
+
+# ---------------------------------------------------------------- session-wide settings
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """The whole suite (``pytest`` with no paths, as the README and ``.ci/run`` run it) runs on
+    one pytest-xdist worker per core (``-n auto``) when pytest-xdist is installed; a run that
+    names files or tests, ``-n 0``/``-n N``, ``-p no:xdist`` or ``--pdb`` is left as asked.
+    ``--dist loadgroup``: the tests of one ``xdist_group`` (the full shared trace, decompressed
+    once per worker) run on one worker."""
+    opt = config.option
+    if (not hasattr(opt, "numprocesses") or hasattr(config, "workerinput") or opt.numprocesses is not None
+            or config.args_source == pytest.Config.ArgsSource.ARGS or opt.usepdb or opt.collectonly):
+        return None
+    opt.numprocesses = "auto"
+    if opt.dist == "no":
+        opt.dist = "loadgroup"
+    return None
+
+
+def pytest_configure(config):
+    """One cache folder per test session (per xdist worker), removed at the end: tracekit's
+    caches (``TRACEKIT_CACHE_DIR``, which every cache of tracekit honours) never go beside the
+    fixtures or into the user's ``~/.cache``, a run never reuses what an earlier run or another
+    checkout left, and a test file gets this without doing anything. Tests of the cache's
+    placement set or drop ``TRACEKIT_CACHE_DIR`` themselves (monkeypatch or their own ``env``)."""
+    import tempfile
+
+    if hasattr(config, "workerinput"):
+        # an xdist worker gets COLUMNS=80 and LINES=24 from its launcher, no terminal of the
+        # user's: without them it lays out tables as a run of one process does
+        os.environ.pop("COLUMNS", None)
+        os.environ.pop("LINES", None)
+    root = tempfile.mkdtemp(prefix="tracekit-test-cache-")
+    config._tracekit_saved_cache_env = os.environ.get("TRACEKIT_CACHE_DIR")
+    config._tracekit_cache_root = root
+    os.environ["TRACEKIT_CACHE_DIR"] = root
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    root = getattr(config, "_tracekit_cache_root", None)
+    if root is None:
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    saved = config._tracekit_saved_cache_env
+    if saved is None:
+        os.environ.pop("TRACEKIT_CACHE_DIR", None)
+    else:
+        os.environ["TRACEKIT_CACHE_DIR"] = saved
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test of the full shared trace (the ``full_trace`` fixture) is ``slow`` without saying so,
+    and all of them run on one xdist worker (``xdist_group``), which decompresses the trace once."""
+    for item in items:
+        if "full_trace" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.xdist_group("full_trace"))

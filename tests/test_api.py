@@ -20,8 +20,8 @@ DS_PHASES = {"DeepSpeedEngine.forward": "forward", "DeepSpeedEngine.backward": "
 
 
 @pytest.fixture(scope="module")
-def fixture_analysis():
-    return tracekit.analyze(ZERO3_CUT, cache=False)
+def fixture_analysis(zero3_analysis):
+    return zero3_analysis  # conftest: one analysis of the fixture per session
 
 
 def test_phases_equal_the_json_numbers(fixture_analysis):
@@ -201,9 +201,9 @@ def test_frames_and_out_keep_every_pcie_sample(fixture_analysis, tmp_path):
         assert sum(1 for _ in f) - 1 == n_sql
 
 
-def test_to_json_is_what_the_cli_prints():
+def test_to_json_is_what_the_cli_prints(zero3_analysis):
     """``tracekit.analyze(path).to_json()`` equals ``tracekit analyze path --json`` (docs/api.md)."""
-    a = tracekit.analyze(ZERO3_CUT, cache=False)
+    a = zero3_analysis  # tracekit.analyze(ZERO3_CUT, cache=False), once per session
     rc, out, err = run("analyze", ZERO3_CUT, "--json", "--no-cache")
     assert rc == 0, err
     assert a.to_json() == json.loads(out)

@@ -13,10 +13,12 @@ def run(*args, env=None):
                           capture_output=True, text=True, env=env)
 
 
-def test_rejected_file_leaves_no_cache(tmp_path):
+def test_rejected_file_leaves_no_cache(tmp_path, tmp_path_factory):
     bad = tmp_path / "notes.sqlite"
     bad.write_text("not a trace")
-    p = run("analyze", bad)
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path_factory.mktemp("xdg")))
+    env.pop("TRACEKIT_CACHE_DIR", None)  # the placement beside the file is what is checked
+    p = run("analyze", bad, env=env)
     assert p.returncode == 2
     assert sorted(os.listdir(tmp_path)) == ["notes.sqlite"]
 

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ZERO3 = FIXTURES / "zero3_offload_gas2_cut.sqlite"
@@ -137,10 +136,9 @@ def test_parameter_copy_moves_the_bf16_model(path, name):
 
 
 def analyze_json(path: Path, *args: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "tracekit.cli", "analyze", str(path), *args, "--json"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    rc, out, err = run_cli("analyze", path, *args, "--json")  # in this process (conftest)
+    assert rc == 0, err
+    return json.loads(out)
 
 
 @pytest.mark.parametrize("path,copy_name", [(ZERO3, "param_copy_back"), (ZERO2, "param_copy_to_device")],

@@ -246,6 +246,7 @@ def run_python(code: str, env_extra: dict, timeout=600) -> subprocess.CompletedP
                           timeout=timeout)
 
 
+@pytest.mark.deepspeed
 def test_installed_deepspeed_has_every_hook_point(tmp_path):
     pytest.importorskip("deepspeed")
     # superoffload and the swappers are imported by DeepSpeed only when configured
@@ -270,6 +271,7 @@ def test_installed_deepspeed_has_every_hook_point(tmp_path):
     assert sorted(written["wrapped"]) == expected
 
 
+@pytest.mark.deepspeed
 def test_hook_off_without_env(tmp_path):
     pytest.importorskip("deepspeed")
     env = dict(os.environ, PYTHONPATH=str(HOOK_DIR), DS_ACCELERATOR="cpu")
@@ -325,6 +327,7 @@ def ranges_from_log(path: Path) -> list[str]:
     return out
 
 
+@pytest.mark.deepspeed
 @pytest.mark.parametrize("stage", [2, 3])
 def test_real_deepspeed_on_cpu(tmp_path, stage):
     """examples/train_llama.py (tiny) with DeepSpeed's CPU accelerator and CPU Adam offload."""

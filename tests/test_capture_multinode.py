@@ -38,6 +38,7 @@ def _manifests(runs: Path) -> dict[int, dict]:
     return {json.loads(p.read_text())["rank"]["rank"]: json.loads(p.read_text()) for p in runs.glob("*.json")}
 
 
+@pytest.mark.deepspeed
 @pytest.mark.skipif(not (BIN / "deepspeed").exists(), reason="the deepspeed launcher is not installed")
 def test_deepspeed_launcher_hostfile_pdsh(tmp_path):
     """deepspeed --hostfile (2 hosts, 3 slots) --launcher pdsh --module tracekit.capture --per-rank:

@@ -27,10 +27,8 @@ TIMED = ("2_iteration_timeline", "5_overlap_contention")
 
 
 @pytest.fixture(scope="module")
-def zero3():
-    d = ReportData.load(ZERO3_CUT)
-    yield d
-    d.close()
+def zero3(zero3_report_data):
+    return zero3_report_data  # conftest: loaded once per session
 
 
 @pytest.fixture(scope="module")

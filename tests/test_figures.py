@@ -20,12 +20,8 @@ COPY_KIND = {1: "H2D", 2: "D2H"}
 
 
 @pytest.fixture(scope="module")
-def data(request):
-    from conftest import ZERO3_CUT
-
-    d = ReportData.load(ZERO3_CUT)
-    yield d
-    d.close()
+def data(zero3_report_data):
+    return zero3_report_data  # conftest: loaded once per session
 
 
 @pytest.fixture(scope="module")

@@ -433,6 +433,7 @@ def run_script(tmp_path, body: str, timeout=900, **env_extra) -> subprocess.Comp
                           timeout=timeout, cwd=tmp_path)
 
 
+@pytest.mark.deepspeed
 def test_real_offload_classes_are_covered(tmp_path):
     """Every optimizer class 0.19.8 can build for offload: its phase overrides are wrapped."""
     pytest.importorskip("deepspeed")
@@ -504,6 +505,7 @@ def _log_lines(folder: Path, pid: int) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+@pytest.mark.deepspeed
 def test_real_superoffload_worker_emits_cpu_optimizer_step(tmp_path):
     """SuperOffload's real worker process (spawned, CPU Adam) marks the sub-group it updates."""
     pytest.importorskip("deepspeed")
@@ -557,6 +559,7 @@ ZENFLOW_WORKER = """
 """
 
 
+@pytest.mark.deepspeed
 def test_real_zenflow_worker_relay(tmp_path):
     """ZenFlow's real native worker loop, relayed: the same numbers as unrelayed, plus ranges."""
     torch = pytest.importorskip("torch")
@@ -605,6 +608,7 @@ def _tree(path: Path, allow_open=False) -> list[str]:
     return out
 
 
+@pytest.mark.deepspeed
 @pytest.mark.parametrize("overlap_step", [True, False])
 def test_real_zenflow_training_on_cpu(tmp_path, overlap_step):
     """examples/train_llama.py (tiny) with ZenFlow on DeepSpeed's CPU accelerator, using
@@ -675,6 +679,7 @@ def test_real_zenflow_training_on_cpu(tmp_path, overlap_step):
         assert workers == {}
 
 
+@pytest.mark.deepspeed
 def test_real_zero3_offload_param_example_on_cpu(tmp_path):
     """examples/ds_zero3_offload_param.json (unpinned) trains on the CPU with the ZeRO-3 tree:
     parameters offloaded to CPU memory (not NVMe) use no swapper, so no swap ranges."""

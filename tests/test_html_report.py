@@ -23,10 +23,9 @@ from tracekit.render.report import write_report
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("html")
-    res = write_report(ZERO3_CUT, out / "r")
-    return res, (out / "r" / "report.html")
+def report(zero3_report):
+    res, out = zero3_report  # conftest: written once per session
+    return res, (out / "report.html")
 
 
 class _Tables(HTMLParser):
@@ -201,6 +200,7 @@ def _shot_dir(tmp_path: Path) -> Path:
     return d
 
 
+@pytest.mark.browser
 def test_html_in_headless_chromium(report, tmp_path):
     if _chromium() is None:
         if os.environ.get("CI"):

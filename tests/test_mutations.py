@@ -130,6 +130,27 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_command_tree():
+    """typer turns the app into click commands afresh on every call (~0.1 s of the ~0.5 s of a
+    case); the cases all run the one app, so its command tree is built once for this module
+    (the same tree typer would build each time; no case changes it)."""
+    import typer.main
+
+    real, built = typer.main.get_command, {}
+
+    def get_command(app):
+        if id(app) not in built:
+            built[id(app)] = (app, real(app))
+        return built[id(app)][1]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(typer.main, "get_command", get_command)
+    yield
+    mp.undo()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", [c[1] for c in CASES], ids=[c[0] for c in CASES])
 def test_mutated_trace_gives_a_report_or_one_line(tmp_path, how):
     p = tmp_path / "synthetic_mutated.sqlite"

@@ -49,6 +49,14 @@ def files_of(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.fixture(autouse=True)
+def _cache_beside_the_trace(monkeypatch):
+    """The tests here read the cache folder beside their trace copy, where the probe's children
+    put it (they run without ``TRACEKIT_CACHE_DIR``); what runs in this process does the same,
+    not the session's cache folder (conftest)."""
+    monkeypatch.delenv("TRACEKIT_CACHE_DIR", raising=False)
+
+
 @pytest.fixture
 def trace(tmp_path):
     p = tmp_path / "t.sqlite"
