@@ -213,6 +213,26 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def _keep_manifest_elsewhere(path: Path, data: dict, exc: OSError) -> tuple[Path | None, str]:
+    """Write the manifest that could not be written as ``path`` (``exc``) into a new folder
+    under the temporary directory instead, so that the capture's record is never lost; its
+    temporary beside ``path`` is removed. Returns (where it is now or None, the problem line)."""
+    part = path.with_name(path.name + ".part")
+    try:
+        if part.is_file():
+            part.unlink()
+    except OSError:
+        pass
+    why = exc.strerror or type(exc).__name__
+    try:
+        kept = Path(tempfile.mkdtemp(prefix="tracekit-capture-")) / path.name
+        write_json_atomic(kept, data)
+    except OSError as exc2:
+        return None, (f"cannot write the manifest {path} ({why}), nor a copy in the temporary folder "
+                      f"({exc2.strerror or type(exc2).__name__}); the capture's files are kept")
+    return kept, f"cannot write the manifest {path} ({why}); it is kept as {kept}: move it beside the trace"
+
+
 def _file_info(path: Path | None) -> dict | None:
     if path is None or not path.exists():
         return None
@@ -523,8 +543,14 @@ def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_exp
         "problems": problems,
         "retry_commands": retry,
     }
+    manifest_path = final["manifest"]
     if write_manifest:
-        write_json_atomic(final["manifest"], manifest)
+        try:
+            write_json_atomic(manifest_path, manifest)
+        except OSError as exc:  # the folder went read-only (or full) while the training ran
+            manifest_path, line = _keep_manifest_elsewhere(manifest_path, manifest, exc)
+            problems.append(line)
+            exit_code = EXIT_CAPTURE_FAILED if training_ok_guess else rc
 
     if not hooks:
         _say(console, "tracekit: warning: no process reported the DeepSpeed hook "
@@ -535,12 +561,12 @@ def run_capture(command: list[str], settings: nsys_mod.ProfileSettings, nsys_exp
         _say(console, f"tracekit: error: {line}")
     for line in retry:
         _say(console, f"  {line}")
-    wrote = [p for p in (report, sqlite_path, final["manifest"] if write_manifest else None, raw) if p is not None]
+    wrote = [p for p in (report, sqlite_path, manifest_path if write_manifest else None, raw) if p is not None]
     _say(console, f"tracekit: {elapsed:.1f} s; wrote " + (", ".join(str(p) for p in wrote) or "nothing"))
     return CaptureResult(exit_code=exit_code, nsys_exit_code=rc,
                          report=str(report) if report else None,
                          sqlite=str(sqlite_path) if sqlite_path else None,
-                         manifest=str(final["manifest"]) if write_manifest else None,
+                         manifest=str(manifest_path) if write_manifest and manifest_path else None,
                          raw_capture=str(raw) if raw else None,
                          problems=problems)
 
