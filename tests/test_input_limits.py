@@ -402,10 +402,11 @@ def _damage(entry: Path, resign: bool) -> bool:
 
 
 @pytest.mark.parametrize("resign", [False, True])
-def test_damaged_query_entries_are_silent_misses(tmp_path, resign):
+def test_damaged_query_entries_are_silent_misses(tmp_path, resign, monkeypatch):
     """Every query entry of the cache damaged at once (raw: the checksum fails; re-signed: polars
     gets bytes it cannot decode and panics in Rust): exit 0, the JSON of an analysis without
     cache, and nothing at all on stderr (no panic text). Each entry is rewritten good."""
+    monkeypatch.delenv("TRACEKIT_CACHE_DIR", raising=False)  # the cache beside the trace, where it is damaged
     t = tmp_path / "t.sqlite"
     shutil.copy(ZERO3_CUT, t)
     rc, ref, err = run_cli("analyze", t, "--section", "pcie", "--json", "--no-cache")
