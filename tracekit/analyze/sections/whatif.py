@@ -124,7 +124,13 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
          "sub_groups": int|None, "copy_back_bytes", "d2d_gbps"|None, "device_gbps"|None,
          "free_bytes"|None, "total_memory"|None, "range_names": set, "micro_steps": int|None,
          "sub_group_bytes": [int], "forward_h2d_bytes": float, "forward_h2d_kinds": [str],
-         "kernel_dtypes": {"kernels", "Half", "BFloat16": int}}
+         "kernel_dtypes": {"kernels", "Half", "BFloat16": int},
+         "iteration_walls_ns": [ns], "phase_walls_ns": {phase: [ns]}, "role_walls_ns": {role: [ns]}}
+
+    ``iteration_walls_ns`` / ``phase_walls_ns`` / ``role_walls_ns``: the wall time of each steady
+    iteration, of each phase in it and of each :data:`ROLES` step inside its update (the unmarked
+    CPU optimizer step as ``cpu_adam`` in DeepSpeed-only traces), aligned with ``iterations``
+    (for :func:`interval`).
 
     ``sub_group_bytes``: H2D bytes of each copy-back range of the first steady iteration (one per
     sub-group, launch order); ``forward_h2d_bytes``: forward's H2D bytes per iteration (parameters
@@ -580,7 +586,10 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
 
     Returns one dict per scenario: ``scenario, applicable, why_not, baseline_ns, predicted_ns,
     saving_ns`` (per steady iteration; negative = slower), ``basis`` (how it was computed),
-    ``confidence`` (high|medium|low) and scenario-specific numbers (``phase_delta_ns``, ...).
+    ``confidence`` (high|medium|low) and scenario-specific numbers (``phase_delta_ns``, ...),
+    and the 95 % interval of :func:`interval`: ``interval_ns`` (of ``predicted_ns``),
+    ``saving_interval_ns``, ``within_noise``, ``interval_basis`` (``pageable_to_pinned`` also
+    ``copy_back_saving_interval_ns``, of ``copy_back_saving_ns``).
     """
     changes = changes or {}
     n = len(pieces["iterations"])
