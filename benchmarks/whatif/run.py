@@ -16,8 +16,9 @@ time is their mean, the same basis as the prediction (ms per steady iteration).
 
 Error % = 100 * (predicted - measured) / measured. Per phase, the prediction is the baseline's
 phase plus the scenario's ``phase_delta_ns`` where it gives one, else the whole saving taken
-from the update. *Interval*: the scenario's ``interval_ns`` ``[low, high]`` where the model gives
-one; the model has none yet, so the column says so; the noise rows (a baseline recorded twice,
+from the update. *Interval*: the scenario's ``interval_ns`` ``[low, high]``, the 95 % interval of
+the predicted iteration time (docs/advice.md, "Interval"; none with fewer than 2 steady
+iterations); *inside*: the measured mean within it; the noise rows (a baseline recorded twice,
 no change) give the measured spread. A pair whose change has no scenario in the model is shown
 with the baseline as the prediction ("no scenario") and counted apart in the statistics.
 Rank correlation: Spearman's rho of predicted vs measured iteration time over a baseline and its
@@ -268,7 +269,7 @@ def render(res: dict) -> str:
     for r in res["rows"]:
         if r["scenario"] == "noise":
             continue
-        iv = "no interval in the model yet" if r["interval"] is None else f"{r['interval'][0]:,.1f}-{r['interval'][1]:,.1f}"
+        iv = ("no scenario" if r["scenario"] is None else "none (< 2 steady iterations)") if r["interval"] is None else f"{r['interval'][0]:,.1f}-{r['interval'][1]:,.1f}"
         ins = "-" if r["inside"] is None else ("yes" if r["inside"] else "no")
         pred = f"{r['predicted_ms']:,.1f}" + (" (no scenario)" if r["scenario"] is None else "")
         L.append(f"| {r['pair']} | {r['change']} | {r['baseline_ms']:,.1f} / {r['prediction_baseline_ms']:,.1f} | {pred} | {r['measured_ms']:,.1f} "

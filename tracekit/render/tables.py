@@ -198,6 +198,11 @@ def _render_sub_phases(console: Console, head: str, phase: str, rows: list[dict]
     ))
 
 
+def _range(v: list) -> str:
+    """``1,170.0-1,310.0`` (ms), ``-58.5 to 1,148.5`` when the low end is negative."""
+    return f"{v[0]:,.1f}{' to ' if v[0] < 0 else '-'}{v[1]:,.1f}"
+
+
 def render_config_and_advice(console: Console, result: dict) -> None:
     """The run's config (or what the trace says of it) and the advice, first in ``analyze``:
     items sorted by saving per steady iteration, one-time costs apart."""
@@ -221,12 +226,22 @@ def render_config_and_advice(console: Console, result: dict) -> None:
         multi = len({(a["pid"], a["device"]) for a in items}) > 1
         console.print(_t("advice, largest saving first (per iteration: mean over steady iterations, warm-up apart; "
                          "docs/advice.md)", "bold"))
+        if any(a.get("saving_interval_ms") for a in items):
+            console.print(_t("   (low-high): 95 % interval of the next run's mean steady iteration, from the baseline's "
+                             "iteration-to-iteration spread and the modelled term's (docs/advice.md, \"Interval\")"),
+                          highlight=False)
+        elif items:
+            console.print(_t("   no interval: fewer than 2 steady iterations, no spread to measure"), highlight=False)
         for i, a in enumerate(items, 1):
             who = f"pid {a['pid']} device {a['device']}: " if multi else ""
             pct = f", {a['saving_pct']:.1f}%" if a.get("saving_pct") is not None else ""
-            console.print(_t(f"{i}. {who}{a['knob']}: {a['change']}  saves {a['saving_ms_per_iteration']:,.1f} ms per "
-                             f"iteration{pct} ({a['baseline_iteration_ms']:,.1f} -> {a['predicted_iteration_ms']:,.1f} ms; "
-                             f"confidence {a['confidence']})"), highlight=False)
+            pi, si = a.get("predicted_interval_ms"), a.get("saving_interval_ms")
+            siv = f" ({_range(si)})" if si else ""
+            piv = f" ({_range(pi)})" if pi else ""
+            noise = " (within noise)" if a.get("within_noise") else ""
+            console.print(_t(f"{i}. {who}{a['knob']}: {a['change']}  saves {a['saving_ms_per_iteration']:,.1f} ms{siv} per "
+                             f"iteration{pct} ({a['baseline_iteration_ms']:,.1f} -> {a['predicted_iteration_ms']:,.1f} ms"
+                             f"{piv}; confidence {a['confidence']}){noise}"), highlight=False)
             console.print(_t(f"   problem: {a['problem']}"), highlight=False)
             console.print(_t(f"   predicted from: {a['basis']}"), highlight=False)
     elif result.get("config") is not None:

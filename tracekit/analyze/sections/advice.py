@@ -11,7 +11,10 @@ settings in, a list of dicts out. Each item::
      "saving_ms_per_iteration": float, "saving_pct": float,
      "basis": str,               # how it was predicted
      "confidence": "high"|"medium"|"low",
-     "scenario": str, "pid": int, "device": int, "config_fixable": bool}
+     "scenario": str, "pid": int, "device": int, "config_fixable": bool,
+     "predicted_interval_ms": [low, high] | None,   # 95 % interval of the predicted iteration
+     "saving_interval_ms": [low, high] | None,      # and of the saving (docs/advice.md, "Interval")
+     "within_noise": bool | None}                   # the saving interval holds 0 (None: no interval)
 
 sorted by saving per iteration, largest first. Items saving less than :data:`MIN_SAVING_SHARE`
 of the iteration (and less than 1 ms) are left out. :func:`one_time_costs` lists start-up
@@ -72,12 +75,16 @@ def build_advice(pieces: dict, scenarios: list[dict], settings: dict) -> list[di
         saving = s["saving_ns"] if saving_ns is None else saving_ns
         if saving < max(MIN_SAVING_SHARE * base, 1e6):
             return
+        siv = s.get("saving_interval_ns") if saving_ns is None else s.get("copy_back_saving_interval_ns")
         items.append({
             "problem": problem, "knob": knob, "change": change,
             "baseline_iteration_ms": _ms(base), "predicted_iteration_ms": _ms(base - saving),
             "saving_ms_per_iteration": _ms(saving), "saving_pct": round(100 * saving / base, 2) if base else None,
             "basis": basis or s["basis"], "confidence": confidence or s["confidence"], "scenario": s["scenario"],
             "pid": pieces["pid"], "device": pieces["device"], "config_fixable": fixable,
+            "predicted_interval_ms": None if siv is None else [_ms(base - siv[1]), _ms(base - siv[0])],
+            "saving_interval_ms": None if siv is None else [_ms(siv[0]), _ms(siv[1])],
+            "within_noise": None if siv is None else bool(siv[0] <= 0 <= siv[1]),
         })
 
     s = sc.get("bf16")

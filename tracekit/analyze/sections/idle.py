@@ -467,6 +467,13 @@ def microbatch_advice(model: PhaseModel, export: Export, adv: dict) -> tuple[lis
         if not host_bound or saving < max(MIN_SAVING_SHARE * b, 1e6):
             continue
         lower = b - W + max(W, B + K) / 2
+        from tracekit.analyze.sections.whatif import interval
+
+        allp = rows.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev) & pl.col("iteration").is_in(list(its)))
+        walls = allp.group_by("iteration").agg(pl.col("wall_ns").sum()).sort("iteration")["wall_ns"].to_list()
+        per = m.group_by("iteration").agg((pl.col("wall_ns").sum() - pl.col("kernel_busy_ns").sum()) / 2).sort(
+            "iteration")["wall_ns"].to_list()
+        iv = interval({"iteration_walls_ns": walls, "iteration_ns": b}, saving, per)
         basis = (f"forward + backward of the steady iterations, {W / 1e6:,.1f} ms per iteration in {gas} micro-steps "
                  f"with {K / 1e6:,.1f} ms of compute kernels: per new micro-step the host time (wall - GPU busy) and "
                  f"the copies of one old micro-step kept, its kernel time doubled and fully exposed (saving = (wall - "
@@ -474,7 +481,7 @@ def microbatch_advice(model: PhaseModel, export: Export, adv: dict) -> tuple[lis
         pred = {"pid": pid, "device": dev, "iterations": its, "scenario": "larger_micro_batch", "applicable": True,
                 "why_not": "", "baseline_ns": round(b, 3), "predicted_ns": round(b - saving, 3),
                 "saving_ns": round(saving, 3), "basis": basis, "confidence": "low",
-                "lower_bound_ns": round(lower, 3), "gas": gas}
+                "lower_bound_ns": round(lower, 3), "gas": gas, **iv}
         preds.append(pred)
         items.append({
             "problem": (f"forward and backward are host-bound: the GPU is idle {100 * (1 - B / W):.0f}% of their "
@@ -487,7 +494,12 @@ def microbatch_advice(model: PhaseModel, export: Export, adv: dict) -> tuple[lis
             "baseline_iteration_ms": round(b / 1e6, 3), "predicted_iteration_ms": round((b - saving) / 1e6, 3),
             "saving_ms_per_iteration": round(saving / 1e6, 3), "saving_pct": round(100 * saving / b, 2) if b else None,
             "basis": basis, "confidence": "low", "scenario": "larger_micro_batch", "pid": pid, "device": dev,
-            "config_fixable": True})
+            "config_fixable": True,
+            "predicted_interval_ms": None if iv["saving_interval_ns"] is None else [
+                round((b - iv["saving_interval_ns"][1]) / 1e6, 3), round((b - iv["saving_interval_ns"][0]) / 1e6, 3)],
+            "saving_interval_ms": None if iv["saving_interval_ns"] is None else [
+                round(v / 1e6, 3) for v in iv["saving_interval_ns"]],
+            "within_noise": iv["within_noise"]})
     return items, preds
 
 

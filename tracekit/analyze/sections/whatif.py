@@ -124,7 +124,13 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
          "sub_groups": int|None, "copy_back_bytes", "d2d_gbps"|None, "device_gbps"|None,
          "free_bytes"|None, "total_memory"|None, "range_names": set, "micro_steps": int|None,
          "sub_group_bytes": [int], "forward_h2d_bytes": float, "forward_h2d_kinds": [str],
-         "kernel_dtypes": {"kernels", "Half", "BFloat16": int}}
+         "kernel_dtypes": {"kernels", "Half", "BFloat16": int},
+         "iteration_walls_ns": [ns], "phase_walls_ns": {phase: [ns]}, "role_walls_ns": {role: [ns]}}
+
+    ``iteration_walls_ns`` / ``phase_walls_ns`` / ``role_walls_ns``: the wall time of each steady
+    iteration, of each phase in it and of each :data:`ROLES` step inside its update (the unmarked
+    CPU optimizer step as ``cpu_adam`` in DeepSpeed-only traces), aligned with ``iterations``
+    (for :func:`interval`).
 
     ``sub_group_bytes``: H2D bytes of each copy-back range of the first steady iteration (one per
     sub-group, launch order); ``forward_h2d_bytes``: forward's H2D bytes per iteration (parameters
@@ -176,6 +182,8 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         uw_s, uw_e = upd["start"].to_numpy(), upd["end"].to_numpy()
         update_total = float((uw_e - uw_s).sum()) / n if n else 0.0
         role_iv = {}
+        upd_it = upd["iteration"].to_list()
+        role_walls = {}  # {role: [wall ns in each steady iteration]}, for the intervals
         for role in ROLES:
             g = by_role.get((role,), no_role)
             s, e = g["start"].to_numpy(), g["end"].to_numpy()
@@ -184,6 +192,11 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
                 inside |= (s >= a) & (e <= b)
             us, ue = union(s[inside], e[inside])
             role_iv[role] = (us, ue)
+            per = dict.fromkeys(steady, 0.0)
+            for a, b, it in zip(uw_s, uw_e, upd_it):
+                k = (us >= a) & (ue <= b)
+                per[it] = per.get(it, 0.0) + float((ue[k] - us[k]).sum())
+            role_walls[role] = [per[i] for i in steady]
             wall = float((ue - us).sum())
             gpu_busy = float(covered_length(busy_s, busy_e, us, ue).sum()) if len(us) else 0.0
             roles[role] = {"wall_ns": wall / n, "cpu_ns": (wall - gpu_busy) / n, "calls": len(us) / n}
@@ -191,7 +204,11 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
             marked_s = np.concatenate([role_iv[k][0] for k in ROLES] + [np.zeros(0, np.int64)])
             marked_e = np.concatenate([role_iv[k][1] for k in ROLES] + [np.zeros(0, np.int64)])
             other = _unmarked_time(ranges.filter(pl.col("global_pid") == gp), uw_s, uw_e, marked_s, marked_e,
-                                   busy_s, busy_e)
+                                   busy_s, busy_e, per_w := [])
+            per = dict.fromkeys(steady, 0.0)
+            for it, w in zip(upd_it, per_w):
+                per[it] = per.get(it, 0.0) + w
+            role_walls["cpu_adam"] = [per[i] for i in steady]
             roles["cpu_adam"] = {"wall_ns": other[0] / n, "cpu_ns": other[1] / n, "calls": 1.0 if other[0] else 0.0,
                                  "unmarked": True}
         # host copies of the steady iterations, with the role of the range their launch fell in
@@ -234,8 +251,13 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
                     "startup_pageable_count": su.height,
                     "startup_pageable_d2h_bytes": int(su.filter(pl.col("direction") == "D2H")["bytes"].sum()),
                     "warmup_ns": warm_ns}
+        per_it = ts.group_by("iteration", "phase").agg(pl.col("wall_ns").sum())
+        walls = {(int(i), ph): float(w) for i, ph, w in per_it.iter_rows()}
+        phase_walls = {ph: [walls.get((i, ph), 0.0) for i in steady] for ph in phase_ns}
+        iteration_walls = [sum(walls.get((i, ph), 0.0) for ph in phase_ns) for i in steady]
         out.append({
             "global_pid": gp, "pid": r["pid"], "device": dev, "iterations": steady,
+            "iteration_walls_ns": iteration_walls, "phase_walls_ns": phase_walls, "role_walls_ns": role_walls,
             "warmup": [i for i in complete if i not in steady],
             "iteration_ns": float(ts["wall_ns"].sum()) / n, "phase_ns": phase_ns, "kernel_ns": kernel_ns,
             "update_ns": update_total, "copies": copies, "bandwidth": bw, "roles": roles,
@@ -303,7 +325,8 @@ def _kernel_dtypes(export: Export, kern: pl.DataFrame) -> dict:
 STEP_RANGE = r"(^|\.)step$"
 
 
-def _unmarked_time(rng: pl.DataFrame, uw_s, uw_e, ms, me, busy_s, busy_e) -> tuple[float, float]:
+def _unmarked_time(rng: pl.DataFrame, uw_s, uw_e, ms, me, busy_s, busy_e, per_window: list | None = None
+                   ) -> tuple[float, float]:
     """Time inside the update windows on the thread that opened them, not inside any range
     nested in the window other than the step range itself (:data:`STEP_RANGE`, whatever its
     bounds), and not in a marked role: (wall ns, GPU-idle ns). Only ranges strictly inside a
@@ -327,6 +350,8 @@ def _unmarked_time(rng: pl.DataFrame, uw_s, uw_e, ms, me, busy_s, busy_e) -> tup
         gb = float(covered_length(busy_s, busy_e, gaps_s[ok], gaps_e[ok]).sum()) if ok.any() else 0.0
         wall += w
         idle += w - gb
+        if per_window is not None:
+            per_window.append(w)
     return wall, idle
 
 
@@ -456,13 +481,98 @@ def _phase_delta(pieces: dict, copies: pl.DataFrame) -> dict:
             for ph in sorted(set(copies["phase"].drop_nulls().to_list()))}
 
 
-def _result(pieces, name, saving_ns, basis, confidence, applicable=True, why="", **extra) -> dict:
+#: Two-sided 95 % critical values of Student's t, ``t(0.975, df)``, for df = 1..30, then 40, 60,
+#: 120 and infinity (NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.2, "Critical
+#: values of the Student's t distribution", column 0.025 upper tail). scipy is not a dependency.
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+       11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+       20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
+       29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+
+def t95(df: int) -> float:
+    """Two-sided 95 % Student t critical value for ``df`` >= 1 degrees of freedom (:data:`T95`;
+    between tabulated values the next smaller df, i.e. the wider interval; 1.960 above 120).
+    Raises ValueError for df < 1."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom {df}: need at least 1")
+    if df in T95:
+        return T95[df]
+    if df > 120:
+        return 1.960
+    return T95[max(k for k in T95 if k <= df)]
+
+
+def _sd(v) -> float:
+    """Sample standard deviation (n - 1) of ``v`` (>= 2 values)."""
+    return float(np.std(np.asarray(v, dtype=float), ddof=1))
+
+
+def interval(pieces: dict, saving_ns: float, per_iteration_saving_ns: list | None) -> dict:
+    """The 95 % interval of a prediction (docs/advice.md, "Interval"). With ``n`` steady
+    iterations of the baseline (``pieces["iteration_walls_ns"]``, their wall times):
+
+    - noise = ``sd(iteration walls) * sqrt(1/n + 1/n)`` (standard error of the difference of the
+      baseline's mean and the next run's mean over as many iterations),
+    - term = ``sd(per_iteration_saving_ns) * sqrt(1/n + 1/n)`` (the scenario's saving in each
+      steady iteration; None counts as a saving of ``saving_ns`` in every iteration: term 0),
+    - half width = ``t95(n - 1) * sqrt(noise**2 + term**2)``.
+
+    Returns ``{"interval_ns": [low, high]`` (of the predicted iteration time), ``"saving_interval_ns":
+    [low, high], "within_noise": bool`` (the saving interval holds 0), ``"interval_basis": str}``, all
+    ns; with fewer than 2 steady iterations the intervals and within_noise are None and the basis
+    says why."""
+    walls = pieces.get("iteration_walls_ns") or []
+    n = len(walls)
+    if n < 2:
+        return {"interval_ns": None, "saving_interval_ns": None, "within_noise": None,
+                "interval_basis": f"no interval: {n} steady iteration(s), at least 2 needed for a spread"}
+    se = math.sqrt(2.0 / n)
+    noise = _sd(walls) * se
+    term = _sd(per_iteration_saving_ns) * se if per_iteration_saving_ns is not None else 0.0
+    t = t95(n - 1)
+    half = t * math.hypot(noise, term)
+    pred = pieces["iteration_ns"] - saving_ns
+    lo, hi = saving_ns - half, saving_ns + half
+    return {"interval_ns": [round(pred - half, 3), round(pred + half, 3)],
+            "saving_interval_ns": [round(lo, 3), round(hi, 3)], "within_noise": bool(lo <= 0 <= hi),
+            "interval_basis": (f"95 %: +-t(0.975, {n - 1}) = {t:g} x sqrt(noise {noise / 1e6:,.2f}^2 + modelled term "
+                               f"{term / 1e6:,.2f}^2) ms = +-{half / 1e6:,.1f} ms; noise: the baseline's "
+                               f"iteration-to-iteration sd x sqrt(2/{n}), term: the saving's sd over the {n} steady "
+                               "iterations x sqrt(2/n)")}
+
+
+def _per_it(pieces: dict, frame: pl.DataFrame, values) -> list[float]:
+    """Sum of ``values`` (an array aligned with ``frame``) in each steady iteration of ``pieces``."""
+    its = frame["iteration"].to_numpy() if frame.height else np.zeros(0)
+    v = np.asarray(values, dtype=float)
+    return [float(v[its == i].sum()) for i in pieces["iterations"]]
+
+
+def _pin_per_it(pieces: dict, copies: pl.DataFrame) -> list[float]:
+    """:func:`_pin_saving` of each steady iteration alone (ns in that iteration)."""
+    n = len(pieces["iterations"])
+    return [_pin_saving(pieces, copies.filter(pl.col("iteration") == i))[0] * n for i in pieces["iterations"]]
+
+
+def _scaled(per_source: list[float], saving_ns: float) -> list[float]:
+    """The saving spread over the steady iterations in proportion to the per-iteration values of
+    the phase or sub-phase it comes from (scenarios that work on means only)."""
+    m = float(np.mean(per_source)) if per_source else 0.0
+    return [saving_ns * v / m for v in per_source] if m else [saving_ns] * len(per_source)
+
+
+def _result(pieces, name, saving_ns, basis, confidence, applicable=True, why="", per_it=None, **extra) -> dict:
+    """One scenario's dict (:func:`predict`); ``per_it``: its saving in each steady iteration
+    (ns), for :func:`interval` (None: every iteration saves ``saving_ns``)."""
     base = pieces["iteration_ns"]
     if "phase_delta_ns" not in extra and name in SCENARIO_PHASE:
         extra["phase_delta_ns"] = {SCENARIO_PHASE[name]: -saving_ns}
+    if not saving_ns:
+        per_it = None
     return {"scenario": name, "applicable": applicable, "why_not": why, "baseline_ns": base,
             "predicted_ns": base - saving_ns, "saving_ns": saving_ns, "basis": basis, "confidence": confidence,
-            **extra}
+            **extra, **interval(pieces, saving_ns, per_it)}
 
 
 def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[dict]:
@@ -476,7 +586,10 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
 
     Returns one dict per scenario: ``scenario, applicable, why_not, baseline_ns, predicted_ns,
     saving_ns`` (per steady iteration; negative = slower), ``basis`` (how it was computed),
-    ``confidence`` (high|medium|low) and scenario-specific numbers (``phase_delta_ns``, ...).
+    ``confidence`` (high|medium|low) and scenario-specific numbers (``phase_delta_ns``, ...),
+    and the 95 % interval of :func:`interval`: ``interval_ns`` (of ``predicted_ns``),
+    ``saving_interval_ns``, ``within_noise``, ``interval_basis`` (``pageable_to_pinned`` also
+    ``copy_back_saving_interval_ns``, of ``copy_back_saving_ns``).
     """
     changes = changes or {}
     n = len(pieces["iterations"])
@@ -496,12 +609,16 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                        + "; ".join(bases) + "), times its exposed share" if bases else "no pageable copy",
                        "high" if measured else "medium", applicable=s > 0,
                        why="" if s > 0 else "no pageable copy in the steady iterations",
+                       per_it=_pin_per_it(pieces, copies) if s else None,
                        phase_delta_ns=_phase_delta(pieces, copies)))
     cb = copies.filter(pl.col("role") == "copy_back")
     cb_pinned_by_config, stage_why = copy_back_pinned_by_pin_memory(pieces, settings)
     s_cb, _, _ = _pin_saving(pieces, cb)
     # ZeRO-1/2: pin_memory pins the copy-back's source too, so no code change is needed for it
     out[-1]["copy_back_saving_ns"] = 0.0 if cb_pinned_by_config else s_cb
+    cbi = interval(pieces, out[-1]["copy_back_saving_ns"],
+                   None if cb_pinned_by_config or not s_cb else _pin_per_it(pieces, cb))
+    out[-1]["copy_back_saving_interval_ns"] = cbi["saving_interval_ns"]
 
     # 2. pin_memory false -> true: every pageable copy but (ZeRO-3) DeepSpeed's copy-back temporary
     pinnable = copies if cb_pinned_by_config else copies.filter(pl.col("role").is_null() | (pl.col("role") != "copy_back"))
@@ -515,6 +632,7 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                        "replaced by its bytes at the pinned bandwidth of its size (" + "; ".join(bases) + ")", "high" if measured else "medium",
                        applicable=ok and s > 0,
                        why="" if ok else ("pin_memory is already true" if pin is True else "no optimizer offload"),
+                       per_it=_pin_per_it(pieces, pinnable) if ok and s else None,
                        phase_delta_ns=_phase_delta(pieces, pinnable) if ok else {}))
 
     # 3. fp16 -> bf16: no overflow check (has_overflow) and loss-scale bookkeeping
@@ -525,7 +643,8 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                        f"the overflow check and loss-scale update (_overflow_check_and_loss_scale_update / "
                        f"has_overflow, {oc['wall_ns'] / 1e6:,.1f} ms per iteration, {oc['cpu_ns'] / 1e6:,.1f} ms of "
                        "it CPU-only) is not run in bf16; everything else unchanged (unscale_and_clip_grads still runs)",
-                       "high", applicable=ok and oc["wall_ns"] > 0, why="" if ok else "not an fp16 run"))
+                       "high", applicable=ok and oc["wall_ns"] > 0, why="" if ok else "not an fp16 run",
+                       per_it=pieces["role_walls_ns"]["overflow_check"] if ok else None))
 
     # 4. no optimizer offload
     bwd_host = copies.filter(pl.col("phase") == "backward")
@@ -534,8 +653,11 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     # in the API call (a pageable copy is staged by the driver) and its exposed GPU time
     bwd_cost = float(np.maximum(bwd_host["host_ns"].fill_null(0.0).to_numpy(),
                                 bwd_host["exposed_ns"].to_numpy()).sum()) / n if bwd_host.height else 0.0
-    upd_cpu = sum(roles[k]["wall_ns"] for k in ("cpu_adam", "copy_back", "overflow_check", "unscale", "grad_norm",
-                                                 "cpu_wait", "swap"))
+    upd_roles = ("cpu_adam", "copy_back", "overflow_check", "unscale", "grad_norm", "cpu_wait", "swap")
+    upd_cpu = sum(roles[k]["wall_ns"] for k in upd_roles)
+    bwd_cost_it = _per_it(pieces, bwd_host, np.maximum(bwd_host["host_ns"].fill_null(0.0).to_numpy(),
+                                                       bwd_host["exposed_ns"].to_numpy()) if bwd_host.height else [])
+    upd_cpu_it = [sum(pieces["role_walls_ns"][k][j] for k in upd_roles) for j in range(n)]
     dev_gbps, dev_basis = _device_bandwidth(pieces)
     impl, step_bytes, impl_basis = gpu_step_bytes(settings, changes)
     gpu_upd_ratio = (P * step_bytes / dev_gbps) if P and dev_gbps else None  # ratio: the overflow check stays on the CPU
@@ -562,6 +684,7 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
         why="" if ok else ("no optimizer offload" if offload in (None, "none") else
                            "the optimizer state does not fit the free GPU memory" if fits is False else
                            "parameter count or device bandwidth unknown"),
+        per_it=[b + u - gpu_upd for b, u in zip(bwd_cost_it, upd_cpu_it)] if ok else None,
         gpu_update_ns=gpu_upd, state_bytes=need, free_bytes=free, gpu_optimizer=impl, gpu_step_bytes=step_bytes,
         phase_delta_ns={"backward": -bwd_cost if ok else 0.0, "update": (gpu_upd - upd_cpu) if ok else 0.0}))
 
@@ -579,10 +702,12 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     gas = settings.get("gradient_accumulation_steps")
     zen_no_gas = zen not in (None, False, "") and not (type(gas) is int and gas > 1)
     ok = (pieces["micro_steps"] or 1) > 1 and s > 0 and fits is not False and not zen_no_gas
+    gog_it = [a + b for a, b in zip(_per_it(pieces, nb, nb["exposed_ns"].to_numpy()),
+                                    _per_it(pieces, b_h2d, b_h2d["exposed_ns"].to_numpy()))]
     out.append(_result(pieces, "grads_on_gpu", s if ok else 0.0,
                        "the exposed time of every host copy of the non-boundary backward micro-steps and of the "
                        "boundary's H2D (accumulated gradients fetched back); the boundary's D2H stays",
-                       "medium", applicable=ok,
+                       "medium", applicable=ok, per_it=gog_it if ok else None,
                        why="" if ok else (
                            f"ZenFlow: the {pieces['micro_steps']} backward passes per optimizer step are update_interval "
                            f"training steps (gradient_accumulation_steps {gas if gas is not None else 'unknown'}), each "
@@ -597,6 +722,7 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                        f"exposed backward copy time ({exposed / 1e6:,.1f} ms) hidden under backward kernels, at most "
                        f"the kernel time not already hiding copies ({room / 1e6:,.1f} ms); assumes the copies can "
                        "start as soon as each gradient is ready", "low", applicable=s > 0,
+                       per_it=_scaled(_per_it(pieces, bwd_host, bwd_host["exposed_ns"].to_numpy()), s),
                        why="" if s > 0 else "no exposed backward copy"))
 
     # 7. part of the sub-groups on the GPU (offload_optimizer.ratio)
@@ -621,6 +747,8 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
         why="" if (ok and gpu_groups) else ("no optimizer offload" if not ok else
                                              f"with {nsg} sub-group(s) ratio {ratio:g} moves none to the GPU; "
                                              "lower sub_group_size first"),
+        per_it=[f * (sum(pieces["role_walls_ns"][k][j] for k in ("cpu_adam", "copy_back", "unscale")) + b_fp32)
+                - f * (gpu_upd_ratio or 0.0) for j in range(n)] if ok else None,
         ratio=ratio, gpu_sub_groups=gpu_groups, sub_groups=nsg,
         phase_delta_ns={"backward": -f * b_fp32 if ok else 0.0,
                         "update": -(f * per_group_cpu - f * (gpu_upd_ratio or 0.0)) if ok else 0.0}))
@@ -671,6 +799,8 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                            "capture manifest or set it in --ds-config)" if not isinstance(clip, (int, float)) else
                            "gradient_clipping is already 0" if not clip else
                            "no wait for the CPU optimizer worker measured"),
+        per_it=[min(w, b / micro) for w, b in zip(pieces["role_walls_ns"]["cpu_wait"],
+                                                  pieces["phase_walls_ns"].get("backward", [0.0] * n))] if ok else None,
         wait_ns=wait, boundary_backward_ns=bwd_boundary, one_reduce_bucket=one_bucket,
         reduce_bucket_size=bucket if isinstance(bucket, (int, float)) else None,
         suggested_reduce_bucket_size=float(f"{P / 10:.0e}") if one_bucket else None))
@@ -781,12 +911,14 @@ def _sub_group(pieces, cb: pl.DataFrame, target: float, P, nsg: int, n: int) -> 
                        sub_group_size=target, sub_groups=new_n)
     new = per_it_bytes / g
     s = now - new
+    per_it = [d - b / g for d, b in zip(_per_it(pieces, h2d, h2d["duration_ns"].to_numpy()),
+                                        _per_it(pieces, h2d, h2d["bytes"].to_numpy()))]
     return _result(pieces, "sub_group_size", s,
                    f"{nsg} -> {new_n} sub-group(s) of ~{target / 1e6:,.0f} M parameters: the copy-back's "
                    f"{per_it_bytes / 1e6:,.0f} MB of {kind} H2D per iteration in {new_n} copies of "
                    f"{chunk / 1e6:,.1f} MB at {g:,.1f} GB/s ({why}) instead of {now / 1e6:,.1f} ms now; the CPU work "
                    "(conversion, Adam, unscale) keeps its total", "medium", applicable=True,
-                   sub_group_size=target, sub_groups=new_n)
+                   sub_group_size=target, sub_groups=new_n, per_it=per_it)
 
 
 def _device_bandwidth(pieces: dict) -> tuple[float | None, str]:
