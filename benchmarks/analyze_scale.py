@@ -186,6 +186,7 @@ t0 = time.perf_counter()
 from tracekit.cli import main
 from tracekit.analyze.trace import export
 from tracekit.analyze.model import phases
+from tracekit.analyze import sections
 from tracekit.analyze.sections import pcie_metrics, transfers
 from tracekit.analyze import result
 from tracekit.render import tables as render
@@ -193,6 +194,7 @@ timers["import (tracekit, polars, numpy)"] = time.perf_counter() - t0
 wrap(export.Export, "query", "SQLite reads in the main thread (Export.query)")
 wrap(phases, "build", "phase model (phases.build)")
 wrap(transfers, "analyze_transfers", "transfer sections (transfers.analyze_transfers)")
+wrap(sections, "run", "every section: breakdown, transfers, findings, advice (sections.run, the registry loop)")
 wrap(pcie_metrics, "reduce_pcie", "  of which reduce_pcie (GPU_METRICS streamed, incl. waiting for reads)")
 wrap(transfers.TransferResult, "rank_sections", "frames -> JSON rows (TransferResult.rank_sections)")
 wrap(render, "render", "terminal tables (render.render)")

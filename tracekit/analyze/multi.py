@@ -832,11 +832,3 @@ def write_json(obj, fh, indent: int = 1) -> None:
 
     fh.write(format_json(obj, indent))
 
-
-def cached_json(path: str | Path, options=None) -> str | None:
-    """The cached result of ``path`` with ``options`` as the JSON text ``--json`` prints, read
-    without parsing it; None when there is none (or the trace changed)."""
-    from tracekit.analysis import cached_result_text
-    from tracekit.options import Options
-
-    return cached_result_text(path, Options.of(options))

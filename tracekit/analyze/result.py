@@ -76,11 +76,12 @@ from pathlib import Path
 
 import polars as pl
 
-from tracekit.analyze.sections import breakdown
+from tracekit.analyze import sections
+from tracekit.analyze.sections import Context, breakdown
+from tracekit.analyze.sections.transfers import transfer_result
 from tracekit.analyze.model import phases
 from tracekit.analyze.significance import slowest
 from tracekit.analyze.trace.export import Export
-from tracekit.errors import TracekitError
 from tracekit.options import Options  # the one Options of every command, importable from here too
 from tracekit.vocab import PHASE_ORDER, json_number, os_pid, phase_rank
 
@@ -123,33 +124,25 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
     step = step or (lambda _m: None)
     step("finding phases and attributing GPU work")
     model = phases.build(export, phase_map=list(options.phase_map) if options.phase_map else None, gas=options.gas)
-    step("per-phase breakdown")
-    table = breakdown.phase_table(model)
-    tot = breakdown.totals(model)
-    sub = breakdown.sub_phase_table(model, options.phase) if options.phase else pl.DataFrame()
-    full_sub = sub
-    step("transfers, findings and advice")
-    from tracekit.analyze.sections import transfers
+    ctx = Context(export, model, tuple(options.sections or ()), options.pcie_threshold, options.bin_ns,
+                  phase=options.phase, iteration=options.iteration, ds_config=options.ds_config)
 
-    tr = transfers.analyze_transfers(export, model, tuple(options.sections or ()), options.pcie_threshold,
-                                     options.bin_ns)
-    if options.phase:
-        table = table.filter(pl.col("phase") == options.phase)
-    if options.iteration is not None:
-        found = sorted(table["iteration"].drop_nulls().unique().to_list())
-        if options.iteration not in found:
-            have = f"{found[0]}..{found[-1]}" if found else "none"
-            raise TracekitError(f"--iteration {options.iteration}: this trace has iterations {have}")
-        table = table.filter(pl.col("iteration") == options.iteration)
-        if sub.height:
-            sub = sub.filter(pl.col("iteration") == options.iteration)
+    def before(section) -> None:
+        if section.name == "breakdown":
+            step("per-phase breakdown")
+        elif len(ctx.ran) == 1:
+            step("transfers, findings and advice")
+
+    sections.run(ctx, before=before)  # every section of the registry, in dependency order
+    table, tot, sub, full_sub = (ctx.out[k] for k in ("phase_table", "totals", "sub_phases", "sub_phases_all"))
+    tr = transfer_result(ctx)
     ranks = []
     from tracekit.analyze.sections import cpu_update, idle
 
-    idle_rows = idle.phase_json(model, export)  # where each phase's GPU idle time goes (issue 22)
+    idle_rows = ctx.out["idle_rows"]  # where each phase's GPU idle time goes (issue 22)
     from tracekit.analyze.sections.multi_gpu import rank_index, to_json
 
-    cu = cpu_update.for_model(model, export.path)  # the CPU optimizer step, also in worker processes
+    cu = ctx.out["cpu_update"]
 
     ids = rank_index(tr.multi_gpu)  # ranks listed by distributed rank (issue 12)
     deferred = []
@@ -206,7 +199,8 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
         "summary": summarize(ranks),
         "transfer_notes": tr.notes,
         **to_json(tr.multi_gpu),
-        **_advice_and_findings(export, model, tr, options),
+        "findings": ctx.out["findings"],
+        **{k: v for k, v in ctx.out["advice"].items() if k != "_cpu_steps"},
         "incomplete_iterations": _incomplete(model),
         "cpu_update_notes": cu.notes,
     }
@@ -226,45 +220,6 @@ def _incomplete(model: phases.PhaseModel) -> list[dict]:
          "start_ns": r["start"], "end_ns": r["end"]}
         for r in model.unclosed.iter_rows(named=True)
     ]
-
-
-def _advice_and_findings(export: Export, model, tr, options: Options) -> dict:
-    """``findings`` (scoped to ``options.iteration``, the update's CPU steps named), and
-    ``config``, ``advice``, ``one_time_costs``, ``predictions`` of
-    :func:`tracekit.analyze.sections.advice.advise` (docs/advice.md); per rank, per steady iteration."""
-    from tracekit.analyze.sections import advice
-    from tracekit.analyze.trace import dsconfig
-    from tracekit.analyze.sections.findings import name_cpu_steps
-
-    loaded = options.ds_config if options.ds_config is not None else dsconfig.load(export.path)
-    adv = advice.advise(export, model, loaded)
-    steps = adv.pop("_cpu_steps")
-    findings = _scoped_findings(export, model, tr, options)
-    if options.iteration is None:  # the steps are means over steady iterations: same basis only
-        findings = name_cpu_steps(findings, steps)
-    from tracekit.analyze.sections import cpu_update
-    from tracekit.analyze.sections.findings import cpu_update_findings
-
-    findings = cpu_update_findings(findings, cpu_update.for_model(model, export.path), options.iteration)
-    from tracekit.analyze.sections.idle import idle_findings
-
-    findings = findings + idle_findings(model, export, options.iteration)  # issue 22: why the GPU is idle
-    from tracekit.analyze.sections.idle import microbatch_advice
-
-    extra, preds = microbatch_advice(model, export, adv)  # issue 22: the launch-bound what-if
-    if extra:
-        adv["advice"] = sorted(adv["advice"] + extra, key=lambda x: -x["saving_ms_per_iteration"])
-        adv["predictions"] = adv["predictions"] + preds
-    return {"findings": findings, **adv}
-
-
-def _scoped_findings(export: Export, model, tr, options: Options) -> list[dict]:
-    """The findings, narrowed to ``options.iteration`` when one is asked for."""
-    if options.iteration is None:
-        return tr.findings
-    from tracekit.analyze.sections.findings import iteration_findings
-
-    return iteration_findings(export, model, options.iteration, options.pcie_threshold)
 
 
 def summarize(ranks: list[dict]) -> dict:

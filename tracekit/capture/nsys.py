@@ -284,6 +284,3 @@ def missing_libraries(binary: str, environ: dict | None = None) -> list[str]:
         except (OSError, subprocess.TimeoutExpired):
             continue
     return parse_missing_libraries(text)
-
-
-IMPORTER_FAILURE = re.compile(r"Importer error status|QdstrmImporter|failed to import", re.I)

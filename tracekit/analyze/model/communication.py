@@ -67,21 +67,6 @@ def collective_kind(name: str | None) -> str | None:
     return "other"
 
 
-def classify_names(names: dict[int, str]) -> pl.DataFrame:
-    """Classify kernel names given as {StringIds id: name}.
-
-    Returns ``name_id`` (Int64), ``comm`` (bool), ``collective`` (String, null for compute).
-    """
-    ids = list(names)
-    return pl.DataFrame(
-        {
-            "name_id": pl.Series(ids, dtype=pl.Int64),
-            "comm": pl.Series([is_communication(names[i]) for i in ids], dtype=pl.Boolean),
-            "collective": pl.Series([collective_kind(names[i]) for i in ids], dtype=pl.String),
-        }
-    )
-
-
 def annotate(ops: pl.DataFrame, names: dict[int, str]) -> pl.DataFrame:
     """``ops`` (frame of :func:`tracekit.analyze.model.gpu_ops.load_gpu_ops`) with ``comm`` (bool:
     a communication kernel) and ``collective`` (its kind, null otherwise); copies and memsets

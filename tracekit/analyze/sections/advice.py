@@ -226,7 +226,7 @@ def advise(export, model, loaded: dict, changes: dict | None = None) -> dict:
     from tracekit.analyze.trace import dsconfig
     from tracekit.analyze.sections import whatif
 
-    ranks = whatif.measure(export, model)
+    ranks = model.derived(("whatif", "measure"), lambda: whatif.measure(export, model))  # the whatif section's
     inferred = dsconfig.infer_settings(whatif.trace_facts(ranks[0])) if ranks else {}
     rows = dsconfig.settings(loaded, inferred)
     # keys the config leaves unknown but the trace shows (e.g. pin_memory without a version)

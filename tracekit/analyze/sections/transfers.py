@@ -1,5 +1,7 @@
-"""Run the transfer analyses for ``tracekit analyze``: sections, JSON rows, findings
-(the ``--out`` files: :mod:`tracekit.render.files`).
+"""The transfer analyses of ``tracekit analyze`` as the views read them: the frames of the
+selected sections, notes and findings (:class:`TransferResult`, from a run of the registry
+:func:`tracekit.analyze.sections.run`), and their JSON rows (the ``--out`` files:
+:mod:`tracekit.render.files`).
 
 Sections (``--section``; ``--all`` selects every one):
 
@@ -15,9 +17,9 @@ opportunities   :mod:`tracekit.analyze.sections.opportunities`
 idle            :mod:`tracekit.analyze.sections.idle` (GPU idle by cause, launch statistics)
 ==============  ======================================================================
 
-The findings summary always needs overlap, contention, pageable, memory peaks and the
-opportunities at phase level; those are computed for every run (they are cheap). A section
-whose data the trace lacks is skipped with a note naming the nsys option.
+The findings summary always needs overlap, contention, pageable and the opportunities at phase
+level; those are computed for every run (they are cheap). A section whose data the trace lacks
+is skipped with a note naming the nsys option.
 
 Findings leave out the iterations that hold a window whose NVTX range never closed
 (:func:`tracekit.analyze.model.phases.steady_model`): their frames are computed again without them
@@ -30,18 +32,14 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from tracekit.analyze.sections import contention, copy_sizes, memory, opportunities, overlap, pageable, pcie_metrics, throughput
+from tracekit.analyze.sections import throughput
 from tracekit.analyze.trace.export import Export
-from tracekit.analyze.sections.findings import build_findings
-from tracekit.analyze.model.phases import PhaseModel, steady_model
-from tracekit.errors import MissingDataError
+from tracekit.analyze.model.phases import PhaseModel
 from tracekit.vocab import INTEGRAL_SUFFIXES, json_number
 
 # the registry (tracekit.analyze.sections) imports no polars, so that the CLI can parse --section
 # and answer from the result cache without importing the analysis stack
-from tracekit.analyze.sections import FILE_ONLY, REGISTRY, SECTION_FRAMES  # noqa: E402
-
-PER_WINDOW = ("iteration", "phase", "micro_step")
+from tracekit.analyze.sections import FILE_ONLY, REGISTRY, SECTION_FRAMES, PER_WINDOW, Context, order, run  # noqa: E402,F401
 
 
 @dataclass
@@ -251,7 +249,10 @@ def analyze_transfers(
     bin_ns: int = 1_000_000,
     keep_samples: bool = False,
 ) -> TransferResult:
-    """Compute the selected ``sections`` plus what the findings need; see module doc.
+    """Compute the selected ``sections``, the multi-GPU frames and the findings of their rules
+    (the registry's loop, :func:`tracekit.analyze.sections.run`; no advice or CPU update, so
+    their findings are those of a whole analysis, :func:`tracekit.analyze.result.compute`); see
+    module doc.
 
     ``keep_samples``: also keep ``pcie_series`` (one row per PCIe sample, for ``--out``); without
     it the samples are streamed and only their per-window reduction is held
@@ -265,103 +266,35 @@ def analyze_transfers(
     pcie_saturation, pcie_series, round_trips, round_trip_summary, update_opportunity, idle,
     idle_by_api, idle_sub_phase, launch_stats.
     """
-    frames: dict[str, pl.DataFrame] = {}
-    notes: list[str] = []
-    sel = set(sections)
-    levels = {"overlap_phase": ("phase",)}
-    if "overlap" in sel:
-        levels.update(overlap=PER_WINDOW, overlap_sub_phase=("iteration", "phase", "sub_phase"), overlap_total=())
-    frames.update(overlap.overlap_levels(model, levels))  # the unions once, summed upward
-    windows = contention.contention_windows(model)
-    frames["contention_phase"] = contention.contention_summary(model, by=("phase",), windows=windows)
-    if "contention" in sel:
-        frames["contention"] = contention.contention_summary(model, by=PER_WINDOW, windows=windows)
-        frames["contention_sub_phase"] = contention.contention_summary(model, by=("iteration", "phase", "sub_phase"),
-                                                                       windows=windows)
-        frames["contention_windows"] = windows
-        frames["uncontended_bandwidth"] = contention.uncontended_bandwidth(model)
-    copies = pageable.pageable_copies(model, export)
-    frames["pageable_phase"] = pageable.pageable_summary(model, by=("phase", "sub_phase"), copies=copies)
-    if "pageable" in sel:
-        frames["pageable"] = pageable.pageable_summary(model, by=PER_WINDOW, copies=copies)
-        frames["pageable_copies"] = copies
-        frames["pinned_bandwidth"] = pageable.pinned_bandwidth(model, by_size=True)
-    if "sizes" in sel:
-        frames["copy_sizes"] = copy_sizes.copy_sizes(model, by=("phase",))
-    if "memory" in sel:  # (the opportunities read the peaks they need themselves)
-        try:
-            frames["memory_peaks"] = memory.memory_peaks(export, model, by=PER_WINDOW)
-            frames["memory_phase"] = memory.memory_peaks(export, model, by=("phase",))
-            frames["memory_timeline"] = memory.memory_timeline(export, model)
-        except MissingDataError as exc:
-            notes.append(f"memory: skipped, {exc}")
-    trips = opportunities.gradient_round_trips(model)
-    frames["round_trips"] = trips
-    frames["round_trip_summary"] = opportunities.gradient_round_trip_summary(export, model, trips)
-    frames["update_opportunity"] = opportunities.update_opportunity(export, model)
-    if not export.has(memory.TABLE, 1) and "memory" not in sel:
-        mem = REGISTRY["memory"]
-        notes.append(f"GPU memory headroom unknown: {mem.tables[0]} is missing; record it with "
-                     f"`nsys profile {mem.nsys_option}`")
-    timeline = throughput.Timeline(model, bin_ns=bin_ns) if "timeline" in sel else None  # rows built on demand
-    if "pcie" in sel:
-        try:
-            red = pcie_metrics.reduce_pcie(export, model, pcie_threshold, keep_samples=keep_samples)
-            if red.samples == 0:
-                notes.append("pcie: the PCIe samples of GPU_METRICS could not be matched to the devices with work "
-                             "(TARGET_INFO_GPU lists a different number of GPUs than were sampled)")
-            if red.set_aside:
-                notes.append(pcie_metrics.set_aside_note(red.set_aside))
-            if red.series is not None:
-                frames["pcie_series"] = red.series
-            frames["pcie"] = pcie_metrics.pcie_phase_stats(export, model, by=PER_WINDOW, reduction=red)
-            frames["pcie_phase"] = pcie_metrics.pcie_phase_stats(export, model, by=("phase",), reduction=red)
-            frames["pcie_saturation"] = pcie_metrics.pcie_saturation(export, model, pcie_threshold, reduction=red)
-            model.cache["pcie_reduction"] = red
-        except MissingDataError as exc:
-            notes.append(f"pcie: skipped, {exc}")
-    if "idle" in sel:
-        from tracekit.analyze.sections import idle
+    ctx = Context(export, model, tuple(sections), pcie_threshold, bin_ns, keep_samples)
+    return transfer_result(run(ctx, (*REGISTRY, "findings")))
 
-        frames["idle"], frames["idle_by_api"] = idle.idle_windows(model, export)
-        frames["idle_sub_phase"] = idle.idle_sub_phases(model, export)
-        frames["launch_stats"] = idle.launch_stats(model, export, idle=frames["idle"])
-        if not export.has(idle.TABLE, 1):
-            notes.append(f"idle: {REGISTRY['idle'].missing_note(idle.TABLE).split(', ', 1)[1]}: in_api_ns is 0 "
-                         "and every idle ns without a collective counts as between_api_ns")
-    steady = steady_model(model)
-    ff = frames if steady is model else _findings_frames(export, model, steady, frames, pcie_threshold)
-    iters: dict[tuple[int, int], dict[str, int]] = {}
-    win = steady.windows.filter(pl.col("iteration").is_not_null())
-    ranks = model.ops.select("global_pid", "device").unique().drop_nulls()
-    for (gpid, dev) in ranks.iter_rows():
-        w = win.filter(pl.col("global_pid") == gpid)
-        iters[(gpid, dev)] = {p: int(g["iteration"].n_unique()) for (p,), g in w.group_by(["phase"])}
-    from tracekit.analyze.sections.multi_gpu import analyze_multi_gpu
 
-    mg = analyze_multi_gpu(export, model)
-    findings = build_findings({**ff, **mg}, iters, pcie_threshold)
-    kept = {k: v for k, v in frames.items() if any(k in SECTION_FRAMES[s] for s in sections)}
-    return TransferResult(stored=kept, sections=tuple(sections), notes=notes, findings=findings, multi_gpu=mg,
-                          kept_samples=keep_samples, timeline=timeline)
+def transfer_result(ctx: Context) -> TransferResult:
+    """The :class:`TransferResult` of a run of the registry (:func:`tracekit.analyze.sections.run`):
+    the frames of the selected sections, the notes, the findings (``transfer_findings``, when
+    the findings ran) and the multi-GPU frames."""
+    frames = {k: ctx.out[k] for s in ctx.ran if REGISTRY.get(s) is not None for k in ctx.produced[s]}
+    timeline = frames.pop("timeline", None)  # rows built on demand
+    kept = {k: v for k, v in frames.items() if any(k in SECTION_FRAMES[s] for s in ctx.sections)}
+    return TransferResult(stored=kept, sections=tuple(ctx.sections), notes=ctx.notes,
+                          findings=ctx.out.get("transfer_findings", []),
+                          multi_gpu={k: ctx.out[k] for k in ctx.produced["multi_gpu"]},
+                          kept_samples=ctx.keep_samples, timeline=timeline)
+
+
+def findings_frames(ctx: Context) -> dict[str, pl.DataFrame]:
+    """The frames :func:`build_findings` reads, computed again on ``ctx.steady_model()`` (the
+    model without its unclosed iterations, :func:`tracekit.analyze.model.phases.steady_model`):
+    each section's ``findings_frames``, in registry order."""
+    ff: dict[str, pl.DataFrame] = {}
+    for s in order():
+        if s.findings_frames is not None:
+            ff.update(s.findings_frames(ctx))
+    return ff
 
 
 def _findings_frames(export: Export, model: PhaseModel, steady: PhaseModel, frames: dict[str, pl.DataFrame],
                      pcie_threshold: float) -> dict[str, pl.DataFrame]:
-    """The frames :func:`build_findings` reads, computed again on ``steady`` (the model without
-    its unclosed iterations, :func:`tracekit.analyze.model.phases.steady_model`)."""
-    ff: dict[str, pl.DataFrame] = {}
-    ff["overlap_phase"] = overlap.overlap(steady, by=("phase",))
-    ff["contention_phase"] = contention.contention_summary(steady, by=("phase",),
-                                                           windows=contention.contention_windows(steady))
-    pcopies = pageable.pageable_copies(steady, export)
-    ff["pageable_phase"] = pageable.pageable_summary(steady, by=("phase", "sub_phase"), copies=pcopies)
-    ff["pageable_reference"] = pageable.pinned_reference(steady, pcopies, by=("phase", "sub_phase"))
-    trips = opportunities.gradient_round_trips(steady)
-    ff["round_trip_summary"] = opportunities.gradient_round_trip_summary(export, steady, trips)
-    ff["update_opportunity"] = opportunities.update_opportunity(export, steady)
-    red = model.cache.get("pcie_reduction")  # the samples as attributed to the whole model
-    if red is not None and "pcie_phase" in frames:
-        ff["pcie_phase"] = pcie_metrics.pcie_phase_stats(export, steady, by=("phase",), reduction=red)
-        ff["pcie_saturation"] = pcie_metrics.pcie_saturation(export, steady, pcie_threshold, reduction=red)
-    return ff
+    """:func:`findings_frames` of ``steady``, ``frames`` the frames computed on ``model``."""
+    return findings_frames(Context(export, model, pcie_threshold=pcie_threshold, out=dict(frames), steady=steady))

@@ -77,8 +77,6 @@ GPU_STEP_OTHER_BYTES_PER_PARAM = 42
 #: Measured on ``advice_pair_nooffload`` (551 M parameters, fp16): the Abs, two CompareEq and the
 #: or-reduce kernels take 1.88 ms per step, 12 B x 551 M at its 3,730 GB/s of D2D bandwidth 1.77.
 GPU_FP16_OVERFLOW_BYTES_PER_PARAM = 12
-#: Bytes per parameter of a whole GPU optimizer step with DeepSpeed's default FusedAdam.
-GPU_UPDATE_BYTES_PER_PARAM = ADAM_BYTES_PER_PARAM["fused"] + GPU_STEP_OTHER_BYTES_PER_PARAM
 #: Optimizer state per parameter for mixed-precision Adam (fp32 weight, momentum, variance,
 #: gradient).
 STATE_BYTES_PER_PARAM = 16
