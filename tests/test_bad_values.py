@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ZERO3_CUT, assert_one_line_error
+from test_robustness import synthetic_copy
 
 from tracekit.cli import main
 
@@ -39,17 +40,6 @@ def strict_json(text: str):
         raise ValueError(f"non-standard JSON constant {const}")
 
     return json.loads(text, parse_constant=refuse)
-
-
-def synthetic_copy(tmp_path: Path, name: str, *sql: str) -> Path:
-    dst = tmp_path / f"synthetic_{name}.sqlite"
-    shutil.copyfile(ZERO3_CUT, dst)
-    con = sqlite3.connect(dst)
-    for s in sql:
-        con.executescript(s)
-    con.commit()
-    con.close()
-    return dst
 
 
 def sql_one(path: Path, query: str):

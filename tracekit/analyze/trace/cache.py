@@ -252,6 +252,14 @@ def temporary_name(path: str) -> str:
     return os.path.join(os.path.dirname(path), f".tmp-tk-{os.getpid()}-{secrets.token_hex(8)}-{_HOST}")
 
 
+def _discard(tmp: str, dir_fd: int | None) -> None:
+    """Remove the temporary ``tmp`` of a failed write; one already gone is fine."""
+    try:
+        os.unlink(tmp, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
 def write_temporary(path: str, data, *, dir_fd: int | None = None, mode: int = 0o600,
                     fsync: bool = True) -> str:
     """Write ``data`` to a new temporary beside ``path`` (relative to ``dir_fd`` when given) and
@@ -276,18 +284,12 @@ def write_temporary(path: str, data, *, dir_fd: int | None = None, mode: int = 0
             os.fsync(fd)
     except BaseException:
         os.close(fd)
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
+        _discard(tmp, dir_fd)
         raise
     try:
         os.close(fd)  # (a network file system may report a full disk only here)
     except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
+        _discard(tmp, dir_fd)
         raise
     return tmp
 
@@ -304,10 +306,7 @@ def write_replacing(path: str, data, *, dir_fd: int | None = None, mode: int = 0
     try:
         os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except OSError:
-            pass
+        _discard(tmp, dir_fd)
         raise
 
 
