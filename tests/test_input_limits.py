@@ -225,12 +225,50 @@ def test_tight_limit_one_line(limit):
     "background thread creation failed" before): one ``tracekit:`` line naming the limit, exit 2."""
     import subprocess
 
-    p = subprocess.run(["prlimit", f"--as={limit}", sys.executable, "-m", "tracekit.cli", "analyze", str(ZERO3_CUT),
-                        "--no-cache"], capture_output=True, text=True, timeout=120)
+    p = _run_or_describe(["prlimit", f"--as={limit}", sys.executable, "-m", "tracekit.cli", "analyze",
+                          str(ZERO3_CUT), "--no-cache"], timeout=120)
     lines = _err_lines(p.stderr)
     assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr[-3000:])
     assert lines[0].startswith("tracekit: error: out of memory under the " + LIMIT_NAME + f" of {limit / 1e6:.0f} MB")
     assert p.stdout == ""
+
+
+def _tree_state(pid: int) -> list[str]:
+    """``pid`` and its descendants: state, threads and kernel wait channel of each (/proc)."""
+    rows, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            wchan = Path(f"/proc/{p}/wchan").read_text()
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:120].decode(errors="replace")
+        except OSError:
+            continue
+        rows.append(f"{p} state={stat[0]} threads={stat[17]} wchan={wchan} {cmd}")
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == p:
+                        todo.append(int(d.name))
+                except OSError:
+                    pass
+    return rows
+
+
+def _run_or_describe(cmd: list[str], timeout: float):
+    """``subprocess.run(cmd)`` with output captured; past ``timeout`` the process tree's state
+    and the stderr so far go into the failure (a CI run once timed out here, unreproduced)."""
+    import subprocess
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        state = _tree_state(proc.pid)
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"no exit after {timeout} s; processes: {state}; stderr (last 3000): {err[-3000:]!r}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _stand_in(tmp_path, monkeypatch, script: str, limit=2e8):
@@ -510,3 +548,27 @@ def test_swapped_in_folder_receives_no_entries(tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == ["mine.txt"]
     assert tc.get_frame("k1") is None and not tc.enabled
     assert tc.writes == 1
+
+
+def test_no_child_runs_in_process_with_the_library_settings(monkeypatch):
+    """A child that cannot be started (no memory to exec it): the command runs in this process,
+    with the settings the child would have had (without them jemalloc retries its background
+    thread for ever under a tight limit)."""
+    import subprocess
+
+    from tracekit import memlimit
+
+    def refuse(*a, **k):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(memlimit, "current_limit", lambda: (LIMIT_NAME, 200_000_000))
+    for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "_RJEM_MALLOC_CONF", memlimit.CHILD_ENV):
+        monkeypatch.delenv(k, raising=False)
+    assert memlimit.run_guarded(["analyze", "x.sqlite"]) is None
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
+    assert os.environ["_RJEM_MALLOC_CONF"] == "background_thread:false"
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the user's own setting is kept
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    assert memlimit.run_guarded(["analyze", "x.sqlite"]) is None
+    assert "OPENBLAS_NUM_THREADS" not in os.environ

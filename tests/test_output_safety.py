@@ -193,19 +193,62 @@ def test_trim_over_an_existing_output_keeps_it_on_a_full_disk(trace, tmp_path):
 
 
 # ---------------------------------------------------------------------- report -o
+_PAUSE = """
+import os, time
+_mark = os.environ.get("TK_TEST_PAUSE_MARK")
+if _mark and (not os.environ.get("TK_TEST_PAUSE_CHILD_ONLY") or os.environ.get("TRACEKIT_MEMLIMIT_CHILD")):
+    import tracekit.output as _output
+
+    def _pausing(write):
+        def wrapped(self, *args, **kwargs):
+            path = write(self, *args, **kwargs)
+            if not os.path.exists(_mark):  # the first file's temporary is written: wait for a signal
+                open(_mark, "w").close()
+                time.sleep(120)
+            return path
+        return wrapped
+
+    _output.OutputSet.add = _pausing(_output.OutputSet.add)
+    _output.OutputSet.add_by_path = _pausing(_output.OutputSet.add_by_path)
+"""
+
+
+def _paused_env(tmp_path: Path, child_only: bool = False) -> tuple[dict, Path]:
+    """An environment whose tracekit pauses (120 s) once the first file of an output set is
+    written, and the file that says it has: a ``sitecustomize`` on ``PYTHONPATH``, so that the
+    signal lands mid-write whatever the machine's load (a poll for the temporary raced the
+    rest of the report on a busy CI machine, which then finished, exit 0). ``child_only``:
+    only in the memory guard's child."""
+    site = tmp_path / "pause_site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_PAUSE)
+    mark = tmp_path / "paused"
+    extra = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+             "TK_TEST_PAUSE_MARK": str(mark)}
+    if child_only:
+        extra["TK_TEST_PAUSE_CHILD_ONLY"] = "1"
+    return _env(**extra), mark
+
+
+def _wait_for(mark: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert mark.exists() and proc.poll() is None, "the command never paused after its first file"
+
+
 def test_report_stopped_mid_write_leaves_the_old_report_whole(trace, tmp_path):
     rep = tmp_path / "rep"
     p = _cli("report", trace, "-o", rep, "--iteration", "1")
     assert p.returncode == 0, p.stderr
     before = _snapshot(rep)
+    env, mark = _paused_env(tmp_path)
     child = subprocess.Popen([sys.executable, "-m", "tracekit.cli", "report", str(trace), "-o", str(rep),
-                              "--iteration", "2", "--no-cache"], env=_env(), stdout=subprocess.DEVNULL,
+                              "--iteration", "2", "--no-cache"], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not _temporaries(rep) and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert child.poll() is None, "the report finished before one of its files was written"
-    child.send_signal(signal.SIGTERM)  # once the first iteration-2 file is written
+    _wait_for(mark, child)
+    assert _temporaries(rep)  # the first iteration-2 file is written, not yet in place
+    child.send_signal(signal.SIGTERM)
     _, err = child.communicate(timeout=60)
     assert child.returncode == 143 and err.strip().splitlines()[-1] == "tracekit: terminated", err
     assert _snapshot(rep) == before  # the iteration-1 report, every file of it (SVGs included)
@@ -337,19 +380,13 @@ def test_sigterm_under_the_memory_guard_ends_the_child(trace, tmp_path):
     def limit() -> None:  # a limit: the command runs in a guarded child (tracekit.memlimit)
         resource.setrlimit(resource.RLIMIT_AS, (8_000_000_000, resource.RLIM_INFINITY))
 
+    env, mark = _paused_env(tmp_path, child_only=True)
     parent = subprocess.Popen([sys.executable, "-m", "tracekit.cli", "report", str(trace), "-o", str(rep),
-                               "--no-cache"], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               "--no-cache"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True, preexec_fn=limit)
-    deadline = time.monotonic() + 30
-    kids: set[int] = set()
-    while not kids and time.monotonic() < deadline:
-        kids = _children(parent.pid)
-        time.sleep(0.05)
-    assert kids
-    # signalled once the report has begun (its folder made, ~1 s of the ~5 s run), not after a
-    # fixed sleep: on a quiet machine a fixed second let the report finish first (exit 0)
-    while not rep.exists() and parent.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _wait_for(mark, parent)  # the child has begun the report: its folder made, one file written
+    kids = _children(parent.pid)
+    assert kids and rep.exists()
     parent.send_signal(signal.SIGTERM)
     _, err = parent.communicate(timeout=60)
     assert parent.returncode == 143, err

@@ -219,14 +219,11 @@ def run_guarded(argv: list[str] | None = None) -> int | None:
     limit = current_limit()
     if limit is None:
         return None
-    env = {**os.environ, CHILD_ENV: "1"}
-    if not any(k in os.environ for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")):
-        env["OPENBLAS_NUM_THREADS"] = "1"  # one thread's buffers at numpy's import, not one per core
-    if _JEMALLOC_CONF not in os.environ:  # polars' allocator: no background thread (see module doc)
-        env[_JEMALLOC_CONF] = "background_thread:false"
+    env = {**os.environ, CHILD_ENV: "1", **_library_env()}
     try:
         child = subprocess.Popen([sys.executable, "-m", "tracekit.cli", *argv], env=env, stderr=subprocess.PIPE)
-    except OSError:  # cannot even start a child (no memory for it): run in this process
+    except OSError:  # cannot even start a child (no memory for it): run in this process, which has
+        os.environ.update(_library_env())  # not loaded numpy or polars yet: the same settings hold
         return None
     saw_alloc = ""
     got: list[int] = []
@@ -258,6 +255,18 @@ def run_guarded(argv: list[str] | None = None) -> int | None:
             return 2
         return 128 - rc
     return rc
+
+
+def _library_env() -> dict[str, str]:
+    """The settings the libraries need under a tight limit, for those not set by the user:
+    ``OPENBLAS_NUM_THREADS=1`` (one thread's buffers at numpy's import, not one per core) and
+    no background thread for polars' jemalloc (see the module doc)."""
+    env = {}
+    if not any(k in os.environ for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")):
+        env["OPENBLAS_NUM_THREADS"] = "1"
+    if _JEMALLOC_CONF not in os.environ:
+        env[_JEMALLOC_CONF] = "background_thread:false"
+    return env
 
 
 def _send(child, sig: int) -> None:
