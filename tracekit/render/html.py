@@ -34,7 +34,7 @@ from tracekit.render import data as D
 from tracekit.render import style as S
 from tracekit.render.data import ReportData
 from tracekit.textsafe import clean, csv_frame
-from tracekit.vocab import UNITS_LINE, os_pid, short_name
+from tracekit.vocab import UNITS_LINE, column_label, fmt_column, fmt_plain, knob_label, os_pid, short_name
 
 #: Kernels closer than this are drawn as one busy interval in the interactive timeline.
 KERNEL_MERGE_NS = 20_000
@@ -102,28 +102,21 @@ def _csv_link(frame: pl.DataFrame, name: str) -> str:
             f'data-rows="{frame.height}">download the data (CSV, {frame.height:,} rows)</a>')
 
 
-def _num(v: float) -> str:
-    """A table number: 1 decimal from 10 up, 2 from 1 up, 3 significant digits below."""
-    a = abs(v)
-    if a >= 10:
-        return f"{v:,.1f}"
-    if a >= 1:
-        return f"{v:.2f}"
-    return "0" if a == 0 else f"{v:.3g}"
-
-
 def _table(frame: pl.DataFrame, fmt: dict | None = None, cls: str = "", tid: str = "") -> str:
-    """An HTML table of ``frame`` (every cell escaped); ``fmt``: column -> callable."""
+    """An HTML table of ``frame`` (every cell escaped). Columns are keys of
+    :data:`tracekit.vocab.COLUMNS` in their own units (ns, bytes, shares 0..1, GB/s): headers
+    are their labels with units (:func:`~tracekit.vocab.column_label`: ``H2D GB/s``), cells the
+    values in those units (:func:`~tracekit.vocab.fmt_column`: fixed notation, ``true`` /
+    ``false``); ``fmt``: column -> callable for a column of its own."""
     fmt = fmt or {}
-    head = "".join(f'<th class="{"l" if frame.schema[c] == pl.String else ""}">{_e(c)}</th>' for c in frame.columns)
+    head = "".join(f'<th class="{"l" if frame.schema[c] == pl.String else ""}" data-key="{_e(c)}">'
+                   f"{_e(column_label(c))}</th>" for c in frame.columns)
     rows = []
     for r in frame.iter_rows(named=True):
         cells = []
         for c in frame.columns:
             v = r[c]
-            text = fmt[c](v) if c in fmt and v is not None else v
-            if isinstance(text, float):
-                text = _num(text)
+            text = fmt[c](v) if c in fmt and v is not None else fmt_column(c, v)
             cells.append(f'<td class="{"l" if frame.schema[c] == pl.String else ""}">{_e(text)}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<table class="{cls}" id="{tid}"><thead><tr>{head}</tr></thead><tbody>' + "".join(rows)
@@ -278,7 +271,7 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
 
     from tracekit.render import figures as F
     from tracekit.render import summary
-    from tracekit.render.config import trace_config
+    from tracekit.render.config import config_text, trace_config
 
     cfg = trace_config(data)
     steady = data.steady_iterations(rk)
@@ -286,6 +279,19 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     exp = data.export
     P: list[str] = []
     P.append(f"<h1>tracekit report: {_e(data.path.name)}</h1>")
+    from tracekit.render.report import ADVICE_HEADERS, advice_rows, headline
+
+    P.append(f'<p class="lead" id="headline"><b>{_e(headline(data, rk, advice))}</b></p>')
+    lead = advice_rows(advice, rk)
+    if lead:
+        P.append('<p class="muted">What to change, largest saving first (per iteration = mean over steady '
+                 'iterations, warm-up apart; details under <a href="#advice">advice</a>):</p>')
+        P.append('<table id="advice-summary"><thead><tr>'
+                 + "".join(f'<th class="{"l" if k in ("knob", "change", "confidence") else ""}">{_e(h)}</th>'
+                           for k, h in ADVICE_HEADERS.items()) + "</tr></thead><tbody>"
+                 + "".join("<tr>" + "".join(f'<td class="{"l" if k in ("knob", "change", "confidence") else ""}">'
+                                            f"{_e(r[k])}</td>" for k in ADVICE_HEADERS) + "</tr>" for r in lead)
+                 + "</tbody></table>")
     P.append(f'<p class="muted">{_e(cfg.label())}</p>')
     P.append('<nav><a href="#config">configuration</a><a href="#advice">advice and findings</a>'
              '<a href="#key">key numbers</a><a href="#timeline">interactive timeline</a>'
@@ -304,7 +310,7 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     ]
     if advice and advice.get("config", {}).get("settings"):
         for s in advice["config"]["settings"][:40]:
-            rows.append((f"setting {s.get('key')}", f"{s.get('value')} ({s.get('source')})"))
+            rows.append((f"setting {s.get('key')}", f"{config_text(s.get('value'))} ({s.get('source')})"))
     P.append('<table class="cfg" id="config-table"><tbody>'
              + "".join(f"<tr><th class='l'>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</tbody></table>")
     # advice first, then findings
@@ -314,10 +320,10 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     if items:
         P.append("<h3>What to change (saving per steady iteration, largest first)</h3><ol class='advice' id='advice-list'>")
         for a in items:
-            P.append(f"<li><b>{_e(a.get('knob'))}</b>: {_e(a.get('change'))} — saves "
-                     f"{_e(round(a.get('saving_ms_per_iteration') or 0, 1))} ms per iteration "
-                     f"({_e(round(a.get('saving_pct') or 0, 1))}%, {_e(a.get('baseline_iteration_ms'))} → "
-                     f"{_e(a.get('predicted_iteration_ms'))} ms) <span class='conf'>{_e(a.get('confidence'))}"
+            P.append(f"<li><b>{_e(knob_label(a.get('knob')))}</b>: {_e(a.get('change'))} — saves "
+                     f"{_e(fmt_plain(a.get('saving_ms_per_iteration') or 0.0))} ms per iteration "
+                     f"({_e(fmt_plain(a.get('saving_pct') or 0.0))}%, {_e(fmt_plain(a.get('baseline_iteration_ms')))} → "
+                     f"{_e(fmt_plain(a.get('predicted_iteration_ms')))} ms) <span class='conf'>{_e(a.get('confidence'))}"
                      f"</span><br><span class='muted'>{_e(a.get('problem'))} — {_e(a.get('basis'))}</span></li>")
         P.append("</ol>")
         once = [o for o in (advice or {}).get("one_time_costs", []) if o.get("pid") in (None, rk["pid"])]
@@ -338,12 +344,13 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     P.append(f'<h2 id="key">Key numbers (mean per iteration over {_e(F.iterations_note(steady))})</h2>')
     total = float(means["wall_ns"].sum()) if means.height else 0.0
     km = means.select(
-        "phase", wall_ms=pl.col("wall_ns") / 1e6,
-        share_pct=(100 * pl.col("wall_ns") / total) if total else pl.lit(None, pl.Float64),
-        gpu_idle_pct=pl.when(pl.col("wall_ns") > 0).then(100 * pl.col("gpu_idle_ns") / pl.col("wall_ns")),
-        h2d_MB=pl.col("h2d_bytes") / 1e6, h2d_GBps="h2d_gbps", d2h_MB=pl.col("d2h_bytes") / 1e6, d2h_GBps="d2h_gbps",
-        copy_hidden_pct=100 * pl.col("overlap_ratio"), pageable_copies="pageable_count",
-        pageable_MB=pl.col("pageable_bytes") / 1e6, memory_peak_GB=pl.col("peak_bytes") / 1e9,
+        "phase", "wall_ns",
+        share=(pl.col("wall_ns") / total) if total else pl.lit(None, pl.Float64),
+        gpu_idle_share=pl.when(pl.col("wall_ns") > 0).then(pl.col("gpu_idle_ns") / pl.col("wall_ns")),
+        h2d_bytes=pl.col("h2d_bytes").cast(pl.Float64), h2d_gbps="h2d_gbps",
+        d2h_bytes=pl.col("d2h_bytes").cast(pl.Float64), d2h_gbps="d2h_gbps", overlap_ratio="overlap_ratio",
+        pageable_count="pageable_count", pageable_bytes=pl.col("pageable_bytes").cast(pl.Float64),
+        peak_bytes=pl.col("peak_bytes").cast(pl.Float64),
     )
     P.append(_table(km, tid="key-numbers"))
     P.append('<p class="muted">GPU idle: share of the phase with no kernel, copy or memset running. Copy hidden: '
@@ -373,9 +380,8 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     per = metrics.with_columns(
         note=pl.when(pl.col("iteration").is_in(list(warm))).then(pl.lit("warm-up"))
         .when(~pl.col("complete")).then(pl.lit("incomplete")).otherwise(pl.lit("")),
-    ).select("iteration", "phase", "note", wall_ms=pl.col("wall_ns") / 1e6, gpu_idle_ms=pl.col("gpu_idle_ns") / 1e6,
-             h2d_MB=pl.col("h2d_bytes") / 1e6, h2d_GBps="h2d_gbps", d2h_MB=pl.col("d2h_bytes") / 1e6,
-             d2h_GBps="d2h_gbps", pageable_copies="pageable_count", memory_peak_GB=pl.col("peak_bytes") / 1e9)
+    ).select("iteration", "phase", "note", "wall_ns", "gpu_idle_ns", "h2d_bytes", "h2d_gbps", "d2h_bytes",
+             "d2h_gbps", "pageable_count", "peak_bytes")
     P.append('<div class="scroll">' + _table(per, tid="per-iteration") + "</div>")
     P.append(_csv_link(metrics, "key_numbers"))
     sp = frames.get("4_update_sub_phases")
@@ -383,9 +389,8 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
         names = _sub_names(sp["sub_phase"].to_list())
         spt = sp.select(
             sub_phase=pl.col("sub_phase").replace_strict(names, default=pl.col("sub_phase")),
-            wall_ms=pl.col("wall_ns") / 1e6, gpu_busy_ms=pl.col("gpu_busy_ns") / 1e6,
-            cpu_only_ms=pl.col("cpu_only_ns") / 1e6, h2d_MB=pl.col("h2d_bytes") / 1e6, h2d_GBps="h2d_gbps",
-            d2h_MB=pl.col("d2h_bytes") / 1e6, d2h_GBps="d2h_gbps")
+            wall_ns="wall_ns", gpu_busy_ns="gpu_busy_ns", cpu_only_ns="cpu_only_ns", h2d_bytes="h2d_bytes",
+            h2d_gbps="h2d_gbps", d2h_bytes="d2h_bytes", d2h_gbps="d2h_gbps")
         P.append(f"<h3>Update sub-phases (mean per iteration over {_e(F.iterations_note(steady))})</h3>")
         P.append(_table(spt, tid="sub-phases"))
     if notes:
