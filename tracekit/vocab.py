@@ -203,22 +203,24 @@ def json_number(key: str, v):
 #: Divisor of :data:`COLUMNS` for a share 0..1 shown as a percentage (``71%``).
 PERCENT = 0.01
 
-#: Column key -> (label with its unit, divisor from the key's unit to the label's): the one
-#: mapping the report tables (``report.md``, ``report.html``) and ``compare`` name columns and
+#: Column key -> (name, unit, divisor from the key's unit to the shown one): the one mapping the
+#: report tables (``report.md``, ``report.html``) label columns by and ``compare`` names its
 #: metrics by. Keys are the frame columns and JSON keys (ns, bytes, shares 0..1, GB/s, counts);
-#: a key not here is shown by :func:`column_label` with ``_`` as spaces.
-COLUMNS: dict[str, tuple[str, float]] = {
-    "iteration": ("iteration", 1), "phase": ("phase", 1), "note": ("note", 1), "sub_phase": ("sub-phase", 1),
-    "wall_ns": ("wall ms", NS_PER_MS), "share": ("share", PERCENT),
-    "gpu_busy_ns": ("GPU busy ms", NS_PER_MS), "gpu_idle_ns": ("GPU idle ms", NS_PER_MS),
-    "gpu_idle_share": ("GPU idle", PERCENT), "cpu_only_ns": ("CPU only ms", NS_PER_MS),
-    "waiting_ns": ("waiting on collectives ms", NS_PER_MS), "in_api_ns": ("in CUDA API calls ms", NS_PER_MS),
-    "between_api_ns": ("between CUDA API calls ms", NS_PER_MS),
-    "h2d_bytes": ("H2D MB", B_PER_MB), "d2h_bytes": ("D2H MB", B_PER_MB),
-    "h2d_gbps": ("H2D GB/s", 1), "d2h_gbps": ("D2H GB/s", 1),
-    "h2d_exposed_ns": ("H2D exposed ms", NS_PER_MS), "d2h_exposed_ns": ("D2H exposed ms", NS_PER_MS),
-    "overlap_ratio": ("copy time hidden", PERCENT), "pageable_count": ("pageable copies", 1),
-    "pageable_bytes": ("pageable MB", B_PER_MB), "peak_bytes": ("GPU memory peak GB", B_PER_GB),
+#: the label is ``name unit`` (:func:`column_label`: ``H2D GB/s``; a share, unit ``%``, is the
+#: name alone, its cells say ``71%``); a key not here is shown with ``_`` as spaces.
+COLUMNS: dict[str, tuple[str, str, float]] = {
+    "iteration": ("iteration", "", 1), "phase": ("phase", "", 1), "note": ("note", "", 1),
+    "sub_phase": ("sub-phase", "", 1),
+    "wall_ns": ("wall", "ms", NS_PER_MS), "share": ("share", "%", PERCENT),
+    "gpu_busy_ns": ("GPU busy", "ms", NS_PER_MS), "gpu_idle_ns": ("GPU idle", "ms", NS_PER_MS),
+    "gpu_idle_share": ("GPU idle", "%", PERCENT), "cpu_only_ns": ("CPU only", "ms", NS_PER_MS),
+    "waiting_ns": ("waiting on collectives", "ms", NS_PER_MS), "in_api_ns": ("in CUDA API calls", "ms", NS_PER_MS),
+    "between_api_ns": ("between CUDA API calls", "ms", NS_PER_MS),
+    "h2d_bytes": ("H2D", "MB", B_PER_MB), "d2h_bytes": ("D2H", "MB", B_PER_MB),
+    "h2d_gbps": ("H2D", "GB/s", 1), "d2h_gbps": ("D2H", "GB/s", 1),
+    "h2d_exposed_ns": ("H2D exposed", "ms", NS_PER_MS), "d2h_exposed_ns": ("D2H exposed", "ms", NS_PER_MS),
+    "overlap_ratio": ("copy time hidden", "%", PERCENT), "pageable_count": ("pageable copies", "", 1),
+    "pageable_bytes": ("pageable", "MB", B_PER_MB), "peak_bytes": ("GPU memory peak", "GB", B_PER_GB),
 }
 
 #: The idle categories of :mod:`tracekit.analyze.sections.idle` (docs/idle.md) as the report
@@ -238,7 +240,10 @@ _KNOB_WORDS = (("(no config key)", "(not a config key)"),)
 def column_label(key: str) -> str:
     """The on-screen label of a column key (:data:`COLUMNS`): ``h2d_gbps`` -> ``H2D GB/s``,
     ``wall_ns`` -> ``wall ms``; an unknown key with its underscores as spaces."""
-    return COLUMNS[key][0] if key in COLUMNS else key.replace("_", " ")
+    if key not in COLUMNS:
+        return key.replace("_", " ")
+    name, unit, _div = COLUMNS[key]
+    return name if unit in ("", "%") else f"{name} {unit}"
 
 
 def knob_label(knob: str | None) -> str:
@@ -287,7 +292,7 @@ def fmt_column(key: str, v, missing: str = "–") -> str:
     decimals; a bool as ``true`` / ``false``."""
     if v is None or isinstance(v, (bool, str)):
         return fmt_plain(v, missing)
-    div = COLUMNS[key][1] if key in COLUMNS else 1
+    div = COLUMNS[key][2] if key in COLUMNS else 1
     if div == PERCENT:
         if isinstance(v, float) and v != v:
             return missing

@@ -9,9 +9,9 @@ A is 0 or missing):
 - ``per_iteration``: the k-th steady iteration of A against the k-th of B (runs are rarely
   numbered alike: a cut, a restart), for k up to the shorter run; both indices are given.
 
-Metrics (:data:`METRICS`): wall time, GPU idle time, H2D/D2H bytes, exposed H2D/D2H copy time,
-the share of copy time hidden behind kernels, pageable copies (count, bytes) and the GPU memory
-peak. Units: ns, bytes, ratio 0..1. Trace paths are printed as data (:mod:`tracekit.textsafe`).
+Metrics (:data:`METRICS`, named by :data:`tracekit.vocab.COLUMNS`): wall time, GPU idle time,
+H2D/D2H bytes, exposed H2D/D2H copy time, the share of copy time hidden behind kernels,
+pageable copies (count, bytes) and the GPU memory peak. Units: ns, bytes, ratio 0..1. Trace paths are printed as data (:mod:`tracekit.textsafe`).
 
 Beyond the phases (:func:`config_and_advice`):
 
@@ -48,19 +48,19 @@ if TYPE_CHECKING:  # pragma: no cover
 # polars, numpy, matplotlib and the analysis are imported where used: printing a stored
 # comparison (:func:`render`, :func:`regressions`) needs none of them
 
-#: metric -> (label, unit divisor, unit)
-METRICS = {
-    "wall_ns": ("wall time", 1e6, "ms"),
-    "gpu_idle_ns": ("GPU idle time", 1e6, "ms"),
-    "h2d_bytes": ("H2D bytes", 1e6, "MB"),
-    "d2h_bytes": ("D2H bytes", 1e6, "MB"),
-    "h2d_exposed_ns": ("H2D exposed copy time", 1e6, "ms"),
-    "d2h_exposed_ns": ("D2H exposed copy time", 1e6, "ms"),
-    "overlap_ratio": ("copy time hidden", 0.01, "%"),
-    "pageable_count": ("pageable copies", 1, "count"),
-    "pageable_bytes": ("pageable bytes", 1e6, "MB"),
-    "peak_bytes": ("GPU memory peak", 1e9, "GB"),
-}
+#: The metrics compared, named by :data:`tracekit.vocab.COLUMNS` (the report tables' mapping).
+_METRIC_KEYS = ("wall_ns", "gpu_idle_ns", "h2d_bytes", "d2h_bytes", "h2d_exposed_ns", "d2h_exposed_ns",
+                "overlap_ratio", "pageable_count", "pageable_bytes", "peak_bytes")
+
+
+def _metrics() -> dict:
+    from tracekit.vocab import COLUMNS
+
+    return {m: (COLUMNS[m][0], COLUMNS[m][2], COLUMNS[m][1] or "count") for m in _METRIC_KEYS}
+
+
+#: metric -> (label, unit divisor, unit), from :data:`tracekit.vocab.COLUMNS`
+METRICS = _metrics()
 
 
 def _diff(a, b) -> dict:
