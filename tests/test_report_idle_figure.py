@@ -1,11 +1,14 @@
 """Figure 7 of the report, where the GPU idle time goes per phase (issue 22): the bars drawn
 (read from the matplotlib patches, not pixels) equal the four categories of docs/idle.md
-computed here from the fixture with plain SQL and interval arithmetic."""
+computed here from the fixture with plain SQL and interval arithmetic; and the same categories
+per time bin in report.html's interactive timeline."""
 
 from __future__ import annotations
 
+import base64
 import sqlite3
 
+import numpy as np
 import pytest
 from conftest import ZERO3_CUT
 
@@ -132,3 +135,33 @@ def test_report_writes_and_lists_the_figure(zero3_report):
     html = (out / "report.html").read_text()
     assert 'id="fig-7_idle_breakdown"' in html
     assert "7_idle_breakdown" in res.figures
+
+
+def _values(v) -> np.ndarray:
+    """A plotly figure-dict array: a list, an ndarray or plotly's typed array ``{dtype, bdata}``."""
+    if isinstance(v, dict):
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).astype(np.float64)
+    return np.asarray(v, dtype=np.float64)
+
+
+def test_html_timeline_idle_row(zero3_report_data, zero3_analysis):
+    """The interactive timeline's idle row: per category, its ms over the bins of the shown
+    iteration equal the iteration's ``idle_breakdown`` of ``--json`` summed over its phases, and
+    the four shares of each bin stack to 100 %."""
+    from tracekit.render.html import timeline_figure
+
+    data = zero3_report_data
+    rk = data.rank(0)
+    it = data.pick_iteration(rk, None)
+    fig = timeline_figure(data, rk, it)
+    traces = {t["meta"]: t for t in fig["data"] if t.get("meta") in CATS}
+    assert set(traces) == set(CATS)
+    j = next(i for i in zero3_analysis.to_json()["ranks"][0]["iterations"] if i["index"] == it)
+    for c in CATS:
+        want = sum(ph["idle_breakdown"][c] for ph in j["phases"])
+        got = _values(traces[c]["customdata"])
+        assert got.sum() * 1e6 == pytest.approx(want, abs=1.0 * got.size)
+    tops = _values(traces["waiting_ns"]["base"]) + _values(traces["waiting_ns"]["y"])
+    assert tops.size > 100 and np.allclose(tops, 100.0)
+    assert [t["name"] for t in fig["data"] if t.get("meta") in CATS] == [
+        "GPU busy", "in CUDA API calls", "between CUDA API calls", "waiting on collectives"]

@@ -3,7 +3,8 @@
 What the page holds, in order: the trace and run configuration; the advice of
 :mod:`tracekit.analyze.sections.advice` (what to change, saving per steady iteration), else the findings;
 the key numbers (mean per steady iteration); an interactive timeline of one iteration (plotly:
-phases, update sub-phases, kernels, GPU memory, each H2D / D2H copy with its bytes, bandwidth,
+phases, update sub-phases, kernels, where the GPU time goes per time bin (busy, in CUDA API calls,
+between them, waiting on collectives: docs/idle.md), GPU memory, each H2D / D2H copy with its bytes, bandwidth,
 phase and sub-phase on hover, PCIe RX / TX); every figure (the PNG ``tracekit report`` wrote,
 inlined) with its caption and its data as a CSV download; the per-iteration key numbers and
 update sub-phase tables.
@@ -142,7 +143,9 @@ def _merge(starts: np.ndarray, ends: np.ndarray, gap: int) -> tuple[np.ndarray, 
 def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
     """The interactive timeline of iteration ``it`` of rank ``rk`` as a plotly figure dict
     (``data``, ``layout``). Time axis: ms since the iteration start. Rows: phases and update
-    sub-phases, kernels (busy intervals), GPU memory in use (GB), H2D and D2H copies (each a bar
+    sub-phases, kernels (busy intervals), where the GPU time goes per time bin (share of the bin
+    busy, in CUDA API calls, between them, waiting on collectives: docs/idle.md; each trace's
+    ``meta`` is its category key, ``customdata`` its ms per bin), GPU memory in use (GB), H2D and D2H copies (each a bar
     from its start to its end at its GB/s), PCIe RX / TX (% of link peak) when recorded."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -153,8 +156,10 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
     t0, t1 = int(win["start"].min()), int(win["end"].max())
     ms = lambda t: (np.asarray(t, dtype=np.float64) - t0) / 1e6  # noqa: E731
     pm = D.pcie_metrics(data, rk, t0, t1)
-    rows = ["phases", "kernels", "memory", "H2D", "D2H"] + (["PCIe"] if pm.height else [])
-    heights = {"phases": 0.16, "kernels": 0.08, "memory": 0.12, "H2D": 0.22, "D2H": 0.22, "PCIe": 0.14}
+    idle_bins = _idle_bins(data, rk, t0, t1)
+    rows = ["phases", "kernels"] + (["idle"] if idle_bins.height else []) + ["memory", "H2D", "D2H"] \
+        + (["PCIe"] if pm.height else [])
+    heights = {"phases": 0.16, "kernels": 0.08, "idle": 0.12, "memory": 0.12, "H2D": 0.22, "D2H": 0.22, "PCIe": 0.14}
     fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.025,
                         row_heights=[heights[r] for r in rows])
     row = {r: i + 1 for i, r in enumerate(rows)}
@@ -193,6 +198,23 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
             y=["kernels"] * len(ks), x=(ke - ks) / 1e6, base=ms(ks), orientation="h", marker_color="#555555",
             marker_line_width=0, name="kernels (busy)", customdata=kc,
             hovertemplate="%{customdata} kernel(s), %{x:.3f} ms<extra>kernels</extra>"), row=row["kernels"], col=1)
+    # where the GPU time goes, per bin: the idle categories of docs/idle.md (share of the bin)
+    if idle_bins.height:
+        from tracekit.vocab import IDLE_CATEGORIES
+
+        bx = ms(idle_bins["start"].to_numpy())
+        bw = (idle_bins["end"] - idle_bins["start"]).to_numpy() / 1e6
+        bottom = np.zeros(idle_bins.height)  # stacked by hand: the page's bars overlay
+        for c, label in IDLE_CATEGORIES.items():
+            ns = idle_bins[c].to_numpy().astype(np.float64)
+            share = 100 * ns / np.maximum(idle_bins["wall_ns"].to_numpy(), 1)
+            fig.add_trace(go.Bar(x=bx + bw / 2, y=share, base=bottom.copy(), width=bw, name=_plotly_text(label),
+                                 legendgroup="idle",
+                                 marker_color=S.IDLE_COLORS[c], marker_line_width=0, customdata=ns / 1e6,
+                                 meta=c, hovertemplate=_plotly_text(label) + ": %{y:.0f}% of the bin "
+                                 "(%{customdata:.3f} ms)<extra>GPU time</extra>"), row=row["idle"], col=1)
+            bottom += share
+        fig.update_yaxes(range=[0, 100], title_text="GPU time %", row=row["idle"], col=1)
     # memory
     tl = D.memory_timeline(data, rk)
     if tl.height:
@@ -252,6 +274,26 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
                       title={"text": _plotly_text(f"Iteration {it} — drag to zoom, double-click to reset"),
                              "font": {"size": 13}})
     return fig.to_plotly_json()
+
+
+def _idle_bins(data: ReportData, rk: dict, t0: int, t1: int) -> pl.DataFrame:
+    """[t0, t1) cut into bins of :func:`tracekit.render.data.nice_bin` (the last one shorter),
+    each with its wall time split into the idle categories of
+    :func:`tracekit.analyze.sections.idle.breakdown_of`: ``bin, start, end, wall_ns`` and
+    :data:`tracekit.vocab.IDLE_CATEGORIES` (ns); empty when the analysis cannot say."""
+    from tracekit.analyze.sections import idle
+
+    if t1 <= t0:
+        return pl.DataFrame()
+    step = max(int(D.nice_bin(t1 - t0)), 1)
+    starts = np.arange(t0, t1, step, dtype=np.int64)
+    iv = pl.DataFrame({"global_pid": [rk["global_pid"]] * len(starts), "device": [rk["device"]] * len(starts),
+                       "bin": np.arange(len(starts), dtype=np.int64), "start": starts,
+                       "end": np.minimum(starts + step, t1)})
+    iv = iv.cast({"global_pid": data.model.ops.schema.get("global_pid", pl.Int64),
+                  "device": data.model.ops.schema.get("device", pl.Int64)})
+    got = idle.breakdown_of(data.model, data.export, iv, ("bin",))
+    return iv.select("bin", "start", "end").join(got.drop("global_pid", "device"), on="bin", how="left").sort("bin")
 
 
 def _img(path: Path, png: bytes | None = None) -> str:
