@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import polars as pl
 import pytest
@@ -65,7 +66,7 @@ def test_compare_two_cuts_per_iteration(cut2):
 def test_compare_cli_table_json_and_figure(cut2, tmp_path):
     rc, out, err = run("compare", ZERO3_CUT, cut2)
     assert rc == 0, err
-    assert "per phase, mean per iteration" in out and "update" in out and "wall time" in out
+    assert "per phase, mean per iteration" in out and re.search(r"\bupdate\s+wall\s+ms\b", out)
     rc, out, err = run("compare", ZERO3_CUT, cut2, "--json", "-o", tmp_path / "c")
     assert rc == 0, err
     res = json.loads(out)

@@ -116,13 +116,13 @@ def test_html_numbers_equal_sql(report):
     key = p.tables["key-numbers"]
     head, rows = key[0], {r[0]: r for r in key[1:]}
     upd = rows["update"]
-    assert float(upd[head.index("wall_ms")].replace(",", "")) == pytest.approx(
+    assert float(upd[head.index("wall ms")].replace(",", "")) == pytest.approx(
         sum(e - s for s, e in steps) / len(steps) / 1e6, rel=1e-3)
-    assert float(upd[head.index("h2d_MB")].replace(",", "")) == pytest.approx(h2d / len(steps) / 1e6, rel=1e-3)
+    assert float(upd[head.index("H2D MB")].replace(",", "")) == pytest.approx(h2d / len(steps) / 1e6, rel=1e-3)
     # per-iteration table: one row per iteration and phase, with the update's wall time
     per = p.tables["per-iteration"]
     ph = per[0]
-    got = sorted(float(r[ph.index("wall_ms")].replace(",", "")) for r in per[1:] if r[ph.index("phase")] == "update")
+    got = sorted(float(r[ph.index("wall ms")].replace(",", "")) for r in per[1:] if r[ph.index("phase")] == "update")
     assert got == pytest.approx(sorted((e - s) / 1e6 for s, e in steps), rel=1e-3)
     # the copies of the shown iteration: the timeline CSV equals the H2D/D2H memcpys overlapping its span
     downloads = {a["download"]: a["href"] for t, a in p.tags if t == "a" and "download" in a}
@@ -245,6 +245,11 @@ def test_html_in_headless_chromium(report, tmp_path):
             "return Object.fromEntries(Array.from(document.querySelectorAll('table')).map(t => [t.id, t.tBodies[0].rows.length]))")
         assert set(rows) >= {"config-table", "key-numbers", "per-iteration", "sub-phases"}
         assert all(n > 0 for n in rows.values())
+        # column headers as drawn: labels with units, never a raw snake_case key (issue 23)
+        heads = drv.execute_script("return Array.from(document.querySelectorAll('table thead th'))"
+                                   ".map(t => t.textContent.trim())")
+        assert "H2D GB/s" in heads and "wall ms" in heads
+        assert not [h for h in heads if re.fullmatch(r"[a-z0-9]+(_[a-zA-Z0-9]+)+", h)]
         # hover a copy: plotly's own hover shows its bytes, bandwidth, phase and sub-phase
         drv.execute_script("document.getElementById('timeline').scrollIntoView()")
         drv.execute_script("""

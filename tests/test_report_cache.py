@@ -87,7 +87,7 @@ def test_second_report_is_stored_files(trace, tmp_path):
     assert rc == 0, err2
     assert mods2 == set()  # nothing drawn, nothing computed
     first, second = files_of(tmp_path / "r1"), files_of(tmp_path / "r2")
-    assert sorted(first) == sorted(second) and len(first) == 18  # 5 figures x (png, svg, csv), key numbers, md, html
+    assert sorted(first) == sorted(second) and len(first) == 21  # 6 figures x (png, svg, csv), key numbers, md, html
     assert all(first[n] == second[n] for n in first)  # byte-identical
     assert out2.replace("r2", "r1") == out1  # the same summary line, naming the new folder
     # what is stored is what the trace gives: equal to a run that reads no cache
@@ -179,7 +179,7 @@ def test_other_iteration_reads_no_query_from_sqlite(trace, tmp_path, monkeypatch
     from tracekit.analyze.trace import cache as cache_mod
 
     before = entries(trace, "o")
-    assert len(before) == 2 + 5 + 2  # two reports, the five figures of iteration 1, two of iteration 2
+    assert len(before) == 2 + 6 + 2  # two reports, the six figures of iteration 1, two of iteration 2
     monkeypatch.setattr(cache_mod, "_code_fingerprint", "0" * 16)
     other = write_report(trace, tmp_path / "d", iteration=2, cache=True)
     assert not other.cached and entries(trace, "o") == before

@@ -197,3 +197,120 @@ def json_number(key: str, v):
     if v.is_integer() and key.endswith(INTEGRAL_SUFFIXES) and abs(v) < 2**53:
         return int(v)
     return round(v, 6)
+
+
+# ---------------------------------------------------------------------- report tables (issue 23)
+#: Divisor of :data:`COLUMNS` for a share 0..1 shown as a percentage (``71%``).
+PERCENT = 0.01
+
+#: Column key -> (name, unit, divisor from the key's unit to the shown one): the one mapping the
+#: report tables (``report.md``, ``report.html``) label columns by and ``compare`` names its
+#: metrics by. Keys are the frame columns and JSON keys (ns, bytes, shares 0..1, GB/s, counts);
+#: the label is ``name unit`` (:func:`column_label`: ``H2D GB/s``; a share, unit ``%``, is the
+#: name alone, its cells say ``71%``); a key not here is shown with ``_`` as spaces.
+COLUMNS: dict[str, tuple[str, str, float]] = {
+    "iteration": ("iteration", "", 1), "phase": ("phase", "", 1), "note": ("note", "", 1),
+    "sub_phase": ("sub-phase", "", 1),
+    "wall_ns": ("wall", "ms", NS_PER_MS), "share": ("share", "%", PERCENT),
+    "gpu_busy_ns": ("GPU busy", "ms", NS_PER_MS), "gpu_idle_ns": ("GPU idle", "ms", NS_PER_MS),
+    "gpu_idle_share": ("GPU idle", "%", PERCENT), "cpu_only_ns": ("CPU only", "ms", NS_PER_MS),
+    "waiting_ns": ("waiting on collectives", "ms", NS_PER_MS), "in_api_ns": ("in CUDA API calls", "ms", NS_PER_MS),
+    "between_api_ns": ("between CUDA API calls", "ms", NS_PER_MS),
+    "h2d_bytes": ("H2D", "MB", B_PER_MB), "d2h_bytes": ("D2H", "MB", B_PER_MB),
+    "h2d_gbps": ("H2D", "GB/s", 1), "d2h_gbps": ("D2H", "GB/s", 1),
+    "h2d_exposed_ns": ("H2D exposed", "ms", NS_PER_MS), "d2h_exposed_ns": ("D2H exposed", "ms", NS_PER_MS),
+    "overlap_ratio": ("copy time hidden", "%", PERCENT), "pageable_count": ("pageable copies", "", 1),
+    "pageable_bytes": ("pageable", "MB", B_PER_MB), "peak_bytes": ("GPU memory peak", "GB", B_PER_GB),
+}
+
+#: The idle categories of :mod:`tracekit.analyze.sections.idle` (docs/idle.md) as the report
+#: names them, in stacking order (busy at the bottom): key -> short name.
+IDLE_CATEGORIES: dict[str, str] = {
+    "gpu_busy_ns": "GPU busy",
+    "in_api_ns": "in CUDA API calls",
+    "between_api_ns": "between CUDA API calls",
+    "waiting_ns": "waiting on collectives",
+}
+
+#: Knob names of the advice as written by the analysis -> as the report shows them: one wording
+#: for advice that no DeepSpeed key sets (the JSON keeps the analysis' text).
+_KNOB_WORDS = (("(no config key)", "(not a config key)"),)
+
+
+def column_label(key: str) -> str:
+    """The on-screen label of a column key (:data:`COLUMNS`): ``h2d_gbps`` -> ``H2D GB/s``,
+    ``wall_ns`` -> ``wall ms``; an unknown key with its underscores as spaces."""
+    if key not in COLUMNS:
+        return key.replace("_", " ")
+    name, unit, _div = COLUMNS[key]
+    return name if unit in ("", "%") else f"{name} {unit}"
+
+
+def knob_label(knob: str | None) -> str:
+    """An advice knob as the report shows it (:data:`_KNOB_WORDS`)."""
+    text = knob or ""
+    for old, new in _KNOB_WORDS:
+        text = text.replace(old, new)
+    return text
+
+
+def fmt_plain(v, missing: str = "–") -> str:
+    """A number in fixed notation with a sensible precision, never e-notation: one decimal from
+    10 up (thousands separated), two from 1 up, three significant digits below (``0.0160``),
+    ``0`` for zero, ``<0.000001`` / ``>-0.000001`` for what rounds away; ``true`` / ``false``
+    for a bool, ``missing`` for None or NaN, other values as ``str``."""
+    if v is None:
+        return missing
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if not isinstance(v, float):
+        return str(v)
+    if v != v:
+        return missing
+    if v in (float("inf"), float("-inf")):
+        return "∞" if v > 0 else "-∞"
+    a = abs(v)
+    if a >= 10:
+        return _num(v, 1)
+    if a >= 1:
+        return _num(v, 2)
+    if a == 0:
+        return "0"
+    if a < 1e-6:
+        return "<0.000001" if v > 0 else ">-0.000001"
+    import math
+
+    digits = min(6, 2 - math.floor(math.log10(a)))
+    return f"{v:.{digits}f}"
+
+
+def fmt_column(key: str, v, missing: str = "–") -> str:
+    """``v`` of column ``key`` (in the key's unit: ns, bytes, share 0..1, GB/s) in the unit of
+    :func:`column_label` (ms, MB, GB; a share as ``71%``), formatted by :func:`fmt_plain`; a count without
+    decimals; a bool as ``true`` / ``false``."""
+    if v is None or isinstance(v, (bool, str)):
+        return fmt_plain(v, missing)
+    div = COLUMNS[key][2] if key in COLUMNS else 1
+    if div == PERCENT:
+        if isinstance(v, float) and v != v:
+            return missing
+        return "<1%" if 0 < v < 0.005 else fmt_pct(v, 0)
+    if key.endswith("count"):
+        return fmt_count(v, missing)
+    return fmt_plain(v / div if div != 1 else v, missing)
+
+
+def fmt_change(base, new, digits: int = 0) -> str:
+    """The relative change from ``base`` to ``new`` as ``+12%``; never a percentage of zero:
+    ``new`` when ``base`` is 0 and ``new`` is not, ``–`` when both are 0 or either is missing,
+    ``±0%`` below half a unit of the last digit."""
+    if base is None or new is None:
+        return "–"
+    if not base:
+        return "new" if new else "–"
+    pct = 100.0 * (new - base) / abs(base)
+    if abs(pct) < 0.5 * 10 ** -digits:
+        return "±0%"
+    return f"{pct:+.{digits}f}%"

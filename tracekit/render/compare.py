@@ -9,9 +9,9 @@ A is 0 or missing):
 - ``per_iteration``: the k-th steady iteration of A against the k-th of B (runs are rarely
   numbered alike: a cut, a restart), for k up to the shorter run; both indices are given.
 
-Metrics (:data:`METRICS`): wall time, GPU idle time, H2D/D2H bytes, exposed H2D/D2H copy time,
-the share of copy time hidden behind kernels, pageable copies (count, bytes) and the GPU memory
-peak. Units: ns, bytes, ratio 0..1. Trace paths are printed as data (:mod:`tracekit.textsafe`).
+Metrics (:data:`METRICS`, named by :data:`tracekit.vocab.COLUMNS`): wall time, GPU idle time,
+H2D/D2H bytes, exposed H2D/D2H copy time, the share of copy time hidden behind kernels,
+pageable copies (count, bytes) and the GPU memory peak. Units: ns, bytes, ratio 0..1. Trace paths are printed as data (:mod:`tracekit.textsafe`).
 
 Beyond the phases (:func:`config_and_advice`):
 
@@ -48,19 +48,19 @@ if TYPE_CHECKING:  # pragma: no cover
 # polars, numpy, matplotlib and the analysis are imported where used: printing a stored
 # comparison (:func:`render`, :func:`regressions`) needs none of them
 
-#: metric -> (label, unit divisor, unit)
-METRICS = {
-    "wall_ns": ("wall time", 1e6, "ms"),
-    "gpu_idle_ns": ("GPU idle time", 1e6, "ms"),
-    "h2d_bytes": ("H2D bytes", 1e6, "MB"),
-    "d2h_bytes": ("D2H bytes", 1e6, "MB"),
-    "h2d_exposed_ns": ("H2D exposed copy time", 1e6, "ms"),
-    "d2h_exposed_ns": ("D2H exposed copy time", 1e6, "ms"),
-    "overlap_ratio": ("copy time hidden", 0.01, "%"),
-    "pageable_count": ("pageable copies", 1, "count"),
-    "pageable_bytes": ("pageable bytes", 1e6, "MB"),
-    "peak_bytes": ("GPU memory peak", 1e9, "GB"),
-}
+#: The metrics compared, named by :data:`tracekit.vocab.COLUMNS` (the report tables' mapping).
+_METRIC_KEYS = ("wall_ns", "gpu_idle_ns", "h2d_bytes", "d2h_bytes", "h2d_exposed_ns", "d2h_exposed_ns",
+                "overlap_ratio", "pageable_count", "pageable_bytes", "peak_bytes")
+
+
+def _metrics() -> dict:
+    from tracekit.vocab import COLUMNS
+
+    return {m: (COLUMNS[m][0], COLUMNS[m][2], COLUMNS[m][1] or "count") for m in _METRIC_KEYS}
+
+
+#: metric -> (label, unit divisor, unit), from :data:`tracekit.vocab.COLUMNS`
+METRICS = _metrics()
 
 
 def _diff(a, b) -> dict:
@@ -391,8 +391,17 @@ def _fmt_delta(metric: str, d: dict) -> tuple[str, str]:
     s = _fmt(metric, d["delta"])
     if d["delta"] > 0 and s.strip("0.,") != "":
         s = "+" + s
-    pct = "–" if d["pct"] is None else _pct_text(d["pct"])
-    return s, pct
+    return s, _change_text(d)
+
+
+def _change_text(d: dict) -> str:
+    """The ``change`` cell of a diff ``{"a", "b", "pct", ...}``: never a percentage of zero
+    (:func:`tracekit.vocab.fmt_change`): ``new`` when A is 0 and B is not, ``–`` when both are 0
+    or one is missing, else :func:`_pct_text` of ``pct``."""
+    if d.get("pct") is None:
+        a, b = d.get("a"), d.get("b")
+        return "new" if a is not None and b is not None and not a and b else "–"
+    return _pct_text(d["pct"])
 
 
 def render(result: dict, console=None, wide: bool = False) -> None:
@@ -472,7 +481,7 @@ def _render_sub_phases(result: dict, console) -> None:
         t.add_column(c, justify=j)
     for r in rows:
         w, c = r["metrics"]["wall_ns"], r["metrics"]["cpu_ns"]
-        pct = "–" if w["pct"] is None else _pct_text(w["pct"])
+        pct = _change_text(w)
         from tracekit.analyze.significance import differs
 
         style = "red" if (w["pct"] or 0) >= 10 else "green" if (w["pct"] or 0) <= -10 else ""
@@ -509,6 +518,9 @@ def _render_config(result: dict, console) -> None:
         console.print(t)
     elif result.get("config"):
         console.print(_t("config: no key of the shown settings differs between A and B"))
+    from tracekit.render.config import config_text
+    from tracekit.vocab import knob_label
+
     total = (result.get("iteration_total") or {}).get("wall_ns") or {}
     real = bool(total) and significant(result, "iteration", "wall_ns", total)
     for e in result.get("explanations") or []:
@@ -516,7 +528,7 @@ def _render_config(result: dict, console) -> None:
         # "explained" only when there is a significant measured difference to explain
         lead = "explained by advice" if real else "advice on a differing key (B - A is no significant difference)"
         on = e.get("model_run_on", "B")
-        head = (f"{lead}: {e['key']} {e['a']} (A) -> {e['b']} (B) costs B "
+        head = (f"{lead}: {e['key']} {config_text(e['a'])} (A) -> {config_text(e['b'])} (B) costs B "
                 f"{e['predicted_cost_ms']:,.1f} ms per iteration by the what-if model run on {on} "
                 f"({e['scenario']}, {e['confidence']} confidence); measured B - A: "
                 + ("–" if meas is None else f"{meas:+,.1f} ms per iteration"))
@@ -527,7 +539,7 @@ def _render_config(result: dict, console) -> None:
                  for ph, v in e["phases"].items() if abs(v["predicted_ms"]) >= 0.05]
         console.print(_t(head + (("; " + ", ".join(parts)) if parts else "")))
         if e.get("advice"):
-            console.print(_t(f"  advice for {on}: {e['advice']['knob']}: {e['advice']['change']} — "
+            console.print(_t(f"  advice for {on}: {knob_label(e['advice']['knob'])}: {e['advice']['change']} — "
                              f"{e['advice']['problem']}"))
 
 

@@ -10,7 +10,9 @@ so a test or a notebook can check or re-plot the numbers. Figures use the phase 
 3. :func:`copy_size_distribution` - copies per power-of-two size bucket, pinned vs pageable;
 4. :func:`sub_phase_breakdown` - update sub-phases: time (GPU busy vs CPU only) and throughput;
 5. :func:`overlap_contention` - hidden vs exposed copy time per phase, contention windows;
-6. :func:`rank_summary` - per rank, mean phase time and copy volume per iteration.
+6. :func:`rank_summary` - per rank, mean phase time and copy volume per iteration;
+7. :func:`idle_breakdown` - per phase, wall time split into GPU busy and the three kinds of
+   GPU idle time of :mod:`tracekit.analyze.sections.idle` (docs/idle.md).
 
 Errors: :class:`~tracekit.errors.TracekitError` for a rank or iteration the trace lacks.
 """
@@ -913,6 +915,70 @@ def rank_summary(data: ReportData):
     return fig, frame
 
 
+# ====================================================================== figure 7
+def idle_breakdown(data: ReportData, rank: int = 0):
+    """Figure 7: per phase, stacked bars of the wall time split into the four categories of
+    :mod:`tracekit.analyze.sections.idle` (docs/idle.md): GPU busy, and the GPU idle time with
+    a launching thread in a CUDA API call, between API calls (host code), waiting on a
+    collective; ms, mean per steady iteration (:meth:`ReportData.steady_iterations`; the
+    micro-steps of forward and backward summed into their phase, ``other`` the gaps).
+
+    Frame (one row per phase, in :data:`tracekit.vocab.PHASES` order): ``phase, iterations,
+    wall_ns`` and ``gpu_busy_ns, in_api_ns, between_api_ns, waiting_ns`` (ns per steady
+    iteration; the four sum to ``wall_ns``); the categories are stacked in
+    :data:`tracekit.vocab.IDLE_CATEGORIES` order, GPU busy at the bottom. Bars carry the gid
+    ``CATEGORY:PHASE``. From :func:`tracekit.analyze.sections.idle.idle_windows`, the numbers of
+    ``--json``'s ``idle_breakdown``.
+    """
+    from tracekit.analyze.sections import idle
+    from tracekit.vocab import IDLE_CATEGORIES, phase_rank
+
+    rk = data.rank(rank)
+    steady = data.steady_iterations(rk)
+    n = max(len(steady), 1)
+    cats = list(IDLE_CATEGORIES)
+    schema = {"phase": pl.String, "iterations": pl.Int64, "wall_ns": pl.Float64, **{c: pl.Float64 for c in cats}}
+    w, _api = idle.idle_windows(data.model, data.export)
+    w = w.filter((pl.col("global_pid") == rk["global_pid"]) & (pl.col("device") == rk["device"])
+                 & pl.col("iteration").is_in(steady))
+    if w.height:
+        frame = w.group_by("phase").agg(*[pl.col(c).sum() / n for c in ("wall_ns", *cats)]).with_columns(
+            iterations=pl.lit(len(steady), pl.Int64)).select(*schema).cast(schema)
+        frame = frame.with_columns(_o=pl.col("phase").map_elements(phase_rank, return_dtype=pl.Int64)) \
+            .sort("_o", "phase").drop("_o")
+    else:
+        frame = pl.DataFrame(schema=schema)
+    fig, ax = S.new_figure(width=10, height=5.2)
+    fig.suptitle(f"Where the GPU idle time goes — pid {rk['pid']} GPU {rk['device']}, ms per iteration "
+                 f"(mean over {iterations_note(steady)})\n{_title(data)}", x=0.01, ha="left", fontsize=10)
+    S.style_axes(ax)
+    if frame.height == 0:
+        ax.text(0.5, 0.5, "no phase windows in the steady iterations", ha="center", va="center",
+                transform=ax.transAxes)
+        return fig, frame
+    phases = frame["phase"].to_list()
+    x = np.arange(len(phases))
+    bottom = np.zeros(len(phases))
+    for c in cats:
+        h = frame[c].to_numpy() / 1e6
+        bars = ax.bar(x, h, 0.6, bottom=bottom, color=S.IDLE_COLORS[c], label=IDLE_CATEGORIES[c],
+                      edgecolor="white", linewidth=0.5)
+        for p, b in zip(phases, bars):
+            b.set_gid(f"{c}:{p}")
+        bottom = bottom + h
+    for i, r in enumerate(frame.iter_rows(named=True)):
+        idle_ns = r["wall_ns"] - r["gpu_busy_ns"]
+        share = idle_ns / r["wall_ns"] if r["wall_ns"] else 0.0
+        ax.text(i, bottom[i], f"{r['wall_ns'] / 1e6:,.1f} ms\n{100 * share:.0f}% idle", ha="center", va="bottom",
+                fontsize=8)
+    ax.set_xticks(x, phases, fontsize=9)
+    ax.set_ylabel("ms per iteration")
+    ax.margins(y=0.2)
+    S.tidy_axis(ax, "y")
+    ax.legend(loc="upper right", fontsize=8, frameon=False)
+    return fig, frame
+
+
 #: Figure name (file stem) -> (function, title), in report order.
 FIGURES = {
     "1_iteration_breakdown": (iteration_breakdown, "Iteration breakdown"),
@@ -921,4 +987,5 @@ FIGURES = {
     "4_update_sub_phases": (sub_phase_breakdown, "Update sub-phases"),
     "5_overlap_contention": (overlap_contention, "Overlap and contention"),
     "6_ranks": (rank_summary, "Per-rank summary"),
+    "7_idle_breakdown": (idle_breakdown, "Where the GPU idle time goes"),
 }

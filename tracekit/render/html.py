@@ -3,7 +3,8 @@
 What the page holds, in order: the trace and run configuration; the advice of
 :mod:`tracekit.analyze.sections.advice` (what to change, saving per steady iteration), else the findings;
 the key numbers (mean per steady iteration); an interactive timeline of one iteration (plotly:
-phases, update sub-phases, kernels, GPU memory, each H2D / D2H copy with its bytes, bandwidth,
+phases, update sub-phases, kernels, where the GPU time goes per time bin (busy, in CUDA API calls,
+between them, waiting on collectives: docs/idle.md), GPU memory, each H2D / D2H copy with its bytes, bandwidth,
 phase and sub-phase on hover, PCIe RX / TX); every figure (the PNG ``tracekit report`` wrote,
 inlined) with its caption and its data as a CSV download; the per-iteration key numbers and
 update sub-phase tables.
@@ -34,7 +35,7 @@ from tracekit.render import data as D
 from tracekit.render import style as S
 from tracekit.render.data import ReportData
 from tracekit.textsafe import clean, csv_frame
-from tracekit.vocab import UNITS_LINE, os_pid, short_name
+from tracekit.vocab import UNITS_LINE, column_label, fmt_column, fmt_plain, knob_label, os_pid, short_name
 
 #: Kernels closer than this are drawn as one busy interval in the interactive timeline.
 KERNEL_MERGE_NS = 20_000
@@ -102,28 +103,21 @@ def _csv_link(frame: pl.DataFrame, name: str) -> str:
             f'data-rows="{frame.height}">download the data (CSV, {frame.height:,} rows)</a>')
 
 
-def _num(v: float) -> str:
-    """A table number: 1 decimal from 10 up, 2 from 1 up, 3 significant digits below."""
-    a = abs(v)
-    if a >= 10:
-        return f"{v:,.1f}"
-    if a >= 1:
-        return f"{v:.2f}"
-    return "0" if a == 0 else f"{v:.3g}"
-
-
 def _table(frame: pl.DataFrame, fmt: dict | None = None, cls: str = "", tid: str = "") -> str:
-    """An HTML table of ``frame`` (every cell escaped); ``fmt``: column -> callable."""
+    """An HTML table of ``frame`` (every cell escaped). Columns are keys of
+    :data:`tracekit.vocab.COLUMNS` in their own units (ns, bytes, shares 0..1, GB/s): headers
+    are their labels with units (:func:`~tracekit.vocab.column_label`: ``H2D GB/s``), cells the
+    values in those units (:func:`~tracekit.vocab.fmt_column`: fixed notation, ``true`` /
+    ``false``); ``fmt``: column -> callable for a column of its own."""
     fmt = fmt or {}
-    head = "".join(f'<th class="{"l" if frame.schema[c] == pl.String else ""}">{_e(c)}</th>' for c in frame.columns)
+    head = "".join(f'<th class="{"l" if frame.schema[c] == pl.String else ""}" data-key="{_e(c)}">'
+                   f"{_e(column_label(c))}</th>" for c in frame.columns)
     rows = []
     for r in frame.iter_rows(named=True):
         cells = []
         for c in frame.columns:
             v = r[c]
-            text = fmt[c](v) if c in fmt and v is not None else v
-            if isinstance(text, float):
-                text = _num(text)
+            text = fmt[c](v) if c in fmt and v is not None else fmt_column(c, v)
             cells.append(f'<td class="{"l" if frame.schema[c] == pl.String else ""}">{_e(text)}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<table class="{cls}" id="{tid}"><thead><tr>{head}</tr></thead><tbody>' + "".join(rows)
@@ -149,7 +143,9 @@ def _merge(starts: np.ndarray, ends: np.ndarray, gap: int) -> tuple[np.ndarray, 
 def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
     """The interactive timeline of iteration ``it`` of rank ``rk`` as a plotly figure dict
     (``data``, ``layout``). Time axis: ms since the iteration start. Rows: phases and update
-    sub-phases, kernels (busy intervals), GPU memory in use (GB), H2D and D2H copies (each a bar
+    sub-phases, kernels (busy intervals), where the GPU time goes per time bin (share of the bin
+    busy, in CUDA API calls, between them, waiting on collectives: docs/idle.md; each trace's
+    ``meta`` is its category key, ``customdata`` its ms per bin), GPU memory in use (GB), H2D and D2H copies (each a bar
     from its start to its end at its GB/s), PCIe RX / TX (% of link peak) when recorded."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -160,8 +156,10 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
     t0, t1 = int(win["start"].min()), int(win["end"].max())
     ms = lambda t: (np.asarray(t, dtype=np.float64) - t0) / 1e6  # noqa: E731
     pm = D.pcie_metrics(data, rk, t0, t1)
-    rows = ["phases", "kernels", "memory", "H2D", "D2H"] + (["PCIe"] if pm.height else [])
-    heights = {"phases": 0.16, "kernels": 0.08, "memory": 0.12, "H2D": 0.22, "D2H": 0.22, "PCIe": 0.14}
+    idle_bins = _idle_bins(data, rk, t0, t1)
+    rows = ["phases", "kernels"] + (["idle"] if idle_bins.height else []) + ["memory", "H2D", "D2H"] \
+        + (["PCIe"] if pm.height else [])
+    heights = {"phases": 0.16, "kernels": 0.08, "idle": 0.12, "memory": 0.12, "H2D": 0.22, "D2H": 0.22, "PCIe": 0.14}
     fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.025,
                         row_heights=[heights[r] for r in rows])
     row = {r: i + 1 for i, r in enumerate(rows)}
@@ -200,6 +198,23 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
             y=["kernels"] * len(ks), x=(ke - ks) / 1e6, base=ms(ks), orientation="h", marker_color="#555555",
             marker_line_width=0, name="kernels (busy)", customdata=kc,
             hovertemplate="%{customdata} kernel(s), %{x:.3f} ms<extra>kernels</extra>"), row=row["kernels"], col=1)
+    # where the GPU time goes, per bin: the idle categories of docs/idle.md (share of the bin)
+    if idle_bins.height:
+        from tracekit.vocab import IDLE_CATEGORIES
+
+        bx = ms(idle_bins["start"].to_numpy())
+        bw = (idle_bins["end"] - idle_bins["start"]).to_numpy() / 1e6
+        bottom = np.zeros(idle_bins.height)  # stacked by hand: the page's bars overlay
+        for c, label in IDLE_CATEGORIES.items():
+            ns = idle_bins[c].to_numpy().astype(np.float64)
+            share = 100 * ns / np.maximum(idle_bins["wall_ns"].to_numpy(), 1)
+            fig.add_trace(go.Bar(x=bx + bw / 2, y=share, base=bottom.copy(), width=bw, name=_plotly_text(label),
+                                 legendgroup="idle",
+                                 marker_color=S.IDLE_COLORS[c], marker_line_width=0, customdata=ns / 1e6,
+                                 meta=c, hovertemplate=_plotly_text(label) + ": %{y:.0f}% of the bin "
+                                 "(%{customdata:.3f} ms)<extra>GPU time</extra>"), row=row["idle"], col=1)
+            bottom += share
+        fig.update_yaxes(range=[0, 100], title_text="GPU time %", row=row["idle"], col=1)
     # memory
     tl = D.memory_timeline(data, rk)
     if tl.height:
@@ -261,6 +276,26 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
     return fig.to_plotly_json()
 
 
+def _idle_bins(data: ReportData, rk: dict, t0: int, t1: int) -> pl.DataFrame:
+    """[t0, t1) cut into bins of :func:`tracekit.render.data.nice_bin` (the last one shorter),
+    each with its wall time split into the idle categories of
+    :func:`tracekit.analyze.sections.idle.breakdown_of`: ``bin, start, end, wall_ns`` and
+    :data:`tracekit.vocab.IDLE_CATEGORIES` (ns); empty when the analysis cannot say."""
+    from tracekit.analyze.sections import idle
+
+    if t1 <= t0:
+        return pl.DataFrame()
+    step = max(int(D.nice_bin(t1 - t0)), 1)
+    starts = np.arange(t0, t1, step, dtype=np.int64)
+    iv = pl.DataFrame({"global_pid": [rk["global_pid"]] * len(starts), "device": [rk["device"]] * len(starts),
+                       "bin": np.arange(len(starts), dtype=np.int64), "start": starts,
+                       "end": np.minimum(starts + step, t1)})
+    iv = iv.cast({"global_pid": data.model.ops.schema.get("global_pid", pl.Int64),
+                  "device": data.model.ops.schema.get("device", pl.Int64)})
+    got = idle.breakdown_of(data.model, data.export, iv, ("bin",))
+    return iv.select("bin", "start", "end").join(got.drop("global_pid", "device"), on="bin", how="left").sort("bin")
+
+
 def _img(path: Path, png: bytes | None = None) -> str:
     b64 = base64.b64encode(path.read_bytes() if png is None else png).decode("ascii")
     return f'<img alt="{_e(path.stem)}" src="data:image/png;base64,{b64}">'
@@ -278,7 +313,7 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
 
     from tracekit.render import figures as F
     from tracekit.render import summary
-    from tracekit.render.config import trace_config
+    from tracekit.render.config import config_text, trace_config
 
     cfg = trace_config(data)
     steady = data.steady_iterations(rk)
@@ -286,6 +321,19 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     exp = data.export
     P: list[str] = []
     P.append(f"<h1>tracekit report: {_e(data.path.name)}</h1>")
+    from tracekit.render.report import ADVICE_HEADERS, advice_rows, headline
+
+    P.append(f'<p class="lead" id="headline"><b>{_e(headline(data, rk, advice))}</b></p>')
+    lead = advice_rows(advice, rk)
+    if lead:
+        P.append('<p class="muted">What to change, largest saving first (per iteration = mean over steady '
+                 'iterations, warm-up apart; details under <a href="#advice">advice</a>):</p>')
+        P.append('<table id="advice-summary"><thead><tr>'
+                 + "".join(f'<th class="{"l" if k in ("knob", "change", "confidence") else ""}">{_e(h)}</th>'
+                           for k, h in ADVICE_HEADERS.items()) + "</tr></thead><tbody>"
+                 + "".join("<tr>" + "".join(f'<td class="{"l" if k in ("knob", "change", "confidence") else ""}">'
+                                            f"{_e(r[k])}</td>" for k in ADVICE_HEADERS) + "</tr>" for r in lead)
+                 + "</tbody></table>")
     P.append(f'<p class="muted">{_e(cfg.label())}</p>')
     P.append('<nav><a href="#config">configuration</a><a href="#advice">advice and findings</a>'
              '<a href="#key">key numbers</a><a href="#timeline">interactive timeline</a>'
@@ -304,7 +352,7 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     ]
     if advice and advice.get("config", {}).get("settings"):
         for s in advice["config"]["settings"][:40]:
-            rows.append((f"setting {s.get('key')}", f"{s.get('value')} ({s.get('source')})"))
+            rows.append((f"setting {s.get('key')}", f"{config_text(s.get('value'))} ({s.get('source')})"))
     P.append('<table class="cfg" id="config-table"><tbody>'
              + "".join(f"<tr><th class='l'>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</tbody></table>")
     # advice first, then findings
@@ -314,10 +362,10 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     if items:
         P.append("<h3>What to change (saving per steady iteration, largest first)</h3><ol class='advice' id='advice-list'>")
         for a in items:
-            P.append(f"<li><b>{_e(a.get('knob'))}</b>: {_e(a.get('change'))} — saves "
-                     f"{_e(round(a.get('saving_ms_per_iteration') or 0, 1))} ms per iteration "
-                     f"({_e(round(a.get('saving_pct') or 0, 1))}%, {_e(a.get('baseline_iteration_ms'))} → "
-                     f"{_e(a.get('predicted_iteration_ms'))} ms) <span class='conf'>{_e(a.get('confidence'))}"
+            P.append(f"<li><b>{_e(knob_label(a.get('knob')))}</b>: {_e(a.get('change'))} — saves "
+                     f"{_e(fmt_plain(a.get('saving_ms_per_iteration') or 0.0))} ms per iteration "
+                     f"({_e(fmt_plain(a.get('saving_pct') or 0.0))}%, {_e(fmt_plain(a.get('baseline_iteration_ms')))} → "
+                     f"{_e(fmt_plain(a.get('predicted_iteration_ms')))} ms) <span class='conf'>{_e(a.get('confidence'))}"
                      f"</span><br><span class='muted'>{_e(a.get('problem'))} — {_e(a.get('basis'))}</span></li>")
         P.append("</ol>")
         once = [o for o in (advice or {}).get("one_time_costs", []) if o.get("pid") in (None, rk["pid"])]
@@ -338,12 +386,13 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     P.append(f'<h2 id="key">Key numbers (mean per iteration over {_e(F.iterations_note(steady))})</h2>')
     total = float(means["wall_ns"].sum()) if means.height else 0.0
     km = means.select(
-        "phase", wall_ms=pl.col("wall_ns") / 1e6,
-        share_pct=(100 * pl.col("wall_ns") / total) if total else pl.lit(None, pl.Float64),
-        gpu_idle_pct=pl.when(pl.col("wall_ns") > 0).then(100 * pl.col("gpu_idle_ns") / pl.col("wall_ns")),
-        h2d_MB=pl.col("h2d_bytes") / 1e6, h2d_GBps="h2d_gbps", d2h_MB=pl.col("d2h_bytes") / 1e6, d2h_GBps="d2h_gbps",
-        copy_hidden_pct=100 * pl.col("overlap_ratio"), pageable_copies="pageable_count",
-        pageable_MB=pl.col("pageable_bytes") / 1e6, memory_peak_GB=pl.col("peak_bytes") / 1e9,
+        "phase", "wall_ns",
+        share=(pl.col("wall_ns") / total) if total else pl.lit(None, pl.Float64),
+        gpu_idle_share=pl.when(pl.col("wall_ns") > 0).then(pl.col("gpu_idle_ns") / pl.col("wall_ns")),
+        h2d_bytes=pl.col("h2d_bytes").cast(pl.Float64), h2d_gbps="h2d_gbps",
+        d2h_bytes=pl.col("d2h_bytes").cast(pl.Float64), d2h_gbps="d2h_gbps", overlap_ratio="overlap_ratio",
+        pageable_count="pageable_count", pageable_bytes=pl.col("pageable_bytes").cast(pl.Float64),
+        peak_bytes=pl.col("peak_bytes").cast(pl.Float64),
     )
     P.append(_table(km, tid="key-numbers"))
     P.append('<p class="muted">GPU idle: share of the phase with no kernel, copy or memset running. Copy hidden: '
@@ -373,9 +422,8 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     per = metrics.with_columns(
         note=pl.when(pl.col("iteration").is_in(list(warm))).then(pl.lit("warm-up"))
         .when(~pl.col("complete")).then(pl.lit("incomplete")).otherwise(pl.lit("")),
-    ).select("iteration", "phase", "note", wall_ms=pl.col("wall_ns") / 1e6, gpu_idle_ms=pl.col("gpu_idle_ns") / 1e6,
-             h2d_MB=pl.col("h2d_bytes") / 1e6, h2d_GBps="h2d_gbps", d2h_MB=pl.col("d2h_bytes") / 1e6,
-             d2h_GBps="d2h_gbps", pageable_copies="pageable_count", memory_peak_GB=pl.col("peak_bytes") / 1e9)
+    ).select("iteration", "phase", "note", "wall_ns", "gpu_idle_ns", "h2d_bytes", "h2d_gbps", "d2h_bytes",
+             "d2h_gbps", "pageable_count", "peak_bytes")
     P.append('<div class="scroll">' + _table(per, tid="per-iteration") + "</div>")
     P.append(_csv_link(metrics, "key_numbers"))
     sp = frames.get("4_update_sub_phases")
@@ -383,9 +431,8 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
         names = _sub_names(sp["sub_phase"].to_list())
         spt = sp.select(
             sub_phase=pl.col("sub_phase").replace_strict(names, default=pl.col("sub_phase")),
-            wall_ms=pl.col("wall_ns") / 1e6, gpu_busy_ms=pl.col("gpu_busy_ns") / 1e6,
-            cpu_only_ms=pl.col("cpu_only_ns") / 1e6, h2d_MB=pl.col("h2d_bytes") / 1e6, h2d_GBps="h2d_gbps",
-            d2h_MB=pl.col("d2h_bytes") / 1e6, d2h_GBps="d2h_gbps")
+            wall_ns="wall_ns", gpu_busy_ns="gpu_busy_ns", cpu_only_ns="cpu_only_ns", h2d_bytes="h2d_bytes",
+            h2d_gbps="h2d_gbps", d2h_bytes="d2h_bytes", d2h_gbps="d2h_gbps")
         P.append(f"<h3>Update sub-phases (mean per iteration over {_e(F.iterations_note(steady))})</h3>")
         P.append(_table(spt, tid="sub-phases"))
     if notes:

@@ -32,7 +32,7 @@ from tracekit.render.data import ReportData
 from tracekit.render.report_cache import (  # noqa: F401 (FORMATS, ReportResult, prepare_dir: this module's API)
     FORMATS, PERFETTO_MEMBER, TIMED, ReportResult, add_perfetto, check_out, prepare_dir)
 from tracekit.textsafe import csv_frame, md, md_code
-from tracekit.vocab import UNITS_LINE, fmt_count, fmt_gb, fmt_gbps, fmt_mb, fmt_ms, fmt_pct, os_pid
+from tracekit.vocab import UNITS_LINE, column_label, fmt_count, fmt_gb, fmt_gbps, fmt_mb, fmt_ms, fmt_pct, os_pid
 
 
 
@@ -237,6 +237,95 @@ def _findings(data: ReportData, rk: dict | None, notes: list[str]) -> list[dict]
     return [f for f in found if f.get("pid") == rk["pid"] and f.get("device") == rk["device"]]
 
 
+def headline(data: ReportData, rk: dict, res: dict | None) -> str:
+    """The report's first line, plain text: ``trace · GPU · ZeRO-3 · offload cpu · bf16 · grad.
+    accumulation 2`` (the settings of ``res``, the advice result, else what the trace's name
+    and NVTX ranges say: :func:`tracekit.render.config.trace_config`); unknown parts left out."""
+    from tracekit.render.config import config_text, trace_config
+
+    cfg = trace_config(data)
+    sett = {r["key"]: r["value"] for r in ((res or {}).get("config") or {}).get("settings") or []}
+    parts = [data.path.name]
+    try:
+        g = data.export.gpus()
+        g = g.filter(g["device"] == rk["device"]) if g.height else g
+        if g.height and g["name"][0]:
+            parts.append(f"GPU {rk['device']}: {g['name'][0]}")
+        else:
+            parts.append(f"GPU {rk['device']}")
+    except Exception:  # noqa: BLE001 - an export without TARGET_INFO_GPU
+        parts.append(f"GPU {rk['device']}")
+    stage = sett.get("zero_optimization.stage", cfg.stage)
+    if stage is not None:
+        parts.append(f"ZeRO-{config_text(stage)}")
+    dev = sett.get("zero_optimization.offload_optimizer.device")
+    if dev is not None:
+        pin = sett.get("zero_optimization.offload_optimizer.pin_memory")
+        parts.append(f"optimizer offload {config_text(dev)}"
+                     + (f" (pin_memory {config_text(pin)})" if pin is not None and dev not in ("none",) else ""))
+    elif cfg.offload:
+        parts.append(f"offload {cfg.offload}")
+    prec = sett.get("precision", cfg.precision)
+    if prec:
+        parts.append(str(prec))
+    gas = sett.get("gradient_accumulation_steps", cfg.gas)
+    if gas is not None:
+        parts.append(f"gradient accumulation {config_text(gas)}")
+    return " · ".join(parts)
+
+
+def advice_rows(res: dict | None, rk: dict) -> list[dict]:
+    """The advice of one rank as the compact table at the top of ``report.md`` and
+    ``report.html`` shows it, largest saving first: ``{"knob", "change", "predicted",
+    "saves", "confidence"}`` (text; ``predicted``: the iteration ms predicted with its 95 %
+    interval, ``saves``: ms and % of the steady iteration; per iteration = mean over steady
+    iterations, warm-up apart)."""
+    from tracekit.vocab import fmt_plain, knob_label
+
+    out = []
+    for a in (res or {}).get("advice") or []:
+        if a.get("pid") not in (None, rk["pid"]) or a.get("device") not in (None, rk["device"]):
+            continue
+        pred = a.get("predicted_iteration_ms")
+        iv = a.get("predicted_interval_ms")
+        ptxt = fmt_plain(pred)
+        if iv and len(iv) == 2 and None not in iv:
+            ptxt += f" ({fmt_plain(float(iv[0]))} to {fmt_plain(float(iv[1]))})"
+        sv, sp = a.get("saving_ms_per_iteration"), a.get("saving_pct")
+        saves = f"{fmt_plain(sv)} ms" + (f" ({sp:.1f}%)" if sp is not None else "")
+        out.append({"knob": knob_label(a.get("knob")), "change": a.get("change") or "", "predicted": ptxt,
+                    "saves": saves, "confidence": a.get("confidence") or "–"})
+    return out
+
+
+#: Headers of the compact advice table (the keys of :func:`advice_rows`).
+ADVICE_HEADERS = {"knob": "knob", "change": "change", "predicted": "predicted iteration ms (95 % interval)",
+                  "saves": "saves per iteration", "confidence": "confidence"}
+
+
+def lead_markdown(data: ReportData, rk: dict, res: dict | None) -> list[str]:
+    """The lines that lead ``report.md``: :func:`headline` and the compact advice table."""
+    L = [f"**{md(headline(data, rk, res))}**\n"]
+    rows = advice_rows(res, rk)
+    if rows:
+        L.append("What to change (per iteration = mean over steady iterations, warm-up apart; details under "
+                 "Advice below):\n")
+        L.append("| " + " | ".join(ADVICE_HEADERS.values()) + " |")
+        L.append("|---|---|---:|---:|---|")
+        for r in rows:
+            L.append(f"| `{md_code_inner(r['knob'])}` | {md(r['change'])} | {r['predicted']} | {r['saves']} | "
+                     f"{r['confidence']} |")
+        L.append("")
+    elif res is not None and res.get("config") is not None:
+        L.append("No change of the what-if model saves 0.5 % of a steady iteration.\n")
+    return L
+
+
+def md_code_inner(text: str) -> str:
+    """Text for inside a one-backtick code span of a table cell: backticks and pipes removed."""
+    return str(text).replace("`", "'").replace("|", "/")
+
+
 def _with_advice(text: str, data: ReportData, rk: dict, trace, ds_config, notes: list[str]) -> str:
     """``report.md`` with the run's config and the advice (of the trace's analysis,
     :meth:`tracekit.analysis.Analysis.advice_result`) put before the key numbers: it leads the
@@ -244,16 +333,25 @@ def _with_advice(text: str, data: ReportData, rk: dict, trace, ds_config, notes:
     res = data.analysis.advice_result()
     if res.get("config") is None:
         notes.append("advice skipped: the analysis holds none")
-        return text
+        return _with_lead(text, data, rk, None)
     L = advice_markdown(res, rk)
     key = "## Key numbers"
     i = text.find(key)
-    return text[:i] + "\n".join(L) + "\n" + text[i:] if i >= 0 else text + "\n".join(L) + "\n"
+    text = text[:i] + "\n".join(L) + "\n" + text[i:] if i >= 0 else text + "\n".join(L) + "\n"
+    return _with_lead(text, data, rk, res)
+
+
+def _with_lead(text: str, data: ReportData, rk: dict, res: dict | None) -> str:
+    """``report.md`` with :func:`lead_markdown` right under its title line."""
+    head, sep, rest = text.partition("\n\n")
+    return head + sep + "\n".join(lead_markdown(data, rk, res)) + "\n" + rest
 
 
 def advice_markdown(res: dict, rk: dict) -> list[str]:
     """Markdown lines of the config and advice of one rank (trace text escaped)."""
     from tracekit.textsafe import md as _md
+    from tracekit.render.config import config_text
+    from tracekit.vocab import fmt_plain, knob_label
 
     L = ["## Config\n"]
     cfg = res["config"]
@@ -267,7 +365,7 @@ def advice_markdown(res: dict, rk: dict) -> list[str]:
         L.append("| key | value | from |")
         L.append("|---|---|---|")
         for r in cfg["settings"]:
-            v = str(r["value"]).lower() if isinstance(r["value"], bool) else str(r["value"])
+            v = config_text(r["value"])
             how = r["how"] if r["source"] != "trace" else f"inferred: {r['how']}"
             L.append(f"| `{r['key']}` | {_md(v)} | {_md(how)} |")
         L.append("")
@@ -278,15 +376,12 @@ def advice_markdown(res: dict, rk: dict) -> list[str]:
     if not items:
         L.append("No change of the what-if model saves 0.5 % of a steady iteration.\n")
     else:
-        L.append("| # | knob | change | saves ms / iteration | saves | iteration ms now → predicted | confidence |")
-        L.append("|---:|---|---|---:|---:|---:|---|")
         for i, a in enumerate(items, 1):
-            L.append(f"| {i} | `{a['knob']}` | {_md(a['change'])} | {a['saving_ms_per_iteration']:,.1f} | "
-                     f"{a['saving_pct']:.1f}% | {a['baseline_iteration_ms']:,.1f} → {a['predicted_iteration_ms']:,.1f} | "
-                     f"{a['confidence']} |")
-        L.append("")
-        for i, a in enumerate(items, 1):
-            L.append(f"{i}. **Problem**: {_md(a['problem'])}. **Predicted from**: {_md(a['basis'])}.")
+            L.append(f"{i}. `{md_code_inner(knob_label(a['knob']))}`: {_md(a['change'])} (saves "
+                     f"{fmt_plain(a['saving_ms_per_iteration'])} ms, {a['saving_pct']:.1f}%: "
+                     f"{fmt_plain(a['baseline_iteration_ms'])} → {fmt_plain(a['predicted_iteration_ms'])} ms, "
+                     f"{a['confidence']} confidence). **Problem**: {_md(a['problem'])}. "
+                     f"**Predicted from**: {_md(a['basis'])}.")
         L.append("")
     once = [c for c in res["one_time_costs"] if c["pid"] == rk["pid"] and c["device"] == rk["device"]]
     if once:
@@ -326,8 +421,9 @@ def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, 
 
     L.append("## Key numbers (mean per iteration)\n")
     total_wall = float(means["wall_ns"].sum()) if means.height else 0.0
-    L.append("| phase | wall ms | share | GPU idle | H2D MB | H2D GB/s | H2D exposed ms | D2H MB | D2H GB/s | "
-             "D2H exposed ms | copy time hidden | pageable copies | pageable MB | GPU memory peak GB |")
+    cols = ("phase", "wall_ns", "share", "gpu_idle_share", "h2d_bytes", "h2d_gbps", "h2d_exposed_ns", "d2h_bytes",
+            "d2h_gbps", "d2h_exposed_ns", "overlap_ratio", "pageable_count", "pageable_bytes", "peak_bytes")
+    L.append("| " + " | ".join(column_label(c) for c in cols) + " |")
     L.append("|---|" + "---:|" * 13)
     for r in means.iter_rows(named=True):
         L.append(
@@ -416,6 +512,21 @@ def _captions(data: ReportData, rk: dict, it: int, frames: dict[str, pl.DataFram
             f"{_ms(exp_ms)} of {_ms(cp_ms)} ms exposed. Bottom: iteration {it}, share of each bin with kernels / "
             f"H2D / D2H running, and {cw.height} PCIe contention window(s)"
             + (f" ({_ms((cw['end_ns'] - cw['start_ns']).sum())} ms)." if cw.height else ".")
+        )
+    ib = frames.get("7_idle_breakdown")
+    if ib is not None and ib.height:
+        from tracekit.vocab import IDLE_CATEGORIES
+
+        parts = []
+        for r in ib.iter_rows(named=True):
+            idle_cats = {c: r[c] for c in IDLE_CATEGORIES if c != "gpu_busy_ns"}
+            top = max(idle_cats, key=lambda c: idle_cats[c])
+            parts.append(f"{r['phase']} {_ms(r['wall_ns'])} ms, {_ms(r['wall_ns'] - r['gpu_busy_ns'])} ms idle"
+                         + (f" (mostly {IDLE_CATEGORIES[top]}, {_ms(idle_cats[top])} ms)" if idle_cats[top] else ""))
+        out["7_idle_breakdown"] = (
+            "Wall time of each phase per iteration (mean over the steady iterations) split into GPU busy and the "
+            "GPU's idle time: a launching thread inside a CUDA API call, the host between API calls (Python / "
+            "framework), waiting on a collective (docs/idle.md): " + "; ".join(parts) + "."
         )
     out["6_ranks"] = "Per rank: mean phase wall time and bytes copied per iteration; a slow or copy-heavy rank stands out."
     return out

@@ -33,6 +33,10 @@ DIRECTION_COLORS = {"H2D": "#8172B3", "D2H": "#C44E52"}
 #: Host memory kind -> hatch (pinned plain, pageable hatched).
 HOST_KIND_HATCH = {"pinned": "", "pageable": "xx"}
 MEMORY_COLOR = "#222222"
+#: The idle categories of :mod:`tracekit.analyze.sections.idle` (:data:`tracekit.vocab.IDLE_CATEGORIES`):
+#: busy dark, the host's time in CUDA API calls orange, between them grey, waiting on collectives red.
+IDLE_COLORS = {"gpu_busy_ns": "#4C72B0", "in_api_ns": "#DD8452", "between_api_ns": "#B0B0B0",
+               "waiting_ns": "#C44E52"}
 CONTENTION_COLORS = {"same-direction": "#E377C2", "bidirectional": "#BCBD22"}
 #: Colours for update sub-phases (categorical, after the phase colours are taken).
 SUB_PHASE_CYCLE = [

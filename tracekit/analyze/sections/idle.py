@@ -506,3 +506,11 @@ def microbatch_advice(model: PhaseModel, export: Export, adv: dict) -> tuple[lis
 def _span(its: list[int]) -> str:
     """``1-2`` for steady iterations [1, 2], ``3`` for one."""
     return f"{its[0]}-{its[-1]}" if len(its) > 1 else (str(its[0]) if its else "none")
+
+
+def breakdown_of(model: PhaseModel, export: Export, intervals: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:
+    """The :data:`CATEGORIES` of any windows, such as the time bins of the report's timeline:
+    ``intervals`` has ``global_pid, device, start, end`` (ns; disjoint per rank) and ``keys``;
+    returns ``global_pid, device``, ``keys``, ``wall_ns`` and :data:`CATEGORIES` (ns, summing to
+    ``wall_ns``), one row per key. The same classification as :func:`idle_windows`."""
+    return _breakdown(model, export, intervals, list(keys))[0]
