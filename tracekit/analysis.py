@@ -166,7 +166,7 @@ class Analysis:
 
     def json_text(self) -> str:
         """Exactly the text ``tracekit analyze --json`` prints (rows one per line)."""
-        from tracekit.analyze.trace.cache import format_json
+        from tracekit.analyze.trace.json_format import format_json
 
         replaced = self._fill_timeline(self._parts.get("timeline_deferred"), columnar=True)
         try:
@@ -177,7 +177,7 @@ class Analysis:
     def write_json(self, fh) -> None:
         """Write :meth:`json_text` to the text file ``fh`` piece by piece (the timeline's rows
         encoded column by column, chunk by chunk: the whole text is never held, issue 13)."""
-        from tracekit.analyze.trace.cache import write_json_to
+        from tracekit.analyze.trace.json_format import write_json_to
 
         replaced = self._fill_timeline(self._parts.get("timeline_deferred"), columnar=True)
         try:
@@ -474,7 +474,7 @@ class Analysis:
         in their keys)."""
         import polars as pl
 
-        from tracekit.analyze.trace.cache import dumps_strict
+        from tracekit.analyze.trace.json_format import dumps_strict
 
         rows = [{"topic": f.get("topic"), "pid": f.get("pid"), "device": f.get("device"), "phase": f.get("phase"),
                  "text": f.get("text"), "values": dumps_strict(f.get("values") or {}, sort_keys=True)}

@@ -163,7 +163,7 @@ class JsonRows(list):
     dicts, as text. ``frames()`` gives the frames (a fresh iterator each call: the timeline's
     chunks, :meth:`tracekit.analyze.sections.throughput.Timeline.rank_chunks`).
 
-    A ``list`` only so that :func:`tracekit.analyze.trace.cache.format_json` lays its parent out
+    A ``list`` only so that :func:`tracekit.analyze.trace.json_format.format_json` lays its parent out
     as a container; the list itself stays empty: the writer asks :meth:`json_blocks` for the
     text, and :meth:`rows` builds the dicts where a caller needs them."""
 

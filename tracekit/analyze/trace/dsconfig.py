@@ -148,7 +148,7 @@ def read_json_object(path: str | Path, what: str) -> dict:
         raise TracekitError(f"{head}: not UTF-8 text (byte {exc.start:,}); pass a DeepSpeed JSON config") from None
     try:
         data = json.loads(text)  # NaN/Infinity taken, as DeepSpeed's json.load does (HF Trainer writes
-        # steps_per_print: Infinity); tracekit's JSON output writes them as null (cache.json_safe)
+        # steps_per_print: Infinity); tracekit's JSON output writes them as null (json_format.json_safe)
     except RecursionError:
         raise TracekitError(f"{head}: nested too deeply to be a DeepSpeed config or a capture manifest "
                             f"(at most {MAX_CONFIG_DEPTH} levels)") from None
