@@ -86,8 +86,8 @@ def analyze(path: str | Path, options: Options | dict | None = None, **kwargs) -
         hit = tc.get_result(key)
         if hit is not None:
             return Analysis(path, opts, hit)
-    from tracekit.analyze.trace.export import Export
     from tracekit.analyze.result import compute
+    from tracekit.analyze.trace.export import Export
 
     with Export.open(path, cache=tc if tc is not None else False) as export:
         if "pcie" in opts.sections:
@@ -268,8 +268,8 @@ class Analysis:
         if "phases" not in self._memo:
             import polars as pl
 
-            from tracekit.analyze.sections import breakdown
             from tracekit.analyze.result import PHASE_ROW_KEYS
+            from tracekit.analyze.sections import breakdown
 
             rows = []
             for r in self._result.get("ranks", []):
@@ -523,7 +523,9 @@ class ManyAnalysis:
         import polars as pl
 
         parts = [a.phases.with_columns(trace=pl.lit(str(a.path))) for a in self.traces]
-        return pl.concat(parts, how="diagonal_relaxed").select("trace", pl.exclude("trace")) if parts else pl.DataFrame()
+        if not parts:
+            return pl.DataFrame()
+        return pl.concat(parts, how="diagonal_relaxed").select("trace", pl.exclude("trace"))
 
 
 def analyze_many(items, options: Options | dict | None = None, jobs: int | None = 1, dask: str | None = None,

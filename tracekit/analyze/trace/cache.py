@@ -19,8 +19,9 @@ Location: a directory ``<trace>.tracekit-cache/`` beside the trace (for ``run.sq
 environment variable ``TRACEKIT_CACHE_DIR`` names a root, the directory is
 ``ROOT/<sha1 of the trace's absolute path>-<trace name>.tracekit-cache/`` instead, with ROOT
 defaulting to ``$XDG_CACHE_HOME/tracekit`` (``~/.cache/tracekit``). A name that would be longer
-than a file name may be is cut and tagged with a hash of the whole (:func:`cache_dir_name`). Nothing is ever written into
-the trace itself: the trace is only ``stat``-ed here and opened read-only elsewhere.
+than a file name may be is cut and tagged with a hash of the whole (:func:`cache_dir_name`).
+Nothing is ever written into the trace itself: the trace is only ``stat``-ed here and opened
+read-only elsewhere.
 
 What the cache trusts, and what it checks (issue 9; docs/performance.md says it for users):
 
@@ -49,9 +50,9 @@ What the cache trusts, and what it checks (issue 9; docs/performance.md says it 
   like entries that carry the ``TKC2`` header, or are empty) and stale temporaries of its own
   naming are deleted, nothing else.
 - Writes (:mod:`tracekit.analyze.trace.temporaries`): ``.tmp-tk-<pid>-<random>-<host>`` created
-  exclusively, written, fsynced, then renamed into place, so concurrent analyses of one trace never read a partial file and a crash leaves
-  no half-written entry under an entry's name; an entry is not written when the trace changed
-  while it was being read. Temporaries left by a killed writer (its pid gone on this host, or
+  exclusively, written, fsynced, then renamed into place, so concurrent analyses of one trace
+  never read a partial file and a crash leaves no half-written entry under an entry's name; an
+  entry is not written when the trace changed while it was being read. Temporaries left by a killed writer (its pid gone on this host, or
   untouched for an hour) are removed when the cache is next opened.
 - Not defended against: someone who can write files as the current user can forge entries
   with valid checksums (they could equally replace the trace or tracekit itself).

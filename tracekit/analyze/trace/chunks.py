@@ -12,7 +12,6 @@ import re
 
 import polars as pl
 
-
 _SPLITTABLE = re.compile(r"(?is)^\s*(SELECT\s.+?\sFROM\s+\"?(\w+)\"?)\s+WHERE\s(.+)$")
 
 

@@ -11,9 +11,9 @@ Reading is defensive (issue 9): text that is not valid UTF-8 is decoded with U+F
 replacement characters; identifiers are quoted; a table tracekit reads that lacks one of the
 columns of :data:`REQUIRED_COLUMNS`, a value of the wrong type (text in an integer column), a
 damaged page and a locked database are each reported as one line naming the table, column or
-condition (:class:`~tracekit.errors.TracekitError`, exit code 2). Tables and columns are resolved through ``sqlite_master`` and
-``PRAGMA table_info``; a table the trace lacks loads as an empty frame (nsys creates tables
-lazily, so a missing table means "nothing recorded"), until an analysis calls
+condition (:class:`~tracekit.errors.TracekitError`, exit code 2). Tables and columns are
+resolved through ``sqlite_master`` and ``PRAGMA table_info``; a table the trace lacks loads as
+an empty frame (nsys creates tables lazily, so a missing table means "nothing recorded"), until an analysis calls
 :meth:`Export.require`, which raises :class:`~tracekit.errors.MissingDataError` naming the
 table and the nsys option that records it.
 
@@ -741,7 +741,8 @@ def _type_error(path: Path, sql: str, rows: list, names: list[str], schema: dict
                     f"{shown(path)}: {table} column {col} holds {val!r} ({type(v).__name__}) where "
                     f"{want.get(dtype, 'another type')} is expected; the export is damaged or was edited; {_REEXPORT}"
                 )
-    return TracekitError(f"{shown(path)}: {table}: values of unexpected types ({str(exc).splitlines()[0][:120]}); {_REEXPORT}")
+    first = str(exc).splitlines()[0][:120]
+    return TracekitError(f"{shown(path)}: {table}: values of unexpected types ({first}); {_REEXPORT}")
 
 
 #: Query results up to this many rows are kept for the life of the Export and returned again

@@ -57,15 +57,38 @@ are re-exported so that both keep one flat namespace:
 - ``install``: the wrapper tables, patching a DeepSpeed module, and the import hook that does it.
 """
 
-from .core import (
-    CPU_ADAM_MODULE, CudaProfilerControl, DOMAIN, ENGINE_MODULE, ENV_ENABLE, ENV_ITERATIONS,
-    ENV_LOG, ENV_REPORT_DIR, FUNCTION_HOOK_POINTS, HOOK_POINTS, LogEmitter, NvtxEmitter,
-    OPT_SWAPPER_MODULE, PARAM_SWAPPER_MODULE, PIPE_MODULE, PIPE_SWAPPER_MODULE, STAGE12_MODULE,
-    STAGE3_MODULE, SUPEROFFLOAD_MODULE, SUPEROFFLOAD_UTILS_MODULE, ZENFLOW12_MODULE,
-    ZENFLOW_UTILS_MODULE, _state, _warn, parse_iterations, report, set_emitter,
-    set_iteration_window, set_profiler_control,
-)
 from .channel import ENV_CHANNEL, _IterationChannel, _unlink_quietly
-from .workers import _ZenFlowRelay
-from .instance import check_coverage, instrument_instance
+from .core import (
+    CPU_ADAM_MODULE,
+    DOMAIN,
+    ENGINE_MODULE,
+    ENV_ENABLE,
+    ENV_ITERATIONS,
+    ENV_LOG,
+    ENV_REPORT_DIR,
+    FUNCTION_HOOK_POINTS,
+    HOOK_POINTS,
+    OPT_SWAPPER_MODULE,
+    PARAM_SWAPPER_MODULE,
+    PIPE_MODULE,
+    PIPE_SWAPPER_MODULE,
+    STAGE3_MODULE,
+    STAGE12_MODULE,
+    SUPEROFFLOAD_MODULE,
+    SUPEROFFLOAD_UTILS_MODULE,
+    ZENFLOW12_MODULE,
+    ZENFLOW_UTILS_MODULE,
+    CudaProfilerControl,
+    LogEmitter,
+    NvtxEmitter,
+    _state,
+    _warn,
+    parse_iterations,
+    report,
+    set_emitter,
+    set_iteration_window,
+    set_profiler_control,
+)
 from .install import install, patch_module
+from .instance import check_coverage, instrument_instance
+from .workers import _ZenFlowRelay

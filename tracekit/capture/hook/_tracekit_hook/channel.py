@@ -9,7 +9,6 @@ import os
 
 from .core import _env_int, _state, _warn, _write_report
 
-
 # --------------------------------------------------------------------------- iteration channel
 ENV_CHANNEL = "TRACEKIT_ITERATION_CHANNEL"
 

@@ -10,7 +10,6 @@ import os
 import sys
 import threading
 
-
 DOMAIN = "tracekit"
 ENV_ENABLE = "TRACEKIT_HOOK"
 ENV_ITERATIONS = "TRACEKIT_ITERATIONS"

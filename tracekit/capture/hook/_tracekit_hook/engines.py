@@ -8,8 +8,8 @@ from __future__ import annotations
 import functools
 import threading
 
-from .core import _env_int, _pop, _push, _state, _warn, _write_report
 from .channel import _IterationChannel
+from .core import _env_int, _pop, _push, _state, _warn, _write_report
 from .instance import check_coverage, instrument_instance
 
 

@@ -10,19 +10,45 @@ import os
 import sys
 
 from .core import (
-    ENV_ITERATIONS, ENV_LOG, FUNCTION_HOOK_POINTS, HOOK_POINTS, LogEmitter,
-    SUPEROFFLOAD_UTILS_MODULE, ZENFLOW_UTILS_MODULE, _WRAPPED_FLAG, _state, _warn,
-    _write_report, parse_iterations, set_emitter, set_iteration_window)
-from .zero import (
-    _async_step_wrapper, _named, _passthrough, _stage12_optimizer_step_wrapper,
-    _stage12_release_wrapper, _stage12_step_wrapper, _stage3_step_name, _submit_wrapper,
-    _superoffload_step_name, _worker_step_name, _wrap_simple)
-from .workers import _wrap_superoffload_worker, _wrap_zenflow_worker
+    _WRAPPED_FLAG,
+    ENV_ITERATIONS,
+    ENV_LOG,
+    FUNCTION_HOOK_POINTS,
+    HOOK_POINTS,
+    SUPEROFFLOAD_UTILS_MODULE,
+    ZENFLOW_UTILS_MODULE,
+    LogEmitter,
+    _state,
+    _warn,
+    _write_report,
+    parse_iterations,
+    set_emitter,
+    set_iteration_window,
+)
 from .engines import (
-    _pipe_backward_name, _wrap_backward_epilogue, _wrap_backward_prologue,
-    _wrap_engine_backward, _wrap_engine_forward, _wrap_engine_init, _wrap_engine_step,
-    _wrap_train_batch)
-
+    _pipe_backward_name,
+    _wrap_backward_epilogue,
+    _wrap_backward_prologue,
+    _wrap_engine_backward,
+    _wrap_engine_forward,
+    _wrap_engine_init,
+    _wrap_engine_step,
+    _wrap_train_batch,
+)
+from .workers import _wrap_superoffload_worker, _wrap_zenflow_worker
+from .zero import (
+    _async_step_wrapper,
+    _named,
+    _passthrough,
+    _stage3_step_name,
+    _stage12_optimizer_step_wrapper,
+    _stage12_release_wrapper,
+    _stage12_step_wrapper,
+    _submit_wrapper,
+    _superoffload_step_name,
+    _worker_step_name,
+    _wrap_simple,
+)
 
 # --------------------------------------------------------------------------- tables
 _COPY_TO_HOST_12 = lambda f: _wrap_simple(  # noqa: E731

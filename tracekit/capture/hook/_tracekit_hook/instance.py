@@ -5,8 +5,8 @@ Part of the hook package (see ``__init__``): standard library only.
 
 from __future__ import annotations
 
-from .core import HOOK_POINTS, _WRAPPED_FLAG, _pop, _push, _state, _warn
 from .channel import _publish_iteration
+from .core import _WRAPPED_FLAG, HOOK_POINTS, _pop, _push, _state, _warn
 from .zero import _passthrough, _wrap_simple
 
 

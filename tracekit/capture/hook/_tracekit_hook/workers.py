@@ -10,8 +10,8 @@ import os
 import sys
 import threading
 
-from .core import _pop, _push, _warn
 from .channel import _become_worker, _worker_iteration
+from .core import _pop, _push, _warn
 
 
 # --------------------------------------------------------------------------- worker entry points

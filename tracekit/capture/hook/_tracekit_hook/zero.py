@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import functools
 
-from .core import _pop, _push, _state
 from .channel import _publish_iteration, _worker_iteration
+from .core import _pop, _push, _state
 
 
 # --------------------------------------------------------------------------- ZeRO
