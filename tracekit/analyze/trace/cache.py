@@ -74,11 +74,12 @@ from pathlib import Path
 
 import tracekit
 
-# dumps_strict, json_safe, write_json_to, _HOST, STALE_TMP_S, stale_temporary, temporary_name and
-# write_temporary are re-exported: they lived here before the JSON text and the writer of
-# temporaries got modules of their own (issue 20); render/, analyze/multi.py and tests import
-# them from here.
+# Of the json_format and temporaries names below, dumps_strict, json_safe, write_json_to, _HOST,
+# STALE_TMP_S, stale_temporary, temporary_name and write_temporary are re-exported: they lived
+# here before the JSON text and the writer of temporaries got modules of their own (issue 20);
+# render/, analyze/multi.py and tests import them from here.
 from tracekit.analyze.trace.json_format import dumps_strict, format_json, json_safe, write_json_to  # noqa: F401
+from tracekit.analyze.trace.quiet import _panic_exception
 from tracekit.analyze.trace.temporaries import (  # noqa: F401
     _HOST,
     STALE_TMP_S,
@@ -773,15 +774,6 @@ def _frame_hash(frame) -> str | None:
     except Exception:
         return None
     return f"{rows:x}:{frame.height}:{hashlib.sha1(str(frame.schema).encode()).hexdigest()[:12]}"
-
-
-def _panic_exception() -> type:
-    """pyo3's PanicException (a BaseException: ``except Exception`` misses it), or a stand-in."""
-    try:
-        from polars.exceptions import PanicException
-    except ImportError:  # pragma: no cover - older polars
-        return Exception
-    return PanicException
 
 
 def remove_cache(trace: str | Path) -> bool:
