@@ -245,6 +245,8 @@ def _pop() -> None:
     except Exception as exc:  # pragma: no cover - defensive
         _warn(f"NVTX pop failed: {exc!r}")
 
+
 def _env_int(name: str):
+    """The environment variable ``name`` as an int, or None when unset or not a whole number."""
     value = os.environ.get(name, "")
     return int(value) if value.lstrip("-").isdigit() else None

@@ -69,7 +69,6 @@ def _record_config(engine) -> None:
     _write_report()
 
 
-
 def _rank_info(engine) -> dict:
     """``rank``, ``local_rank``, ``world_size`` of this process (engine attributes, else env)."""
     info = {}
