@@ -348,7 +348,7 @@ def report(o: dict) -> None:
           f"{GOALS['jobs2_vs_jobs1']}: {ok(j['ratio']['median'] <= GOALS['jobs2_vs_jobs1'])})   "
           f"[{med(j['jobs2'], 'wall_s'):.2f} vs {med(j['jobs1'], 'wall_s'):.2f} s]")
     if "stages" in o:
-        w(f"\nwhere the time goes, one in-process --all --no-cache run (stages nest):")
+        w("\nwhere the time goes, one in-process --all --no-cache run (stages nest):")
         for label, sec in o["stages"].items():
             w(f"  {sec:6.2f} s  {label}")
 

@@ -71,7 +71,7 @@ def test_manifest_beside_trace_and_text_output(tmp_path, synthetic_advice):
     rc, out, err = run_cli("analyze", synthetic_advice, "--no-cache")
     assert rc == 0, err
     lines = out.splitlines()
-    assert any(l.startswith("config: capture manifest") for l in lines[:5]), out[:500]
+    assert any(line.startswith("config: capture manifest") for line in lines[:5]), out[:500]
     head = out.split("per iteration and phase")[0]
     assert "advice, largest saving first" in head  # advice leads the output
     assert "fp16.enabled / bf16.enabled: fp16 -> bf16" in head
@@ -135,8 +135,8 @@ def test_pair_prediction_within_stated_error(changed, scenario, stated):
     the error stays within the 20 % docs/advice.md states (full traces: pin +6.9 %, bf16 +4.4 %,
     no offload +2.9 %). The no-offload run's GPU optimizer (torch.optim.AdamW: torch_adam true in
     its own manifest) is the one change target taken from the changed run."""
-    from tracekit.analyze.sections import advice, whatif
     from tracekit.analyze.model import phases
+    from tracekit.analyze.sections import advice, whatif
     from tracekit.analyze.trace.export import Export
 
     base = PAIR.format("base")

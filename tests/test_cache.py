@@ -12,13 +12,13 @@ import sqlite3
 import polars as pl
 import pytest
 
+from tracekit.analyze.model.gpu_ops import load_gpu_ops
+from tracekit.analyze.model.nvtx import load_ranges
+from tracekit.analyze.multi import analyze_one
+from tracekit.analyze.result import analyze_export
 from tracekit.analyze.trace import export as export_mod
 from tracekit.analyze.trace.cache import MANIFEST, SUFFIX, TraceCache, default_cache_dir
 from tracekit.analyze.trace.export import Export, _inline_params
-from tracekit.analyze.model.gpu_ops import load_gpu_ops
-from tracekit.analyze.multi import analyze_one
-from tracekit.analyze.model.nvtx import load_ranges
-from tracekit.analyze.result import analyze_export
 from tracekit.cli import main
 
 

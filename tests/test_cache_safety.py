@@ -19,8 +19,8 @@ import time
 
 import polars as pl
 import pytest
-
 from conftest import run_cli
+
 from tracekit.analyze.trace import cache as cache_mod
 from tracekit.analyze.trace.cache import MANIFEST, SUFFIX, TraceCache, remove_cache, trace_identity
 from tracekit.cli import main

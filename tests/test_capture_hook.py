@@ -15,10 +15,9 @@ import types
 from pathlib import Path
 
 import pytest
+from hook_recorder import HOOK_DIR, ROOT, Recorder  # tests/ is on sys.path (conftest)
 
 from tracekit.capture.hook import _tracekit_hook as hook
-
-from hook_recorder import HOOK_DIR, ROOT, Recorder  # tests/ is on sys.path (conftest)
 
 
 class Profiler:

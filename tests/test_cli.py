@@ -5,8 +5,8 @@ import json
 import sqlite3
 
 import pytest
-from conftest import PUBLIC, ZERO3_CUT, public_exports
-from conftest import run_cli as run, assert_one_line_error
+from conftest import PUBLIC, ZERO3_CUT, assert_one_line_error, public_exports
+from conftest import run_cli as run
 
 
 def test_analyze_json_matches_fixture_sql():

@@ -50,8 +50,9 @@ PLAIN = [
 def test_plain_forms_get_what_typer_passes(args):
     mine = cli._plain_analyze(args)
     assert mine is not None
-    from tracekit.analyze.command import run_analyze
     import inspect
+
+    from tracekit.analyze.command import run_analyze
 
     defaults = {k: p.default for k, p in inspect.signature(run_analyze).parameters.items() if k != "traces"}
     assert {**defaults, **mine} == _typer_kwargs(args)

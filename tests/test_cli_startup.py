@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ZERO3_CUT
 
 typer_coercion = pytest.importorskip("typer._coercion")

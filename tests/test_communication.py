@@ -10,8 +10,8 @@ from conftest import PUBLIC
 from conftest import union_length_loop as loop_union
 from synthetic import SyntheticTrace, gtid
 
-from tracekit.analyze.sections import breakdown, overlap
 from tracekit.analyze.model import communication, phases
+from tracekit.analyze.sections import breakdown, overlap
 from tracekit.analyze.trace.export import Export
 
 TWO_GPU = PUBLIC / "nsys-ai__mfu_2gpu_before.sqlite"

@@ -140,8 +140,8 @@ def test_compare_sub_phases_against_sql(pin_vs_base):
     subs = {r["role"]: r["metrics"]["wall_ns"] for r in res["per_sub_phase"]}
     for role, name in (("overflow_check", "DeepSpeedZeroOptimizer_Stage3._overflow_check_and_loss_scale_update"),
                        ("cpu_adam", "cpu_optimizer_step")):
-        for side, run in (("a", "pin"), ("b", "base")):
-            ms, steps = _sql_range_ms(PAIR.format(run), name)
+        for side, variant in (("a", "pin"), ("b", "base")):
+            ms, steps = _sql_range_ms(PAIR.format(variant), name)
             assert steps == 2
             assert subs[role][side] / 1e6 == pytest.approx(ms / 2, rel=1e-6), (role, side)
         assert subs[role]["delta"] == pytest.approx(subs[role]["b"] - subs[role]["a"])

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from synthetic import SyntheticTrace, gtid
 
-from tracekit.analyze.sections import cpu_update
 from tracekit.analyze.model import phases
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.result import analyze_path
+from tracekit.analyze.sections import cpu_update
+from tracekit.analyze.trace.export import Export
 
 FIX = Path(__file__).parent / "fixtures"
 TK = "tracekit"

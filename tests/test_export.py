@@ -84,6 +84,7 @@ def test_builtin_enums_for_exports_without_enum_tables():
 
 def test_nvtx_names_from_text_and_textid_per_row(tmp_path):
     from synthetic import SyntheticTrace
+
     from tracekit.analyze.model.nvtx import load_ranges
 
     t = SyntheticTrace()
@@ -98,6 +99,7 @@ def test_nvtx_names_from_text_and_textid_per_row(tmp_path):
 def test_gpu_ops_join_runtime_within_the_process(tmp_path):
     """The same correlationId in two processes must join to each process's own API call."""
     from synthetic import SyntheticTrace
+
     from tracekit.analyze.model.gpu_ops import load_gpu_ops
 
     t = SyntheticTrace()

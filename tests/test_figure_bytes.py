@@ -17,7 +17,6 @@ import matplotlib.figure as mfig
 import matplotlib.layout_engine as mle
 import pytest
 
-from conftest import ZERO3_CUT
 from tracekit.render import figures as F
 from tracekit.render import style as S
 from tracekit.render.data import ReportData

@@ -9,12 +9,12 @@ import sqlite3
 import numpy as np
 import polars as pl
 import pytest
+from conftest import union_length_loop as union_len
 
 from tracekit.render import data as D
 from tracekit.render import figures as F
 from tracekit.render import style as S
 from tracekit.render.data import ReportData
-from conftest import union_length_loop as union_len
 
 COPY_KIND = {1: "H2D", 2: "D2H"}
 
@@ -449,8 +449,9 @@ def test_warmup_iteration_drawn_apart(tmp_path):
 def test_titles_name_the_run():
     """Titles carry the capture manifest's configuration (tests/fixtures/zero3_offload_gas2_capture.json)."""
     import json
-    from conftest import ZERO3_CUT as _  # noqa: F401
     from pathlib import Path
+
+    from conftest import ZERO3_CUT as _  # noqa: F401
 
     trace = Path(__file__).parent / "fixtures" / "zero3_offload_gas2_cut.sqlite"
     man = json.loads((trace.parent / "zero3_offload_gas2_capture.json").read_text())["deepspeed_config"]

@@ -10,8 +10,8 @@ import pytest
 from conftest import PUBLIC, run_cli
 from synthetic import SyntheticTrace, gtid
 
-from tracekit.analyze.sections import host_contention
 from tracekit.analyze.model import phases, rank_ids
+from tracekit.analyze.sections import host_contention
 from tracekit.analyze.trace.export import Export
 
 TWO_GPU = PUBLIC / "nsys-ai__mfu_2gpu_before.sqlite"

@@ -223,7 +223,6 @@ def test_tight_limit_one_line(limit):
     """``prlimit --as`` of 150-300 MB (the guard's child cannot load polars/numpy: OpenBLAS' own
     message and exit 1, "Polars binary is missing!", SystemError tracebacks, jemalloc's endless
     "background thread creation failed" before): one ``tracekit:`` line naming the limit, exit 2."""
-    import subprocess
 
     p = _run_or_describe(["prlimit", f"--as={limit}", sys.executable, "-m", "tracekit.cli", "analyze",
                           str(ZERO3_CUT), "--no-cache"], timeout=120)

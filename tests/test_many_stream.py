@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tracekit.analyze import multi
-from tracekit.analyze.multi import analyze_many, analyze_one, analyze_part, compact_part
+from tracekit.analyze.multi import analyze_many, analyze_one, analyze_part
 from tracekit.analyze.trace.cache import format_json
 from tracekit.analyze.trace.trim import trim
 from tracekit.cli import main

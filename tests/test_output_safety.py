@@ -9,7 +9,6 @@ short write a filling disk gives) and ``/dev/full``."""
 from __future__ import annotations
 
 import errno
-import filecmp
 import os
 import resource
 import shutil
@@ -20,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ZERO3_CUT, assert_one_line_error, run_cli
 
 LINUX = sys.platform.startswith("linux")

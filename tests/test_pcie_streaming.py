@@ -13,11 +13,11 @@ from conftest import ZERO3_CUT
 from polars.testing import assert_frame_equal
 from synthetic import SyntheticTrace, gtid
 
-from tracekit.analyze.sections import pcie_metrics
 from tracekit.analyze.model import phases
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.intervals import spread_cumulative
+from tracekit.analyze.sections import pcie_metrics
 from tracekit.analyze.sections.transfers import PER_WINDOW, analyze_transfers
+from tracekit.analyze.trace.export import Export
 
 MS = 1_000_000
 RANK = ["global_pid", "device"]

@@ -9,8 +9,8 @@ import sqlite3
 from collections import Counter
 
 import pytest
-from conftest import ZERO3_CUT
-from conftest import run_cli as run, assert_one_line_error
+from conftest import ZERO3_CUT, assert_one_line_error
+from conftest import run_cli as run
 
 
 @pytest.fixture(scope="module")

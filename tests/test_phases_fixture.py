@@ -8,10 +8,10 @@ import pytest
 from conftest import ZERO3_CUT
 from conftest import union_length_loop as _union_loop
 
-from tracekit.analyze.sections import breakdown
 from tracekit.analyze.model import phases
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.result import Options, analyze_path
+from tracekit.analyze.sections import breakdown
+from tracekit.analyze.trace.export import Export
 
 DS_NAMES = {
     "DeepSpeedEngine.forward": "forward",

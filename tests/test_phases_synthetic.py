@@ -4,10 +4,10 @@ import polars as pl
 import pytest
 from synthetic import START_END, SyntheticTrace, gtid
 
-from tracekit.analyze.sections import breakdown
 from tracekit.analyze.model import phases
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.result import analyze_path
+from tracekit.analyze.sections import breakdown
+from tracekit.analyze.trace.export import Export
 
 MAIN, AUTOGRAD = 1, 2
 MS = 1_000_000

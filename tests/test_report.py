@@ -7,8 +7,8 @@ import sqlite3
 
 import polars as pl
 import pytest
-from conftest import ZERO3_CUT
-from conftest import run_cli as run, assert_one_line_error
+from conftest import ZERO3_CUT, assert_one_line_error
+from conftest import run_cli as run
 
 from tracekit.render import figures as F
 from tracekit.render import style as S

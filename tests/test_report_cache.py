@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import FIXTURES, ZERO3_CUT
+
 from tracekit.analyze.trace.cache import TraceCache
 
 #: runs the CLI, then names the heavy modules the run imported (on stderr's last line); the

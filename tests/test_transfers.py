@@ -9,10 +9,20 @@ import pytest
 from conftest import ZERO3_CUT
 from conftest import union_length_loop as loop_union
 
-from tracekit.analyze.sections import contention, copy_sizes, findings, memory, opportunities, overlap, pageable, pcie_metrics, throughput
 from tracekit.analyze.model import phases
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.sections import (
+    contention,
+    copy_sizes,
+    findings,
+    memory,
+    opportunities,
+    overlap,
+    pageable,
+    pcie_metrics,
+    throughput,
+)
+from tracekit.analyze.trace.export import Export
 from tracekit.errors import MissingDataError
 
 STEP = "DeepSpeedZeroOptimizer_Stage3.step"

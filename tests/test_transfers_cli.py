@@ -83,10 +83,10 @@ def test_timeline_peaks_line_equals_the_max_over_the_full_timeline():
     import re
 
     from tracekit.analysis import analyze
-    from tracekit.render import tables as render
-    from tracekit.analyze.trace.export import Export
     from tracekit.analyze.result import compute
+    from tracekit.analyze.trace.export import Export
     from tracekit.options import Options
+    from tracekit.render import tables as render
     from tracekit.vocab import fmt_ms
 
     for phase in (None, "backward"):

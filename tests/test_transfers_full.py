@@ -7,10 +7,10 @@ import sqlite3
 import polars as pl
 import pytest
 
-from tracekit.analyze.sections import memory, opportunities, overlap, pcie_metrics
 from tracekit.analyze.model import phases
-from tracekit.analyze.trace.export import Export
+from tracekit.analyze.sections import memory, opportunities, overlap, pcie_metrics
 from tracekit.analyze.sections.transfers import analyze_transfers
+from tracekit.analyze.trace.export import Export
 
 
 @pytest.fixture(scope="module")

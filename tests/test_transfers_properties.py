@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracekit.analyze.sections import contention, overlap, throughput
 from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.sections import contention, overlap, throughput
 
 T = 60
 G = 1 << 24

@@ -18,8 +18,8 @@ from conftest import ZERO3_CUT, run_cli
 from synthetic import SyntheticTrace, gtid
 
 from tracekit.analyze.model import phases
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.result import analyze_path
+from tracekit.analyze.trace.export import Export
 
 MS = 1_000_000
 MAIN = 1

@@ -11,8 +11,8 @@ from conftest import PUBLIC, run_cli
 from conftest import union_length_loop as loop_union
 from synthetic import MARK, SyntheticTrace, gtid
 
-from tracekit.analyze.sections import breakdown, multi_gpu, waiting_ranks
 from tracekit.analyze.model import phases, rank_ids
+from tracekit.analyze.sections import breakdown, multi_gpu, waiting_ranks
 from tracekit.analyze.trace.export import Export
 
 TWO_GPU = PUBLIC / "nsys-ai__mfu_2gpu_before.sqlite"

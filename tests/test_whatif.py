@@ -7,9 +7,9 @@ import json
 import pytest
 from synthetic import SyntheticTrace
 
+from tracekit.analyze.model import phases
 from tracekit.analyze.sections import advice, whatif
 from tracekit.analyze.trace import dsconfig
-from tracekit.analyze.model import phases
 from tracekit.analyze.trace.export import Export
 
 MS = 1_000_000

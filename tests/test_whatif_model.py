@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 from conftest import FIXTURES
-from test_whatif import B, MS, build, pieces_of
+from test_whatif import MS, B, build, pieces_of
 
 from tracekit.analyze.sections import advice, whatif
 from tracekit.analyze.trace import dsconfig

@@ -86,8 +86,8 @@ def analyze(path: str | Path, options: Options | dict | None = None, **kwargs) -
         hit = tc.get_result(key)
         if hit is not None:
             return Analysis(path, opts, hit)
-    from tracekit.analyze.trace.export import Export
     from tracekit.analyze.result import compute
+    from tracekit.analyze.trace.export import Export
 
     with Export.open(path, cache=tc if tc is not None else False) as export:
         if "pcie" in opts.sections:
@@ -166,7 +166,7 @@ class Analysis:
 
     def json_text(self) -> str:
         """Exactly the text ``tracekit analyze --json`` prints (rows one per line)."""
-        from tracekit.analyze.trace.cache import format_json
+        from tracekit.analyze.trace.json_format import format_json
 
         replaced = self._fill_timeline(self._parts.get("timeline_deferred"), columnar=True)
         try:
@@ -177,7 +177,7 @@ class Analysis:
     def write_json(self, fh) -> None:
         """Write :meth:`json_text` to the text file ``fh`` piece by piece (the timeline's rows
         encoded column by column, chunk by chunk: the whole text is never held, issue 13)."""
-        from tracekit.analyze.trace.cache import write_json_to
+        from tracekit.analyze.trace.json_format import write_json_to
 
         replaced = self._fill_timeline(self._parts.get("timeline_deferred"), columnar=True)
         try:
@@ -268,8 +268,8 @@ class Analysis:
         if "phases" not in self._memo:
             import polars as pl
 
-            from tracekit.analyze.sections import breakdown
             from tracekit.analyze.result import PHASE_ROW_KEYS
+            from tracekit.analyze.sections import breakdown
 
             rows = []
             for r in self._result.get("ranks", []):
@@ -474,7 +474,7 @@ class Analysis:
         in their keys)."""
         import polars as pl
 
-        from tracekit.analyze.trace.cache import dumps_strict
+        from tracekit.analyze.trace.json_format import dumps_strict
 
         rows = [{"topic": f.get("topic"), "pid": f.get("pid"), "device": f.get("device"), "phase": f.get("phase"),
                  "text": f.get("text"), "values": dumps_strict(f.get("values") or {}, sort_keys=True)}
@@ -523,7 +523,9 @@ class ManyAnalysis:
         import polars as pl
 
         parts = [a.phases.with_columns(trace=pl.lit(str(a.path))) for a in self.traces]
-        return pl.concat(parts, how="diagonal_relaxed").select("trace", pl.exclude("trace")) if parts else pl.DataFrame()
+        if not parts:
+            return pl.DataFrame()
+        return pl.concat(parts, how="diagonal_relaxed").select("trace", pl.exclude("trace"))
 
 
 def analyze_many(items, options: Options | dict | None = None, jobs: int | None = 1, dask: str | None = None,

@@ -302,7 +302,8 @@ def _forward_signals(child, got: list[int]) -> dict:
 def _forward(stream) -> str:
     """Copy ``stream`` (the child's stderr) to ours line by line, leaving out Rust's
     allocation-failure message, C libraries' (:data:`_LIB_ALLOC`), jemalloc's complaints
-    (``<jemalloc>: ...``, also cut from the end of the child's own line), a Rust panic's message (``thread '...' (ID) panicked at ...``, the blank line before it and the line after
+    (``<jemalloc>: ...``, also cut from the end of the child's own line), a Rust panic's
+    message (``thread '...' (ID) panicked at ...``, the blank line before it and the line after
     it; the child reports the panic itself, on one line) and the backtrace after either;
     returns what happened: ``"said"`` (the child's last line was its own ``tracekit: error:``),
     else ``"alloc"`` (Rust's allocation failure), ``"library"`` (only a C library's message, at

@@ -4,13 +4,13 @@ Every file a command writes (``analyze --out``'s frames, ``report -o``'s figures
 ``report.md`` / ``report.html`` and its ``--perfetto`` file, ``compare -o``'s files, ``trim``'s
 output) belongs to an :class:`OutputSet`: each file is written to an exclusive temporary of
 tracekit's naming beside its final name and fsynced
-(:func:`tracekit.analyze.trace.cache.write_temporary`, the one writer the trace cache uses too);
+(:func:`tracekit.analyze.trace.temporaries.write_temporary`, the one writer the trace cache uses too);
 only once every file of the set is written are they all renamed over their names, with SIGINT
 and SIGTERM held meanwhile (:func:`tracekit.signals.deferred`), and their folders fsynced. So a
 full disk, an error, ^C or SIGTERM while the set is written leaves the earlier files as they were
 and no temporary behind (folders the set created are removed again when empty); a crash of the
 machine leaves at most stale temporaries, which the next run writing there removes
-(:func:`tracekit.analyze.trace.cache.remove_stale_temporaries`).
+(:func:`tracekit.analyze.trace.temporaries.remove_stale_temporaries`).
 
 Where a command writes is checked before any analysis (:func:`check_folder`,
 :func:`check_file`): a folder that is a file, cannot be created, or exists and is not writable
@@ -157,7 +157,7 @@ class OutputSet:
         """Create ``path`` (and its missing parents) when missing and remove the stale
         temporaries of a killed run in it; returns it. Raises :class:`TracekitError` (after
         :meth:`abort`) when it is a file, cannot be created or is not writable."""
-        from tracekit.analyze.trace.cache import remove_stale_temporaries
+        from tracekit.analyze.trace.temporaries import remove_stale_temporaries
 
         label = label or self.label
         p = Path(path)
@@ -186,10 +186,10 @@ class OutputSet:
 
     def add(self, path: str | Path, data, label: str | None = None) -> Path:
         """Write ``data`` (bytes-like, or a callable given the open binary file, as
-        :func:`tracekit.analyze.trace.cache.write_temporary` takes it) to a temporary beside
+        :func:`tracekit.analyze.trace.temporaries.write_temporary` takes it) to a temporary beside
         ``path``, renamed over ``path`` by :meth:`commit`; returns ``path``. Raises
         :class:`TracekitError` (``disk full ...`` for a full disk), after :meth:`abort`."""
-        from tracekit.analyze.trace.cache import write_temporary
+        from tracekit.analyze.trace.temporaries import write_temporary
 
         p = Path(path)
         try:
@@ -207,7 +207,7 @@ class OutputSet:
         exclusive temporary is created beside ``path``, ``fill(temporary path)`` writes it,
         then it is fsynced and staged. Raises :class:`TracekitError` for a full disk or an
         OSError (after :meth:`abort`); ``fill``'s other exceptions are raised as they are."""
-        from tracekit.analyze.trace.cache import write_temporary
+        from tracekit.analyze.trace.temporaries import write_temporary
 
         p = Path(path)
         tmp = None

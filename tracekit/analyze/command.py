@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 from tracekit.errors import TracekitError
-
 from tracekit.options import Options as _Options
 from tracekit.vocab import PHASES as PHASE_CHOICES  # noqa: F401 (the phases --phase accepts)
 
@@ -170,8 +169,8 @@ def run_analyze(traces: list[Path], phase: str | None = None, iteration: int | N
 
         check_expected_ranks(ranks)
     if dask is not None and not dask.strip():  # "" was taken as no --dask at all (issue 25)
-        raise TracekitError(f"--dask {dask!r}: give the Dask scheduler's address (tcp://HOST:8786), or leave --dask out "
-                            "to analyze here")
+        raise TracekitError(f"--dask {dask!r}: give the Dask scheduler's address (tcp://HOST:8786), "
+                            "or leave --dask out to analyze here")
     sections = transfer_sections.parse_sections(section, all_sections)
     if fmt == "json" and not sections:  # --json carries every section but the (long) timeline
         sections = tuple(s for s in transfer_sections.SECTIONS if s != "timeline")
@@ -286,7 +285,8 @@ def register(app: "typer.Typer") -> None:
         iterations: Annotated[Optional[str], typer.Option(help="iterations to keep, A-B (inclusive)")] = None,
         time_range: Annotated[
             Optional[str],
-            typer.Option("--time-range", help="keep a time window instead: A:B in seconds (41.5:82) or percent of the capture (50%:100%)"),
+            typer.Option("--time-range", help="keep a time window instead: A:B in seconds (41.5:82) "
+                         "or percent of the capture (50%:100%)"),
         ] = None,
         drop: Annotated[Optional[list[str]], typer.Option(help="table to leave empty (repeatable)")] = None,
         keep_metrics: Annotated[

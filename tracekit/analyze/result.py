@@ -77,9 +77,9 @@ from pathlib import Path
 import polars as pl
 
 from tracekit.analyze import sections
+from tracekit.analyze.model import phases
 from tracekit.analyze.sections import Context, breakdown
 from tracekit.analyze.sections.transfers import transfer_result
-from tracekit.analyze.model import phases
 from tracekit.analyze.significance import slowest
 from tracekit.analyze.trace.export import Export
 from tracekit.options import Options  # the one Options of every command, importable from here too
@@ -178,7 +178,8 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
                  "iterations": iterations, "totals": totals}
         entry["cpu_update_steady"] = cpu_update.steady(cu, r["global_pid"], r["device"])
         if options.phase:
-            rs = sub.filter((pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"])) if sub.height else sub
+            same = (pl.col("global_pid") == r["global_pid"]) & (pl.col("device") == r["device"])
+            rs = sub.filter(same) if sub.height else sub
             entry["sub_phases"] = {
                 options.phase: [_clean({k: row[k] for k in SUB_KEYS}) for row in rs.iter_rows(named=True)]
             }

@@ -19,8 +19,8 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analyze.trace.export import Export, quote_ident
-from tracekit.vocab import global_pid_expr as global_pid
 from tracekit.errors import TracekitError
+from tracekit.vocab import global_pid_expr as global_pid
 
 #: One copy or memset of this many bytes or more (1 PB, 1e15 B) is not real: no GPU or host
 #: holds that much; such rows are set aside, which also keeps the byte sums far from int64's end.

@@ -25,6 +25,7 @@ from tracekit.analyze.trace.export import Export
 from tracekit.vocab import global_pid_expr as global_pid
 from tracekit.vocab import global_pid_of
 
+
 class Domains:
     """The names of the NVTX domains of an export, per process (see module doc).
 

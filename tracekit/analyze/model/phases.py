@@ -40,12 +40,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from tracekit.analyze.trace import enums
 from tracekit.analyze.model import nvtx
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.gpu_ops import load_gpu_ops
-from tracekit.vocab import NO_NVTX
+from tracekit.analyze.trace import enums
+from tracekit.analyze.trace.export import Export
 from tracekit.userfiles import shown
+from tracekit.vocab import NO_NVTX
 
 PHASES = ("forward", "backward", "update", "other")
 

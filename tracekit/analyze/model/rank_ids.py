@@ -20,10 +20,10 @@ import re
 
 import polars as pl
 
-from tracekit.analyze.trace import enums
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model import nvtx
 from tracekit.analyze.model.phases import TRACEKIT_DOMAIN, PhaseModel
+from tracekit.analyze.trace import enums
+from tracekit.analyze.trace.export import Export
 from tracekit.vocab import global_pid_of, os_pid_expr
 
 #: Name of the capture hook's rank record (``re.search``, case-insensitive).
@@ -113,7 +113,8 @@ def distributed_ranks(export: Export, model: PhaseModel) -> pl.DataFrame:
     r = r.sort("host_id", "device", "pid")
     if recs.height and recs["global_pid"].is_in(r["global_pid"].implode()).any():
         r = r.join(recs.select("global_pid", "rank", "local_rank", "world"), on="global_pid", how="left")
-        r = r.with_columns(source=pl.when(pl.col("rank").is_not_null()).then(pl.lit("nvtx")).otherwise(pl.lit("device order")))
+        r = r.with_columns(
+            source=pl.when(pl.col("rank").is_not_null()).then(pl.lit("nvtx")).otherwise(pl.lit("device order")))
         # processes without a record (launcher helpers with GPU work): after the recorded ranks
         top = int(r["rank"].max()) + 1
         missing = r.filter(pl.col("rank").is_null()).with_row_index("_i")

@@ -223,8 +223,8 @@ def advise(export, model, loaded: dict, changes: dict | None = None) -> dict:
 
     (``settings`` from the config when there is one, else inferred from rank 0's trace.)
     """
-    from tracekit.analyze.trace import dsconfig
     from tracekit.analyze.sections import whatif
+    from tracekit.analyze.trace import dsconfig
 
     ranks = model.derived(("whatif", "measure"), lambda: whatif.measure(export, model))  # the whatif section's
     inferred = dsconfig.infer_settings(whatif.trace_facts(ranks[0])) if ranks else {}

@@ -25,10 +25,10 @@ from __future__ import annotations
 import polars as pl
 
 from tracekit.analyze.model.communication import comm_expr, kernel_frames
-from tracekit.vocab import os_pid_expr as os_pid
 from tracekit.analyze.model.intervals import busy_in_windows, grouped_union_length
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.transfer_common import model_compute_ops
+from tracekit.vocab import os_pid_expr as os_pid
 
 #: Numeric keys of a phase row, in output order.
 METRICS = [

@@ -43,16 +43,15 @@ Per rank and iteration (units: ns):
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from tracekit.analyze.sections import breakdown
 from tracekit.analyze.model.intervals import intersect, subtract, union
 from tracekit.analyze.model.phases import TRACEKIT_DOMAIN, PhaseModel
+from tracekit.analyze.sections import breakdown
 from tracekit.analyze.sections.transfer_common import model_compute_ops, model_kernel_frames
 from tracekit.vocab import os_pid
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.phases import PhaseModel
-from tracekit.analyze.sections.transfer_common import RANK, PHASE_KEYS, attach_window, check_by
+from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, attach_window, check_by
+from tracekit.analyze.trace.export import Export
 
 DEVICE_KINDS = ("device", "device_static", "managed", "managed_static", "array")
 TABLE = "CUDA_GPU_MEMORY_USAGE_EVENTS"

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit.analyze.sections import breakdown, host_contention, waiting_ranks
 from tracekit.analyze.model import rank_ids
-from tracekit.analyze.sections.transfer_common import model_kernel_frames
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.sections import breakdown, host_contention, waiting_ranks
+from tracekit.analyze.sections.transfer_common import model_kernel_frames
 from tracekit.analyze.significance import differs
+from tracekit.analyze.trace.export import Export
 
 #: Below this, concurrency or communication is not worth a finding (ns).
 MIN_NS = 1_000_000

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit.analyze.sections import breakdown
-from tracekit.analyze.trace.export import Export
-from tracekit.analyze.sections.memory import memory_peaks
 from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.sections import breakdown
+from tracekit.analyze.sections.memory import memory_peaks
 from tracekit.analyze.sections.transfer_common import RANK, host_copies
+from tracekit.analyze.trace.export import Export
 from tracekit.errors import MissingDataError
 
 BYTES_PER_PARAM = 16

@@ -23,8 +23,16 @@ import polars as pl
 
 from tracekit.analyze.model.intervals import covered_length, grouped_at_least, grouped_union, union
 from tracekit.analyze.model.phases import PhaseModel
-from tracekit.analyze.sections.transfer_common import (BY_COLUMNS, PHASE_KEYS, RANK, check_by, host_copies,
-                                                      model_kernel_frames, ratio, sort_groups)
+from tracekit.analyze.sections.transfer_common import (
+    BY_COLUMNS,
+    PHASE_KEYS,
+    RANK,
+    check_by,
+    host_copies,
+    model_kernel_frames,
+    ratio,
+    sort_groups,
+)
 
 COLUMNS = [
     "h2d_count", "h2d_bytes", "h2d_busy_ns", "h2d_overlap_ns", "h2d_exposed_ns", "h2d_overlap_ratio",

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracekit.analyze.sections.copy_sizes import size_bucket
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.sections.copy_sizes import size_bucket
 from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, check_by, gbps, host_copies, sort_groups
+from tracekit.analyze.trace.export import Export
 
 #: Pinned host<->device bandwidth assumed when the trace has no pinned copy of a direction (or
 #: only tiny ones): what pinned copies of >= 1 MiB reached on an H200 (PCIe Gen5 x16) in the

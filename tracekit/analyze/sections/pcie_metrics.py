@@ -44,10 +44,10 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from tracekit.analyze.trace.export import Export
-from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.model.intervals import SpreadCumulative
+from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, attach_window, check_by, ranks_of, ratio
+from tracekit.analyze.trace.export import Export
 from tracekit.errors import MissingDataError
 from tracekit.userfiles import shown
 

@@ -32,14 +32,13 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from tracekit.analyze.sections import throughput
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.phases import PhaseModel
-from tracekit.vocab import INTEGRAL_SUFFIXES, json_number
 
 # the registry (tracekit.analyze.sections) imports no polars, so that the CLI can parse --section
 # and answer from the result cache without importing the analysis stack
-from tracekit.analyze.sections import FILE_ONLY, REGISTRY, SECTION_FRAMES, PER_WINDOW, Context, order, run  # noqa: E402,F401
+from tracekit.analyze.sections import FILE_ONLY, PER_WINDOW, REGISTRY, SECTION_FRAMES, Context, order, run, throughput  # noqa: E402,F401
+from tracekit.analyze.trace.export import Export
+from tracekit.vocab import INTEGRAL_SUFFIXES, json_number
 
 
 @dataclass
@@ -163,7 +162,7 @@ class JsonRows(list):
     dicts, as text. ``frames()`` gives the frames (a fresh iterator each call: the timeline's
     chunks, :meth:`tracekit.analyze.sections.throughput.Timeline.rank_chunks`).
 
-    A ``list`` only so that :func:`tracekit.analyze.trace.cache.format_json` lays its parent out
+    A ``list`` only so that :func:`tracekit.analyze.trace.json_format.format_json` lays its parent out
     as a container; the list itself stays empty: the writer asks :meth:`json_blocks` for the
     text, and :meth:`rows` builds the dicts where a caller needs them."""
 

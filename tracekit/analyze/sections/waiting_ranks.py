@@ -38,8 +38,8 @@ import polars as pl
 
 from tracekit.analyze.model.intervals import grouped_union_length
 from tracekit.analyze.model.phases import PhaseModel
-from tracekit.analyze.significance import differs, spread
 from tracekit.analyze.sections.transfer_common import model_kernel_frames
+from tracekit.analyze.significance import differs, spread
 
 RANK = ["global_pid", "device"]
 

@@ -25,14 +25,14 @@ import re
 import numpy as np
 import polars as pl
 
-from tracekit.analyze.sections import breakdown
-from tracekit.analyze.sections import pageable as _pageable
 from tracekit.analyze.model import nvtx
-from tracekit.analyze.sections.copy_sizes import size_bucket
-from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.intervals import covered_length, union
 from tracekit.analyze.model.phases import PhaseModel
+from tracekit.analyze.sections import breakdown
+from tracekit.analyze.sections import pageable as _pageable
+from tracekit.analyze.sections.copy_sizes import size_bucket
 from tracekit.analyze.sections.transfer_common import host_copies
+from tracekit.analyze.trace.export import Export
 
 #: Steps of DeepSpeed's optimizer step, by NVTX range name (any domain: DeepSpeed's own ranges
 #: and tracekit's capture ranges). Time in none of them (inside the update window) is

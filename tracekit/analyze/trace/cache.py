@@ -19,8 +19,9 @@ Location: a directory ``<trace>.tracekit-cache/`` beside the trace (for ``run.sq
 environment variable ``TRACEKIT_CACHE_DIR`` names a root, the directory is
 ``ROOT/<sha1 of the trace's absolute path>-<trace name>.tracekit-cache/`` instead, with ROOT
 defaulting to ``$XDG_CACHE_HOME/tracekit`` (``~/.cache/tracekit``). A name that would be longer
-than a file name may be is cut and tagged with a hash of the whole (:func:`cache_dir_name`). Nothing is ever written into
-the trace itself: the trace is only ``stat``-ed here and opened read-only elsewhere.
+than a file name may be is cut and tagged with a hash of the whole (:func:`cache_dir_name`).
+Nothing is ever written into the trace itself: the trace is only ``stat``-ed here and opened
+read-only elsewhere.
 
 What the cache trusts, and what it checks (issue 9; docs/performance.md says it for users):
 
@@ -48,10 +49,10 @@ What the cache trusts, and what it checks (issue 9; docs/performance.md says it 
   version). When it differs from the trace on disk, the entries tracekit wrote (files named
   like entries that carry the ``TKC2`` header, or are empty) and stale temporaries of its own
   naming are deleted, nothing else.
-- Writes: ``.tmp-tk-<pid>-<random>-<host>`` created exclusively, written, fsynced, then renamed
-  into place, so concurrent analyses of one trace never read a partial file and a crash leaves
-  no half-written entry under an entry's name; an entry is not written when the trace changed
-  while it was being read. Temporaries left by a killed writer (its pid gone on this host, or
+- Writes (:mod:`tracekit.analyze.trace.temporaries`): ``.tmp-tk-<pid>-<random>-<host>`` created
+  exclusively, written, fsynced, then renamed into place, so concurrent analyses of one trace
+  never read a partial file and a crash leaves no half-written entry under an entry's name; an
+  entry is not written when the trace changed while it was being read. Temporaries left by a killed writer (its pid gone on this host, or
   untouched for an hour) are removed when the cache is next opened.
 - Not defended against: someone who can write files as the current user can forge entries
   with valid checksums (they could equally replace the trace or tracekit itself).
@@ -64,18 +65,31 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
-import secrets
-import socket
 import stat
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import tracekit
+
+# Of the json_format and temporaries names below, dumps_strict, json_safe, write_json_to, _HOST,
+# STALE_TMP_S, stale_temporary, temporary_name and write_temporary are re-exported: they lived
+# here before the JSON text and the writer of temporaries got modules of their own (issue 20);
+# render/, analyze/multi.py and tests import them from here.
+from tracekit.analyze.trace.json_format import dumps_strict, format_json, json_safe, write_json_to  # noqa: F401
+from tracekit.analyze.trace.quiet import _panic_exception
+from tracekit.analyze.trace.temporaries import (  # noqa: F401
+    _HOST,
+    STALE_TMP_S,
+    _owned,
+    remove_stale_temporaries,
+    stale_temporary,
+    temporary_name,
+    write_replacing,
+    write_temporary,
+)
 
 #: Bumped when the layout or meaning of cached entries changes (1: bare files, no checksums).
 CACHE_FORMAT = 2
@@ -86,8 +100,6 @@ ENV_DIR = "TRACEKIT_CACHE_DIR"
 #: First bytes of every entry (and the key in the manifest that says tracekit wrote it).
 MAGIC = b"TKC2 "
 _MANIFEST_TAG = "tracekit-cache"
-#: A temporary file untouched this long (seconds) is stale whoever wrote it.
-STALE_TMP_S = 3600
 
 _ENTRY = re.compile(r"(?:q-[0-9a-f]{40}\.parquet|r-[0-9a-f]{40}\.json|t-[0-9a-f]{40}-[0-9a-f]{16}\.txt"
                     r"|o-[0-9a-f]{40}\.files)\Z")
@@ -96,9 +108,6 @@ _ENTRY = re.compile(r"(?:q-[0-9a-f]{40}\.parquet|r-[0-9a-f]{40}\.json|t-[0-9a-f]
 _MEMBER = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}/)?[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 #: no control character at all (the strings of an ``o-`` entry's metadata, printed as notes)
 _CONTROL = re.compile("[\\x00-\\x1f\\x7f-\\x9f]")
-_TMP = re.compile(r"\.tmp-tk-(\d{1,10})-[0-9a-f]{16}-([A-Za-z0-9._-]{0,64})\Z")
-_TMP_V1 = re.compile(r"\.tmp-[a-z0-9_]{8}(?:\.parquet)?\Z")  # tempfile.mkstemp names of format 1
-_HOST = re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64]
 #: bytes a stored JSON text may hold (format_json writes ASCII only, control characters escaped)
 _JSON_BYTES = bytes([10] + list(range(32, 127)))
 #: stored terminal text: no control characters but \n, \t and SGR sequences (ESC [ ... m)
@@ -228,131 +237,6 @@ def _note(key: tuple, text: str) -> None:
         return
     _noted.add(key)
     print(f"tracekit: note: {_printable(text)}", file=sys.stderr)
-
-
-def _pid_gone(pid: int) -> bool:
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, OverflowError, OSError):
-        return False
-    return False
-
-
-def _owned(st: os.stat_result) -> bool:
-    return not hasattr(os, "geteuid") or st.st_uid == os.geteuid()
-
-
-def temporary_name(path: str) -> str:
-    """A fresh temporary name of tracekit's naming beside ``path``:
-    ``.tmp-tk-<pid>-<16 hex>-<host>`` in the same folder (what :func:`stale_temporary` knows)."""
-    return os.path.join(os.path.dirname(path), f".tmp-tk-{os.getpid()}-{secrets.token_hex(8)}-{_HOST}")
-
-
-def _discard(tmp: str, dir_fd: int | None) -> None:
-    """Remove the temporary ``tmp`` of a failed write; one already gone is fine."""
-    try:
-        os.unlink(tmp, dir_fd=dir_fd)
-    except OSError:
-        pass
-
-
-def write_temporary(path: str, data, *, dir_fd: int | None = None, mode: int = 0o600,
-                    fsync: bool = True) -> str:
-    """Write ``data`` to a new temporary beside ``path`` (relative to ``dir_fd`` when given) and
-    return the temporary's path, for the caller to rename over ``path``: a
-    :func:`temporary_name` created exclusively (``O_EXCL``, never following a link; file mode
-    ``mode``), written whole, fsynced when ``fsync``. ``data``: bytes-like, or a callable given
-    the open binary file (``data(fh)``: a library writing a large file itself, e.g. polars'
-    ``write_csv``). The temporary is removed when anything fails, an interrupt included; the
-    exception is raised (OSError for a full disk)."""
-    tmp = temporary_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-                 | getattr(os, "O_CLOEXEC", 0), mode, dir_fd=dir_fd)
-    try:
-        if callable(data):
-            with os.fdopen(fd, "wb", closefd=False) as fh:
-                data(fh)
-        else:
-            view = memoryview(data).cast("B")
-            while view:
-                view = view[os.write(fd, view):]
-        if fsync:
-            os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        _discard(tmp, dir_fd)
-        raise
-    try:
-        os.close(fd)  # (a network file system may report a full disk only here)
-    except BaseException:
-        _discard(tmp, dir_fd)
-        raise
-    return tmp
-
-
-def write_replacing(path: str, data, *, dir_fd: int | None = None, mode: int = 0o600,
-                    fsync: bool = True) -> None:
-    """Write ``data`` (as :func:`write_temporary` takes it) as ``path`` (relative to ``dir_fd``
-    when given): a :func:`write_temporary` beside it, then renamed over ``path``, so a reader
-    never sees a partial file under its name and a link named ``path`` is replaced, not written
-    through. The temporary is removed when anything fails; the OSError is raised. What the
-    cache's entries are written with; a set of output files is written the same way and renamed
-    in together (:class:`tracekit.output.OutputSet`)."""
-    tmp = write_temporary(path, data, dir_fd=dir_fd, mode=mode, fsync=fsync)
-    try:
-        os.replace(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        _discard(tmp, dir_fd)
-        raise
-
-
-def stale_temporary(name: str, st: os.stat_result, now: float | None = None) -> bool:
-    """True when ``name`` (with its ``lstat`` result ``st``) is a temporary of tracekit's naming,
-    ``.tmp-tk-<pid>-<16 hex>-<host>`` (what the cache and ``tracekit report`` write before
-    renaming), a regular file of the current user, and stale: its writer's pid is gone on this
-    host (the host is in the name; another host's pid says nothing here), or nobody touched it
-    for :data:`STALE_TMP_S` seconds. A live writer's fresh temporary is never stale."""
-    m = _TMP.match(name)
-    if m is None or not stat.S_ISREG(st.st_mode) or not _owned(st):
-        return False
-    now = time.time() if now is None else now
-    return now - st.st_mtime > STALE_TMP_S or (m.group(2) == _HOST and _pid_gone(int(m.group(1))))
-
-
-def remove_stale_temporaries(folder: str | Path | int, legacy: bool = False) -> list[str]:
-    """Delete the :func:`stale_temporary` files directly in ``folder`` (a path, or a directory
-    file descriptor); nothing else (other names, links, folders, files of other users) is
-    touched. ``legacy``: also the ``tempfile.mkstemp`` names of a format-1 cache. Returns the
-    names removed; never raises (a folder that cannot be listed removes nothing)."""
-    removed: list[str] = []
-    fd = None
-    try:
-        if isinstance(folder, int):
-            dfd = folder
-        else:
-            fd = dfd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-        now = time.time()
-        for name in os.listdir(dfd):
-            mine = _TMP.match(name) is not None
-            if not mine and not (legacy and _TMP_V1.match(name)):
-                continue
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                if stale_temporary(name, st, now) if mine else (stat.S_ISREG(st.st_mode) and _owned(st)):
-                    os.unlink(name, dir_fd=dfd)
-                    removed.append(name)
-            except OSError:
-                pass
-    except OSError:
-        pass
-    finally:
-        if fd is not None:
-            os.close(fd)
-    return removed
 
 
 def _read_regular(name: str, dfd: int, limit: int | None = None) -> bytes | None:
@@ -890,146 +774,6 @@ def _frame_hash(frame) -> str | None:
     except Exception:
         return None
     return f"{rows:x}:{frame.height}:{hashlib.sha1(str(frame.schema).encode()).hexdigest()[:12]}"
-
-
-def _panic_exception() -> type:
-    """pyo3's PanicException (a BaseException: ``except Exception`` misses it), or a stand-in."""
-    try:
-        from polars.exceptions import PanicException
-    except ImportError:  # pragma: no cover - older polars
-        return Exception
-    return PanicException
-
-
-def format_json(obj, indent: int = 1, strict: bool = False) -> str:
-    """``obj`` as JSON text: objects and lists that hold containers are indented (``indent``
-    spaces a level), everything else, such as each row of a table, stays on one line; ends
-    with a newline. Parses to the same value as ``json.dumps(obj, indent=indent)``, many times
-    faster on large results (rows go through the C encoder; the indenting encoder is Python).
-
-    ``strict``: raise TypeError for a dict key that is not a string (JSON would turn it into
-    one, so the text would not read back as ``obj``), as the result cache needs.
-
-    A list with a ``json_blocks(sep)`` method (:class:`tracekit.analyze.sections.transfers.JsonRows`:
-    table rows encoded column by column) is written from the blocks of row text it yields, in
-    the layout of a list of rows.
-    """
-    parts: list[str] = []
-    _encode_json(obj, indent, strict, parts.append)
-    return "".join(parts)
-
-
-def write_json_to(obj, fh, indent: int = 1, strict: bool = False, buffer_chars: int = 1 << 20) -> None:
-    """Write :func:`format_json`'s text of ``obj`` to the text file ``fh`` piece by piece, about
-    ``buffer_chars`` characters at a time, never holding the whole text (a long timeline's rows
-    are tens of MB of it)."""
-    parts: list[str] = []
-    size = 0
-
-    def out(t: str) -> None:
-        nonlocal size
-        parts.append(t)
-        size += len(t)
-        if size >= buffer_chars:
-            fh.write("".join(parts))
-            parts.clear()
-            size = 0
-
-    _encode_json(obj, indent, strict, out)
-    fh.write("".join(parts))
-
-
-def json_safe(obj):
-    """``obj`` with every non-finite float (NaN, inf, -inf) replaced by None, so that it
-    encodes as strict JSON (RFC 8259 has no NaN/Infinity: jq, JavaScript, Go and serde refuse
-    Python's ``NaN``); dicts, lists and tuples are rebuilt, other values kept."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "json_blocks"):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
-def dumps_strict(obj, **kwargs) -> str:
-    """``json.dumps(obj, **kwargs)`` as strict JSON: non-finite floats written as ``null``
-    (:func:`json_safe`), ``allow_nan=False`` as the guard. For the outputs that keep
-    ``json.dumps``' own layout (``compare --json``, ``compare.json``); everything else goes
-    through :func:`format_json`, which does the same. Also the Perfetto file and the findings'
-    ``values`` column."""
-    try:  # the common case: nothing to replace, no copy made
-        return json.dumps(obj, allow_nan=False, **kwargs)
-    except ValueError:  # "Out of range float values are not JSON compliant"
-        return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
-
-
-def _encode_json(obj, indent: int, strict: bool, out) -> None:
-    """The text of :func:`format_json`, passed piece by piece to ``out(str)``. Strict JSON: a
-    non-finite float is written as ``null`` (:func:`json_safe`), never ``NaN``/``Infinity``."""
-    from json.encoder import c_make_encoder, encode_basestring_ascii
-
-    if c_make_encoder is not None:  # the C encoder, built once (JSONEncoder.encode builds one per call)
-
-        def _default(o):
-            raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
-
-        # allow_nan=False: ValueError on NaN/inf, the piece is then encoded again from json_safe(piece)
-        _c = c_make_encoder(None, _default, encode_basestring_ascii, None, ": ", ", ", False, False, False)
-
-        def _dumps(o) -> str:
-            return "".join(_c(o, 0))
-    else:  # pragma: no cover - Pythons without the C accelerator
-        _dumps = json.JSONEncoder(ensure_ascii=True, separators=(", ", ": "), allow_nan=False).encode
-
-    def dumps(o) -> str:
-        try:
-            return _dumps(o)
-        except ValueError:  # "Out of range float values are not JSON compliant"
-            return _dumps(json_safe(o))
-
-    def nested(o) -> bool:
-        if isinstance(o, dict):
-            return any(isinstance(v, (dict, list, tuple)) for v in o.values())
-        if isinstance(o, (list, tuple)):
-            return any(isinstance(v, (dict, list, tuple)) for v in o)
-        return False
-
-    def enc(o, level: int) -> None:
-        blocks = getattr(o, "json_blocks", None) if isinstance(o, list) else None
-        if blocks is not None:  # rows encoded column by column, laid out as a list of rows
-            pad = "\n" + " " * (indent * (level + 1))
-            n = 0
-            for b in blocks("," + pad):
-                out(("," if n else "[") + pad + b)
-                n += 1
-            out("\n" + " " * (indent * level) + "]" if n else "[]")
-            return
-        if strict and isinstance(o, dict) and not all(type(k) is str for k in o):
-            raise TypeError(f"non-string keys in {list(o)[:5]}")
-        if not nested(o):
-            if strict and isinstance(o, (list, tuple)):
-                for v in o:  # a flat list may hold flat dicts (table rows)
-                    if isinstance(v, dict) and not all(type(k) is str for k in v):
-                        raise TypeError(f"non-string keys in {list(v)[:5]}")
-            out(dumps(o))
-            return
-        pad = "\n" + " " * (indent * (level + 1))
-        if isinstance(o, dict):
-            out("{")
-            for i, (k, v) in enumerate(o.items()):
-                out(("," if i else "") + pad + dumps(str(k)) + ": ")
-                enc(v, level + 1)
-            out("\n" + " " * (indent * level) + "}")
-        else:
-            out("[")
-            for i, v in enumerate(o):
-                out(("," if i else "") + pad)
-                enc(v, level + 1)
-            out("\n" + " " * (indent * level) + "]")
-
-    enc(obj, 0)
-    out("\n")
 
 
 def remove_cache(trace: str | Path) -> bool:

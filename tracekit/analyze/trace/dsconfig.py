@@ -148,7 +148,7 @@ def read_json_object(path: str | Path, what: str) -> dict:
         raise TracekitError(f"{head}: not UTF-8 text (byte {exc.start:,}); pass a DeepSpeed JSON config") from None
     try:
         data = json.loads(text)  # NaN/Infinity taken, as DeepSpeed's json.load does (HF Trainer writes
-        # steps_per_print: Infinity); tracekit's JSON output writes them as null (cache.json_safe)
+        # steps_per_print: Infinity); tracekit's JSON output writes them as null (json_format.json_safe)
     except RecursionError:
         raise TracekitError(f"{head}: nested too deeply to be a DeepSpeed config or a capture manifest "
                             f"(at most {MAX_CONFIG_DEPTH} levels)") from None
@@ -262,7 +262,8 @@ def load(trace: str | Path | None, ds_config: str | Path | None = None) -> dict:
 
 def _looks_like_ds(cfg: dict) -> bool:
     known = {"zero_optimization", "fp16", "bf16", "train_batch_size", "train_micro_batch_size_per_gpu",
-             "gradient_accumulation_steps", "optimizer", "scheduler", "gradient_clipping", "zero_allow_untested_optimizer"}
+             "gradient_accumulation_steps", "optimizer", "scheduler", "gradient_clipping",
+             "zero_allow_untested_optimizer"}
     return bool(known & set(cfg))
 
 
@@ -330,7 +331,8 @@ def infer_settings(facts: dict) -> dict:
     names = facts.get("range_names", set())
     stage3 = any("DeepSpeedZeroOptimizer_Stage3" in n for n in names) or "param_copy_back" in names
     if stage3:
-        out["zero_optimization.stage"] = (3, "DeepSpeedZeroOptimizer_Stage3 NVTX ranges (or tracekit's param_copy_back)")
+        out["zero_optimization.stage"] = (
+            3, "DeepSpeedZeroOptimizer_Stage3 NVTX ranges (or tracekit's param_copy_back)")
     elif "param_copy_to_device" in names:
         out["zero_optimization.stage"] = ("1 or 2", "tracekit's param_copy_to_device range (ZeRO-1/2 copy of the "
                                                     "updated parameters)")

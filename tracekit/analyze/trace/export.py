@@ -11,9 +11,9 @@ Reading is defensive (issue 9): text that is not valid UTF-8 is decoded with U+F
 replacement characters; identifiers are quoted; a table tracekit reads that lacks one of the
 columns of :data:`REQUIRED_COLUMNS`, a value of the wrong type (text in an integer column), a
 damaged page and a locked database are each reported as one line naming the table, column or
-condition (:class:`~tracekit.errors.TracekitError`, exit code 2). Tables and columns are resolved through ``sqlite_master`` and
-``PRAGMA table_info``; a table the trace lacks loads as an empty frame (nsys creates tables
-lazily, so a missing table means "nothing recorded"), until an analysis calls
+condition (:class:`~tracekit.errors.TracekitError`, exit code 2). Tables and columns are
+resolved through ``sqlite_master`` and ``PRAGMA table_info``; a table the trace lacks loads as
+an empty frame (nsys creates tables lazily, so a missing table means "nothing recorded"), until an analysis calls
 :meth:`Export.require`, which raises :class:`~tracekit.errors.MissingDataError` naming the
 table and the nsys option that records it.
 
@@ -33,6 +33,7 @@ from urllib.parse import quote
 import polars as pl
 
 from tracekit.analyze.trace import enums
+from tracekit.analyze.trace.chunks import _ChunkReader, _rowid_split
 from tracekit.errors import MissingDataError, TracekitError
 from tracekit.userfiles import shown
 
@@ -740,100 +741,8 @@ def _type_error(path: Path, sql: str, rows: list, names: list[str], schema: dict
                     f"{shown(path)}: {table} column {col} holds {val!r} ({type(v).__name__}) where "
                     f"{want.get(dtype, 'another type')} is expected; the export is damaged or was edited; {_REEXPORT}"
                 )
-    return TracekitError(f"{shown(path)}: {table}: values of unexpected types ({str(exc).splitlines()[0][:120]}); {_REEXPORT}")
-
-
-_SPLITTABLE = re.compile(r"(?is)^\s*(SELECT\s.+?\sFROM\s+\"?(\w+)\"?)\s+WHERE\s(.+)$")
-
-
-def _rowid_split(sql: str, table: str) -> str | None:
-    """``sql`` as a format string with ``{a}``/``{b}`` bounding ``table``'s rowid, when it is a
-    plain ``SELECT ... FROM table WHERE condition``; else None."""
-    m = _SPLITTABLE.match(sql)
-    if not m or m.group(2) != table or "{" in sql or "}" in sql:
-        return None
-    if re.search(r"(?i)\b(select|join|group\s+by|order\s+by|limit|union|having|window)\b", m.group(3)):
-        return None
-    if re.search(r"(?i)\b(join|distinct)\b|,", m.group(1).split("FROM")[-1] if "FROM" in m.group(1) else ""):
-        return None
-    return f"{m.group(1)} WHERE ({m.group(3)}) AND rowid BETWEEN {{a}} AND {{b}}"
-
-
-class _ChunkReader:
-    """Reads ``queries`` (rowid ranges of one table, in order) with ``workers`` threads, at most
-    ``workers + 2`` results held at a time; iterating yields them in order. Cache lookups and
-    stores happen in the consuming thread."""
-
-    def __init__(self, export: "Export", queries: list[str], params: tuple, schema: dict, workers: int) -> None:
-        import threading
-        from collections import deque
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.export, self.queries, self.params, self.schema = export, queries, params, schema
-        self.ahead = workers + 2
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="tracekit-chunks")
-        self.local = threading.local()
-        self.siblings: list[Export] = []
-        self.lock = threading.Lock()
-        self.todo = deque(range(len(queries)))
-        self.inflight: deque = deque()
-        self.closed = False
-        self._fill()
-
-    def _key(self, i: int):
-        c = self.export.cache
-        return c.query_key(self.queries[i], self.params, self.schema) if c is not None else None
-
-    def _fill(self) -> None:
-        while self.todo and len(self.inflight) < self.ahead:
-            i = self.todo.popleft()
-            key = self._key(i)
-            if key is not None and self.export.cache.has_frame(key):
-                self.inflight.append((i, key, None))  # read from the cache when its turn comes
-            else:
-                self.inflight.append((i, key, self.pool.submit(self._read, i)))
-
-    def _read(self, i: int) -> pl.DataFrame:
-        other = getattr(self.local, "export", None)
-        if other is None:
-            other = self.local.export = self.export._sibling()
-            with self.lock:
-                self.siblings.append(other)
-        return other._read(self.queries[i], self.params, self.schema)
-
-    def __iter__(self):
-        while self.inflight:
-            i, key, fut = self.inflight.popleft()
-            frame = None
-            if fut is None:
-                frame = self.export.cache.get_frame(key)  # counts a hit, or a miss when it went bad
-                if frame is None:  # the entry went bad since: read the trace
-                    fut = self.pool.submit(self._read, i)
-            elif key is not None:
-                self.export.cache.misses += 1  # no entry: read from the trace, counted as a miss
-            if frame is None:
-                frame = fut.result()  # re-raises what the read raised
-                if key is not None:
-                    self.export.cache.put_frame(key, frame)
-            self._fill()
-            yield frame
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for _, _, fut in self.inflight:
-            if fut is not None:
-                fut.cancel()
-        self.inflight.clear()
-        self.todo.clear()
-        self.pool.shutdown(wait=True)
-        for other in self.siblings:
-            try:
-                other.close()
-            except Exception:
-                pass
-        self.siblings.clear()
+    first = str(exc).splitlines()[0][:120]
+    return TracekitError(f"{shown(path)}: {table}: values of unexpected types ({first}); {_REEXPORT}")
 
 
 #: Query results up to this many rows are kept for the life of the Export and returned again

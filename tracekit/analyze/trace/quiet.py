@@ -114,10 +114,17 @@ def read_parquet(payload):
 
     import polars as pl
 
-    from tracekit.analyze.trace.cache import _panic_exception
-
     with panic_text_hidden():
         try:
             return pl.read_parquet(io.BytesIO(payload))  # (a copy: polars keeps the buffer)
         except (Exception, _panic_exception()):
             return None
+
+
+def _panic_exception() -> type:
+    """pyo3's PanicException (a BaseException: ``except Exception`` misses it), or a stand-in."""
+    try:
+        from polars.exceptions import PanicException
+    except ImportError:  # pragma: no cover - older polars
+        return Exception
+    return PanicException
