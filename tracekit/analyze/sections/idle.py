@@ -165,14 +165,23 @@ def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
     k = np.searchsorted(cs, seg_s, side="right") - 1
     in_a = (k >= 0) & (seg_s < ce[np.maximum(k, 0)]) & ~in_b & ~in_c if cs.size else np.zeros(seg_s.size, bool)
     cat = np.where(in_b, 0, np.where(in_c, 1, np.where(in_a, 2, 3)))
-    call = np.where(in_a, ci[np.maximum(k, 0)] if cs.size else 0, -1)
-    seg = pl.DataFrame({"iid": iv["iid"].to_numpy()[w], "cat_i": cat.astype(np.int8), "call": call.astype(np.int64),
-                        "ns": (seg_e - seg_s).astype(np.int64)})
-    names = cf.select("name", "group").with_row_index("call").with_columns(pl.col("call").cast(pl.Int64))
-    seg = seg.join(names, on="call", how="left")
-    seg = seg.group_by("iid", "cat_i", "name", "group").agg(pl.col("ns").sum())
-    return seg.with_columns(cat=pl.col("cat_i").replace_strict(dict(enumerate(CATEGORIES)), return_dtype=pl.String)) \
-        .select(list(out_schema)).cast(out_schema)
+    # the call name of each in-API segment, as a code into the distinct names of ``cf`` (0: no
+    # call); the sums per (interval, category, name) are taken on one Int64 key
+    names = cf["name"].unique(maintain_order=True)
+    codes = cf["name"].replace_strict(names, pl.int_range(1, names.len() + 1, eager=True),
+                                      return_dtype=pl.Int64).to_numpy() if cs.size else np.zeros(0, np.int64)
+    nn = names.len() + 1
+    code = np.where(in_a, codes[ci[np.maximum(k, 0)]] if cs.size else 0, 0).astype(np.int64)
+    seg = pl.DataFrame({"key": (w.astype(np.int64) * 4 + cat) * nn + code, "ns": (seg_e - seg_s).astype(np.int64)})
+    seg = seg.group_by("key").agg(pl.col("ns").sum())
+    uk = seg["key"].to_numpy()
+    ucode, rest = uk % nn, uk // nn
+    groups = dict(cf.select("name", "group").unique().iter_rows())
+    name_of = [None, *names.to_list()]
+    seg_names = [name_of[c] for c in ucode.tolist()]
+    return pl.DataFrame({"iid": iv["iid"].to_numpy()[rest // 4], "cat": [CATEGORIES[c] for c in (rest % 4).tolist()],
+                         "name": seg_names, "group": [None if n is None else groups[n] for n in seg_names],
+                         "ns": seg["ns"]}, schema=out_schema)
 
 
 def _rank_parts(model: PhaseModel, export: Export):

@@ -306,14 +306,14 @@ def _kernel_dtypes(export: Export, kern: pl.DataFrame) -> dict:
         return {}
     names = export.query("SELECT id, value FROM StringIds WHERE id IN (" + ",".join(str(int(i)) for i in ids) + ")",
                          schema={"id": pl.Int64, "value": pl.String})
-    out = {}
-    k = kern.join(names, left_on="name_id", right_on="id", how="left")
-    for dev, g in k.group_by("device"):
-        d = {"kernels": g.height}
-        for label, pat in DTYPE_PATTERNS.items():
-            d[label] = int(g["value"].fill_null("").str.contains(pat).sum())
-        out[int(dev[0])] = d
-    return out
+    # the patterns run once per distinct name, not once per kernel
+    names = names.select("id", **{label: pl.col("value").fill_null("").str.contains(pat)
+                                  for label, pat in DTYPE_PATTERNS.items()})
+    k = kern.select("device", "name_id").join(names, left_on="name_id", right_on="id", how="left")
+    per = k.group_by("device").agg(kernels=pl.len(), **{label: pl.col(label).fill_null(False).sum()
+                                                        for label in DTYPE_PATTERNS})
+    return {int(r["device"]): {"kernels": r["kernels"], **{label: int(r[label]) for label in DTYPE_PATTERNS}}
+            for r in per.iter_rows(named=True)}
 
 
 #: The optimizer step's own range (DeepSpeed's ``instrument_w_nvtx`` of ``step``:
@@ -330,9 +330,9 @@ def _unmarked_time(rng: pl.DataFrame, uw_s, uw_e, ms, me, busy_s, busy_e, per_wi
     bounds), and not in a marked role: (wall ns, GPU-idle ns). Only ranges strictly inside a
     window count as nested."""
     wall = idle = 0.0
+    rng = rng.filter(~pl.col("name").fill_null("").str.contains(STEP_RANGE))  # (the pattern once, not per window)
     for a, b in zip(uw_s, uw_e):
-        inner = rng.filter((pl.col("start") >= a) & (pl.col("end") <= b) & ~((pl.col("start") == a) & (pl.col("end") == b))
-                           & ~pl.col("name").fill_null("").str.contains(STEP_RANGE))
+        inner = rng.filter((pl.col("start") >= a) & (pl.col("end") <= b) & ~((pl.col("start") == a) & (pl.col("end") == b)))
         # the step range itself (same span as the window) is the parent; its direct children cover the marked time
         s, e = inner["start"].to_numpy(), inner["end"].to_numpy()
         # drop ranges that span the whole window (e.g. a wrapper pushed by the hook) from the children
