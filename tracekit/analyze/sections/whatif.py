@@ -89,7 +89,7 @@ FALLBACK_PINNED_GBPS = _pageable.FALLBACK_PINNED_GBPS
 #: during the boundary backward only ``if ... not self.clip_grad``, DeepSpeed 0.19.8); DeepSpeed's
 #: default became 1.0 in 0.19.3 (deepspeedai/DeepSpeed#8068).
 SCENARIOS = ("pageable_to_pinned", "pin_memory", "bf16", "no_offload", "grads_on_gpu", "overlap_grad_copies",
-             "ratio", "sub_group_size", "superoffload_no_clipping")
+             "ratio", "sub_group_size", "superoffload_no_clipping", "larger_micro_batch")
 
 
 def _steady(its: list[int]) -> list[int]:
@@ -253,9 +253,11 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         walls = {(int(i), ph): float(w) for i, ph, w in per_it.iter_rows()}
         phase_walls = {ph: [walls.get((i, ph), 0.0) for i in steady] for ph in phase_ns}
         iteration_walls = [sum(walls.get((i, ph), 0.0) for ph in phase_ns) for i in steady]
+        last_wall, last_kern = _last_micro_step(ts, steady)
         out.append({
             "global_pid": gp, "pid": r["pid"], "device": dev, "iterations": steady,
             "iteration_walls_ns": iteration_walls, "phase_walls_ns": phase_walls, "role_walls_ns": role_walls,
+            "last_micro_step_walls_ns": last_wall, "last_micro_step_kernel_ns": last_kern,
             "warmup": [i for i in complete if i not in steady],
             "iteration_ns": float(ts["wall_ns"].sum()) / n, "phase_ns": phase_ns, "kernel_ns": kernel_ns,
             "update_ns": update_total, "copies": copies, "bandwidth": bw, "roles": roles,
@@ -272,6 +274,22 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
             "kernel_dtypes": _kernel_dtypes(export, kern).get(dev, {}),
         })
     return out
+
+
+def _last_micro_step(ts: pl.DataFrame, steady: list[int]) -> tuple[dict, dict]:
+    """``({phase: [wall ns]}, {phase: [kernel busy ns]})`` of the last (boundary) micro-step of
+    forward and backward in each steady iteration (aligned with ``steady``; 0 where the phase is
+    absent). ``ts``: the rank's phase table rows of the steady iterations (``iteration, phase,
+    micro_step, wall_ns, kernel_busy_ns``)."""
+    walls, kerns = {}, {}
+    for ph in ("forward", "backward"):
+        g = ts.filter((pl.col("phase") == ph) & pl.col("micro_step").is_not_null())
+        last = g.filter(pl.col("micro_step") == pl.col("micro_step").max().over("iteration"))
+        w = {int(i): float(v) for i, v in last.group_by("iteration").agg(pl.col("wall_ns").sum()).iter_rows()}
+        k = {int(i): float(v) for i, v in last.group_by("iteration").agg(pl.col("kernel_busy_ns").sum()).iter_rows()}
+        walls[ph] = [w.get(i, 0.0) for i in steady]
+        kerns[ph] = [k.get(i, 0.0) for i in steady]
+    return walls, kerns
 
 
 def _sub_group_bytes(c: pl.DataFrame, copy_back_iv, iteration: int) -> list[int]:
@@ -802,7 +820,46 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
         wait_ns=wait, boundary_backward_ns=bwd_boundary, one_reduce_bucket=one_bucket,
         reduce_bucket_size=bucket if isinstance(bucket, (int, float)) else None,
         suggested_reduce_bucket_size=float(f"{P / 10:.0e}") if one_bucket else None))
+
+    # 10. gradient_accumulation_steps g -> 1 with micro-batch x g (same global batch)
+    out.append(_larger_micro_batch(pieces, zen_no_gas))
     return out
+
+
+def _larger_micro_batch(pieces: dict, zen_no_gas: bool) -> dict:
+    """``larger_micro_batch``: ``gradient_accumulation_steps`` g -> 1 with the micro-batch x g
+    (same global batch). The one new micro-step is the baseline's last (boundary) micro-step --
+    its forward and backward walls as measured, so its host time (launches, framework, hooks) and
+    every copy of the boundary backward stay (the boundary's gradient D2H and its H2D, which a
+    run with gas 1 has too: the recorded ``z3s_mb2`` backward moves the same 268 MB H2D / 805 MB
+    D2H as ``z3s_base3``'s boundary micro-step) -- plus (g - 1) x its kernel busy time, fully
+    exposed (kernel time linear in the micro-batch). The g - 1 non-boundary micro-steps go: their
+    launches and their gradient round trip (the ``grads_on_gpu`` copies). Per phase (forward,
+    backward) ``saving = wall - last micro-step's wall - (g - 1) x its kernel busy time``, per
+    steady iteration (for :func:`interval`)."""
+    g = pieces.get("micro_steps") or 1
+    lw = pieces.get("last_micro_step_walls_ns") or {}
+    lk = pieces.get("last_micro_step_kernel_ns") or {}
+    n = len(pieces["iterations"])
+    ok = g > 1 and not zen_no_gas and bool(lw)
+    per_ph = {}
+    per_it = [0.0] * n
+    for ph in ("forward", "backward"):
+        walls = pieces["phase_walls_ns"].get(ph, [0.0] * n)
+        sv = [w - a - (g - 1) * k for w, a, k in zip(walls, lw.get(ph, [0.0] * n), lk.get(ph, [0.0] * n))]
+        per_ph[ph] = float(np.mean(sv)) if sv else 0.0
+        per_it = [x + y for x, y in zip(per_it, sv)]
+    s = sum(per_ph.values()) if ok else 0.0
+    basis = (f"gradient_accumulation_steps {g} -> 1 with the micro-batch x {g}: forward and backward become the "
+             f"last micro-step's (its host time and the boundary's copies kept) plus {g - 1} x its kernel time, "
+             f"exposed; the {g - 1} other micro-step(s) go with their gradient round trip (forward "
+             f"{per_ph['forward'] / 1e6:,.1f} ms, backward {per_ph['backward'] / 1e6:,.1f} ms saved per iteration); "
+             "assumes host time per micro-step does not grow with the micro-batch and that twice the activations fit")
+    return _result(pieces, "larger_micro_batch", s, basis, "low", applicable=ok and s > 0,
+                   why="" if ok else ("one micro-step per iteration" if g <= 1 else
+                                      "ZenFlow: the backward passes are update_interval steps, not accumulation"),
+                   per_it=per_it if ok else None, gas=g,
+                   phase_delta_ns={ph: -v for ph, v in per_ph.items()} if ok else {})
 
 
 def gpu_step_bytes(settings: dict, changes: dict | None = None) -> tuple[str, int, str]:
