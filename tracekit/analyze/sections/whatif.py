@@ -225,6 +225,9 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         c = c.with_columns(exposed_ns=pl.Series(exposed, dtype=pl.Float64),
                            bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64))
         c = c.with_columns(host_ns=(pl.col("api_end") - pl.col("launch")).cast(pl.Float64))
+        grad_offload = _grad_offload(ranges.filter(pl.col("global_pid") == gp), model.windows.filter(
+            (pl.col("global_pid") == gp) & (pl.col("phase") == "backward") & pl.col("iteration").is_in(steady)),
+            c, ks, ke, steady)
         copies = c.select("iteration", "phase", "micro_step", "boundary", "role", "direction", "host_kind", "bytes",
                           "duration_ns", "exposed_ns", "host_ns", "bucket")
         bw = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
@@ -258,6 +261,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
             "global_pid": gp, "pid": r["pid"], "device": dev, "iterations": steady,
             "iteration_walls_ns": iteration_walls, "phase_walls_ns": phase_walls, "role_walls_ns": role_walls,
             "last_micro_step_walls_ns": last_wall, "last_micro_step_kernel_ns": last_kern,
+            "grad_offload": grad_offload,
             "warmup": [i for i in complete if i not in steady],
             "iteration_ns": float(ts["wall_ns"].sum()) / n, "phase_ns": phase_ns, "kernel_ns": kernel_ns,
             "update_ns": update_total, "copies": copies, "bandwidth": bw, "roles": roles,
@@ -273,6 +277,46 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
             "forward_h2d_kinds": sorted(set(fwd_h2d["host_kind"].drop_nulls().to_list())),
             "kernel_dtypes": _kernel_dtypes(export, kern).get(dev, {}),
         })
+    return out
+
+
+#: tracekit's capture range around the offload-only gradient path of backward
+#: (:mod:`tracekit.capture.hook._tracekit_hook`): ZeRO-1/2 ``copy_grads_in_partition`` when
+#: ``cpu_offload`` (the gradient D2H into the CPU fp32 partition, the accumulation in host memory
+#: through the GPU, the overflow tracker), ZeRO-3 ``partition_grads`` when ``offload_optimizer``
+#: (the D2H of each partition into the CPU gradient buffer and its accumulation there); the range
+#: is pushed only with optimizer offload.
+GRAD_OFFLOAD_RANGE = "grad_copy_to_host"
+
+
+def _grad_offload(rng: pl.DataFrame, bwd: pl.DataFrame, c: pl.DataFrame, ks, ke, steady: list[int]) -> dict:
+    """The :data:`GRAD_OFFLOAD_RANGE` ranges inside the backward windows ``bwd`` of each steady
+    iteration, aligned with ``steady`` (ns): ``wall_ns`` (union of the ranges), ``kernel_ns``
+    (compute-kernel busy time inside them, ``ks``/``ke``: the union of the rank's kernels) and
+    ``copy_cost_ns`` (per host copy launched inside one, the longer of ``host_ns`` and
+    ``exposed_ns``; ``c``: the rank's host copies of :func:`measure` with ``launch``)."""
+    n = len(steady)
+    out = {"wall_ns": [0.0] * n, "kernel_ns": [0.0] * n, "copy_cost_ns": [0.0] * n}
+    g = rng.filter(pl.col("name") == GRAD_OFFLOAD_RANGE)
+    if not g.height or not bwd.height:
+        return out
+    s, e = g["start"].to_numpy(), g["end"].to_numpy()
+    pos = {it: j for j, it in enumerate(steady)}
+    launch = c["launch"].to_numpy() if c.height else np.zeros(0, np.int64)
+    cost = (np.maximum(c["host_ns"].fill_null(0.0).to_numpy(), c["exposed_ns"].to_numpy())
+            if c.height else np.zeros(0))
+    for a, b, it in zip(bwd["start"].to_numpy(), bwd["end"].to_numpy(), bwd["iteration"].to_list()):
+        k = (s >= a) & (e <= b)
+        us, ue = union(s[k], e[k])
+        if not len(us):
+            continue
+        j = pos[it]
+        out["wall_ns"][j] += float((ue - us).sum())
+        out["kernel_ns"][j] += float(covered_length(ks, ke, us, ue).sum())
+        if len(launch):
+            i = np.searchsorted(us, launch, side="right") - 1
+            hit = (i >= 0) & (launch < ue[np.maximum(i, 0)])
+            out["copy_cost_ns"][j] += float(cost[hit].sum())
     return out
 
 
@@ -674,6 +718,16 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     bwd_cost_it = _per_it(pieces, bwd_host, np.maximum(bwd_host["host_ns"].fill_null(0.0).to_numpy(),
                                                        bwd_host["exposed_ns"].to_numpy()) if bwd_host.height else [])
     upd_cpu_it = [sum(pieces["role_walls_ns"][k][j] for k in upd_roles) for j in range(n)]
+    # the offload-only gradient path (GRAD_OFFLOAD_RANGE) goes whole, not only its copies: its
+    # host work around the copies (the CPU accumulation, the fp32 partition, the overflow
+    # tracker) too; its compute kernels are kept (the GPU path still partitions the gradients)
+    go = pieces.get("grad_offload") or {}
+    go_extra_it = [max(w - k - c, 0.0) for w, k, c in zip(go.get("wall_ns", [0.0] * n), go.get("kernel_ns", [0.0] * n),
+                                                          go.get("copy_cost_ns", [0.0] * n))]
+    go_extra = float(np.mean(go_extra_it)) if go_extra_it else 0.0
+    go_wall = float(np.mean(go["wall_ns"])) if go.get("wall_ns") else 0.0
+    bwd_cost_it = [b + x for b, x in zip(bwd_cost_it, go_extra_it)]
+    bwd_cost += go_extra
     dev_gbps, dev_basis = _device_bandwidth(pieces)
     impl, step_bytes, impl_basis = gpu_step_bytes(settings, changes)
     gpu_upd_ratio = (P * step_bytes / dev_gbps) if P and dev_gbps else None  # ratio: the overflow check stays on the CPU
@@ -689,8 +743,10 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     s = (bwd_cost + upd_cpu - gpu_upd) if ok else 0.0
     out.append(_result(
         pieces, "no_offload", s,
-        f"backward without its host copies ({bwd_cost / 1e6:,.1f} ms per iteration: per copy the longer of the "
-        f"host stall in the API call and the exposed time; {bwd_exposed / 1e6:,.1f} ms exposed); the update without "
+        f"backward without its host copies and the offload-only gradient path ({bwd_cost / 1e6:,.1f} ms per "
+        f"iteration: per copy the longer of the host stall in the API call and the exposed time, "
+        f"{bwd_exposed / 1e6:,.1f} ms exposed; the {GRAD_OFFLOAD_RANGE} ranges, {go_wall / 1e6:,.1f} ms, whole but "
+        f"their compute kernels, {go_extra / 1e6:,.1f} ms beyond their copies); the update without "
         f"the CPU steps (Adam, copy-back, overflow check, unscale, norm, waits for a CPU optimizer worker, NVMe swaps: "
         f"{upd_cpu / 1e6:,.1f} ms) plus a GPU step "
         f"reading and writing {step_bytes} B per parameter ({impl_basis}; {(P or 0) / 1e6:,.0f} M parameters) at "
