@@ -50,7 +50,7 @@ PAIRS = {
     "z3s_base@sg1e8": ("z3s_sg1e8", "sub_group_size", {"sub_group_size": 1e9},
                        "ZeRO-3 134M: sub_group_size 1e8 -> 1e9 (reverse pair)"),
     # call 2: the same ZeRO-3 baseline recorded again, and ZeRO-2 134M (same keys, stage 2)
-    "z3s_mb2": ("z3s_base3", None, {}, "ZeRO-3 134M: micro-batch 1 x gas 2 -> 2 x gas 1 (same global batch)"),
+    "z3s_mb2": ("z3s_base3", "larger_micro_batch", {}, "ZeRO-3 134M: micro-batch 1 x gas 2 -> 2 x gas 1 (same global batch)"),
     "z3s_sg2e7": ("z3s_base3", "sub_group_size", {"sub_group_size": 2e7}, "ZeRO-3 134M: sub_group_size 1e9 -> 2e7"),
     "z2s_base2": ("z2s_base", "noise", {}, "ZeRO-2 134M: baseline again (noise floor)"),
     "z2s_pin": ("z2s_base", "pin_memory", {}, "ZeRO-2 134M: offload_optimizer.pin_memory false -> true"),

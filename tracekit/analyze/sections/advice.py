@@ -147,8 +147,9 @@ def build_advice(pieces: dict, scenarios: list[dict], settings: dict) -> list[di
         add(s, f"gradient accumulation round trip: the non-boundary backward micro-steps move {b / 1e6:,.0f} MB per "
                f"iteration between GPU and host ({e / 1e6:,.1f} ms exposed; {ev}) only to accumulate gradients",
             "gradient_accumulation_steps / train_micro_batch_size_per_gpu (or DeepSpeed code)",
-            f"gradient_accumulation_steps {gas} -> 1 with train_micro_batch_size_per_gpu x{gas} (same global batch) "
-            "when the activations fit, or accumulate in a GPU buffer until the boundary (code change)",
+            "accumulate in a GPU buffer until the boundary (code change); gradient_accumulation_steps "
+            f"{gas} -> 1 with train_micro_batch_size_per_gpu x{gas} also drops the round trip: its prediction is "
+            "the larger_micro_batch scenario",
             confidence="low")
     s = sc.get("overlap_grad_copies")
     if s and s["applicable"]:

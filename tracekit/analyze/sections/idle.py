@@ -441,12 +441,21 @@ def microbatch_advice(model: PhaseModel, export: Export, adv: dict) -> tuple[lis
 
     Returns ``(advice items, prediction rows)`` in the shapes of ``adv["advice"]`` and
     ``adv["predictions"]``; both empty for a rank without an even ``gas >= 2`` or host-bound
-    micro-steps, or a saving under the advice's threshold."""
+    micro-steps, or a saving under the advice's threshold.
+
+    For gas 2 the numbers are the what-if model's ``larger_micro_batch`` row of
+    ``adv["predictions"]`` (:func:`tracekit.analyze.sections.whatif.predict`: the boundary
+    micro-step kept whole, the other one's launches and gradient round trip gone, issue 22) when it
+    is there and applicable: the item takes its saving and interval, the row gets
+    ``lower_bound_ns`` and this basis, and no second prediction row is returned; the formula
+    above (equal micro-steps: the same number) is the fallback for gas 4, 6, ..."""
     from tracekit.analyze.sections.advice import MIN_SAVING_SHARE
     from tracekit.analyze.sections.breakdown import phase_table
     from tracekit.vocab import os_pid
 
     base = {(p["pid"], p["device"]): (p["baseline_ns"], p.get("iterations") or []) for p in adv.get("predictions", [])}
+    whatif_rows = {(p["pid"], p["device"]): p for p in adv.get("predictions", [])
+                   if p.get("scenario") == "larger_micro_batch" and p.get("applicable")}
     w, _ = idle_windows(model, export)
     rows = phase_table(model).select(*ROW_KEYS, "wall_ns", "kernel_busy_ns").join(
         w.select(*ROW_KEYS, "gpu_busy_ns"), on=list(ROW_KEYS), nulls_equal=True)
@@ -472,26 +481,35 @@ def microbatch_advice(model: PhaseModel, export: Export, adv: dict) -> tuple[lis
             (g["wall_ns"].sum() / n >= FINDING_MIN_WALL_NS)
             and 1 - g["gpu_busy_ns"].sum() / max(g["wall_ns"].sum(), 1) >= FINDING_MIN_IDLE_SHARE
             for _, g in m.group_by("phase"))
-        saving = (W - K) / 2
+        wrow = whatif_rows.get((pid, dev))
+        saving = wrow["saving_ns"] if wrow is not None and gas == 2 else (W - K) / 2
         if not host_bound or saving < max(MIN_SAVING_SHARE * b, 1e6):
             continue
         lower = b - W + max(W, B + K) / 2
         from tracekit.analyze.sections.whatif import interval
 
-        allp = rows.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev) & pl.col("iteration").is_in(list(its)))
-        walls = allp.group_by("iteration").agg(pl.col("wall_ns").sum()).sort("iteration")["wall_ns"].to_list()
-        per = m.group_by("iteration").agg((pl.col("wall_ns").sum() - pl.col("kernel_busy_ns").sum()) / 2).sort(
-            "iteration")["wall_ns"].to_list()
-        iv = interval({"iteration_walls_ns": walls, "iteration_ns": b}, saving, per)
-        basis = (f"forward + backward of the steady iterations, {W / 1e6:,.1f} ms per iteration in {gas} micro-steps "
-                 f"with {K / 1e6:,.1f} ms of compute kernels: per new micro-step the host time (wall - GPU busy) and "
-                 f"the copies of one old micro-step kept, its kernel time doubled and fully exposed (saving = (wall - "
-                 f"kernels) / 2); if the longer kernels hide under the host time, {lower / 1e6:,.1f} ms")
+        if wrow is not None and gas == 2:  # the what-if model's row: one model for the change
+            iv = {k: wrow.get(k) for k in ("interval_ns", "saving_interval_ns", "within_noise", "interval_basis")}
+            basis = (wrow["basis"] + f"; if the longer kernels hide under the host time, {lower / 1e6:,.1f} ms")
+            wrow["lower_bound_ns"] = round(lower, 3)
+            wrow["basis"] = basis
+        else:
+            allp = rows.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev)
+                               & pl.col("iteration").is_in(list(its)))
+            walls = allp.group_by("iteration").agg(pl.col("wall_ns").sum()).sort("iteration")["wall_ns"].to_list()
+            per = m.group_by("iteration").agg((pl.col("wall_ns").sum() - pl.col("kernel_busy_ns").sum()) / 2).sort(
+                "iteration")["wall_ns"].to_list()
+            iv = interval({"iteration_walls_ns": walls, "iteration_ns": b}, saving, per)
+            basis = (f"forward + backward of the steady iterations, {W / 1e6:,.1f} ms per iteration in {gas} micro-steps "
+                     f"with {K / 1e6:,.1f} ms of compute kernels: per new micro-step the host time (wall - GPU busy) and "
+                     f"the copies of one old micro-step kept, its kernel time doubled and fully exposed (saving = (wall - "
+                     f"kernels) / 2); if the longer kernels hide under the host time, {lower / 1e6:,.1f} ms")
         pred = {"pid": pid, "device": dev, "iterations": its, "scenario": "larger_micro_batch", "applicable": True,
                 "why_not": "", "baseline_ns": round(b, 3), "predicted_ns": round(b - saving, 3),
                 "saving_ns": round(saving, 3), "basis": basis, "confidence": "low",
                 "lower_bound_ns": round(lower, 3), "gas": gas, **iv}
-        preds.append(pred)
+        if not (wrow is not None and gas == 2):  # else the what-if row is the prediction
+            preds.append(pred)
         items.append({
             "problem": (f"forward and backward are host-bound: the GPU is idle {100 * (1 - B / W):.0f}% of their "
                         f"{W / 1e6:,.1f} ms per iteration (mean over steady iterations {_span(its)}); "

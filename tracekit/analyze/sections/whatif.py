@@ -89,7 +89,7 @@ FALLBACK_PINNED_GBPS = _pageable.FALLBACK_PINNED_GBPS
 #: during the boundary backward only ``if ... not self.clip_grad``, DeepSpeed 0.19.8); DeepSpeed's
 #: default became 1.0 in 0.19.3 (deepspeedai/DeepSpeed#8068).
 SCENARIOS = ("pageable_to_pinned", "pin_memory", "bf16", "no_offload", "grads_on_gpu", "overlap_grad_copies",
-             "ratio", "sub_group_size", "superoffload_no_clipping")
+             "ratio", "sub_group_size", "superoffload_no_clipping", "larger_micro_batch")
 
 
 def _steady(its: list[int]) -> list[int]:
@@ -225,6 +225,9 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         c = c.with_columns(exposed_ns=pl.Series(exposed, dtype=pl.Float64),
                            bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64))
         c = c.with_columns(host_ns=(pl.col("api_end") - pl.col("launch")).cast(pl.Float64))
+        grad_offload = _grad_offload(ranges.filter(pl.col("global_pid") == gp), model.windows.filter(
+            (pl.col("global_pid") == gp) & (pl.col("phase") == "backward") & pl.col("iteration").is_in(steady)),
+            c, ks, ke, steady)
         copies = c.select("iteration", "phase", "micro_step", "boundary", "role", "direction", "host_kind", "bytes",
                           "duration_ns", "exposed_ns", "host_ns", "bucket")
         bw = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
@@ -253,9 +256,12 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         walls = {(int(i), ph): float(w) for i, ph, w in per_it.iter_rows()}
         phase_walls = {ph: [walls.get((i, ph), 0.0) for i in steady] for ph in phase_ns}
         iteration_walls = [sum(walls.get((i, ph), 0.0) for ph in phase_ns) for i in steady]
+        last_wall, last_kern = _last_micro_step(ts, steady)
         out.append({
             "global_pid": gp, "pid": r["pid"], "device": dev, "iterations": steady,
             "iteration_walls_ns": iteration_walls, "phase_walls_ns": phase_walls, "role_walls_ns": role_walls,
+            "last_micro_step_walls_ns": last_wall, "last_micro_step_kernel_ns": last_kern,
+            "grad_offload": grad_offload,
             "warmup": [i for i in complete if i not in steady],
             "iteration_ns": float(ts["wall_ns"].sum()) / n, "phase_ns": phase_ns, "kernel_ns": kernel_ns,
             "update_ns": update_total, "copies": copies, "bandwidth": bw, "roles": roles,
@@ -272,6 +278,62 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
             "kernel_dtypes": _kernel_dtypes(export, kern).get(dev, {}),
         })
     return out
+
+
+#: tracekit's capture range around the offload-only gradient path of backward
+#: (:mod:`tracekit.capture.hook._tracekit_hook`): ZeRO-1/2 ``copy_grads_in_partition`` when
+#: ``cpu_offload`` (the gradient D2H into the CPU fp32 partition, the accumulation in host memory
+#: through the GPU, the overflow tracker), ZeRO-3 ``partition_grads`` when ``offload_optimizer``
+#: (the D2H of each partition into the CPU gradient buffer and its accumulation there); the range
+#: is pushed only with optimizer offload.
+GRAD_OFFLOAD_RANGE = "grad_copy_to_host"
+
+
+def _grad_offload(rng: pl.DataFrame, bwd: pl.DataFrame, c: pl.DataFrame, ks, ke, steady: list[int]) -> dict:
+    """The :data:`GRAD_OFFLOAD_RANGE` ranges inside the backward windows ``bwd`` of each steady
+    iteration, aligned with ``steady`` (ns): ``wall_ns`` (union of the ranges), ``kernel_ns``
+    (compute-kernel busy time inside them, ``ks``/``ke``: the union of the rank's kernels) and
+    ``copy_cost_ns`` (per host copy launched inside one, the longer of ``host_ns`` and
+    ``exposed_ns``; ``c``: the rank's host copies of :func:`measure` with ``launch``)."""
+    n = len(steady)
+    out = {"wall_ns": [0.0] * n, "kernel_ns": [0.0] * n, "copy_cost_ns": [0.0] * n}
+    g = rng.filter(pl.col("name") == GRAD_OFFLOAD_RANGE)
+    if not g.height or not bwd.height:
+        return out
+    s, e = g["start"].to_numpy(), g["end"].to_numpy()
+    pos = {it: j for j, it in enumerate(steady)}
+    launch = c["launch"].to_numpy() if c.height else np.zeros(0, np.int64)
+    cost = (np.maximum(c["host_ns"].fill_null(0.0).to_numpy(), c["exposed_ns"].to_numpy())
+            if c.height else np.zeros(0))
+    for a, b, it in zip(bwd["start"].to_numpy(), bwd["end"].to_numpy(), bwd["iteration"].to_list()):
+        k = (s >= a) & (e <= b)
+        us, ue = union(s[k], e[k])
+        if not len(us):
+            continue
+        j = pos[it]
+        out["wall_ns"][j] += float((ue - us).sum())
+        out["kernel_ns"][j] += float(covered_length(ks, ke, us, ue).sum())
+        if len(launch):
+            i = np.searchsorted(us, launch, side="right") - 1
+            hit = (i >= 0) & (launch < ue[np.maximum(i, 0)])
+            out["copy_cost_ns"][j] += float(cost[hit].sum())
+    return out
+
+
+def _last_micro_step(ts: pl.DataFrame, steady: list[int]) -> tuple[dict, dict]:
+    """``({phase: [wall ns]}, {phase: [kernel busy ns]})`` of the last (boundary) micro-step of
+    forward and backward in each steady iteration (aligned with ``steady``; 0 where the phase is
+    absent). ``ts``: the rank's phase table rows of the steady iterations (``iteration, phase,
+    micro_step, wall_ns, kernel_busy_ns``)."""
+    walls, kerns = {}, {}
+    for ph in ("forward", "backward"):
+        g = ts.filter((pl.col("phase") == ph) & pl.col("micro_step").is_not_null())
+        last = g.filter(pl.col("micro_step") == pl.col("micro_step").max().over("iteration"))
+        w = {int(i): float(v) for i, v in last.group_by("iteration").agg(pl.col("wall_ns").sum()).iter_rows()}
+        k = {int(i): float(v) for i, v in last.group_by("iteration").agg(pl.col("kernel_busy_ns").sum()).iter_rows()}
+        walls[ph] = [w.get(i, 0.0) for i in steady]
+        kerns[ph] = [k.get(i, 0.0) for i in steady]
+    return walls, kerns
 
 
 def _sub_group_bytes(c: pl.DataFrame, copy_back_iv, iteration: int) -> list[int]:
@@ -656,6 +718,16 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     bwd_cost_it = _per_it(pieces, bwd_host, np.maximum(bwd_host["host_ns"].fill_null(0.0).to_numpy(),
                                                        bwd_host["exposed_ns"].to_numpy()) if bwd_host.height else [])
     upd_cpu_it = [sum(pieces["role_walls_ns"][k][j] for k in upd_roles) for j in range(n)]
+    # the offload-only gradient path (GRAD_OFFLOAD_RANGE) goes whole, not only its copies: its
+    # host work around the copies (the CPU accumulation, the fp32 partition, the overflow
+    # tracker) too; its compute kernels are kept (the GPU path still partitions the gradients)
+    go = pieces.get("grad_offload") or {}
+    go_extra_it = [max(w - k - c, 0.0) for w, k, c in zip(go.get("wall_ns", [0.0] * n), go.get("kernel_ns", [0.0] * n),
+                                                          go.get("copy_cost_ns", [0.0] * n))]
+    go_extra = float(np.mean(go_extra_it)) if go_extra_it else 0.0
+    go_wall = float(np.mean(go["wall_ns"])) if go.get("wall_ns") else 0.0
+    bwd_cost_it = [b + x for b, x in zip(bwd_cost_it, go_extra_it)]
+    bwd_cost += go_extra
     dev_gbps, dev_basis = _device_bandwidth(pieces)
     impl, step_bytes, impl_basis = gpu_step_bytes(settings, changes)
     gpu_upd_ratio = (P * step_bytes / dev_gbps) if P and dev_gbps else None  # ratio: the overflow check stays on the CPU
@@ -671,8 +743,10 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     s = (bwd_cost + upd_cpu - gpu_upd) if ok else 0.0
     out.append(_result(
         pieces, "no_offload", s,
-        f"backward without its host copies ({bwd_cost / 1e6:,.1f} ms per iteration: per copy the longer of the "
-        f"host stall in the API call and the exposed time; {bwd_exposed / 1e6:,.1f} ms exposed); the update without "
+        f"backward without its host copies and the offload-only gradient path ({bwd_cost / 1e6:,.1f} ms per "
+        f"iteration: per copy the longer of the host stall in the API call and the exposed time, "
+        f"{bwd_exposed / 1e6:,.1f} ms exposed; the {GRAD_OFFLOAD_RANGE} ranges, {go_wall / 1e6:,.1f} ms, whole but "
+        f"their compute kernels, {go_extra / 1e6:,.1f} ms beyond their copies); the update without "
         f"the CPU steps (Adam, copy-back, overflow check, unscale, norm, waits for a CPU optimizer worker, NVMe swaps: "
         f"{upd_cpu / 1e6:,.1f} ms) plus a GPU step "
         f"reading and writing {step_bytes} B per parameter ({impl_basis}; {(P or 0) / 1e6:,.0f} M parameters) at "
@@ -802,7 +876,46 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
         wait_ns=wait, boundary_backward_ns=bwd_boundary, one_reduce_bucket=one_bucket,
         reduce_bucket_size=bucket if isinstance(bucket, (int, float)) else None,
         suggested_reduce_bucket_size=float(f"{P / 10:.0e}") if one_bucket else None))
+
+    # 10. gradient_accumulation_steps g -> 1 with micro-batch x g (same global batch)
+    out.append(_larger_micro_batch(pieces, zen_no_gas))
     return out
+
+
+def _larger_micro_batch(pieces: dict, zen_no_gas: bool) -> dict:
+    """``larger_micro_batch``: ``gradient_accumulation_steps`` g -> 1 with the micro-batch x g
+    (same global batch). The one new micro-step is the baseline's last (boundary) micro-step --
+    its forward and backward walls as measured, so its host time (launches, framework, hooks) and
+    every copy of the boundary backward stay (the boundary's gradient D2H and its H2D, which a
+    run with gas 1 has too: the recorded ``z3s_mb2`` backward moves the same 268 MB H2D / 805 MB
+    D2H as ``z3s_base3``'s boundary micro-step) -- plus (g - 1) x its kernel busy time, fully
+    exposed (kernel time linear in the micro-batch). The g - 1 non-boundary micro-steps go: their
+    launches and their gradient round trip (the ``grads_on_gpu`` copies). Per phase (forward,
+    backward) ``saving = wall - last micro-step's wall - (g - 1) x its kernel busy time``, per
+    steady iteration (for :func:`interval`)."""
+    g = pieces.get("micro_steps") or 1
+    lw = pieces.get("last_micro_step_walls_ns") or {}
+    lk = pieces.get("last_micro_step_kernel_ns") or {}
+    n = len(pieces["iterations"])
+    ok = g > 1 and not zen_no_gas and bool(lw)
+    per_ph = {}
+    per_it = [0.0] * n
+    for ph in ("forward", "backward"):
+        walls = pieces["phase_walls_ns"].get(ph, [0.0] * n)
+        sv = [w - a - (g - 1) * k for w, a, k in zip(walls, lw.get(ph, [0.0] * n), lk.get(ph, [0.0] * n))]
+        per_ph[ph] = float(np.mean(sv)) if sv else 0.0
+        per_it = [x + y for x, y in zip(per_it, sv)]
+    s = sum(per_ph.values()) if ok else 0.0
+    basis = (f"gradient_accumulation_steps {g} -> 1 with the micro-batch x {g}: forward and backward become the "
+             f"last micro-step's (its host time and the boundary's copies kept) plus {g - 1} x its kernel time, "
+             f"exposed; the {g - 1} other micro-step(s) go with their gradient round trip (forward "
+             f"{per_ph['forward'] / 1e6:,.1f} ms, backward {per_ph['backward'] / 1e6:,.1f} ms saved per iteration); "
+             "assumes host time per micro-step does not grow with the micro-batch and that twice the activations fit")
+    return _result(pieces, "larger_micro_batch", s, basis, "low", applicable=ok and s > 0,
+                   why="" if ok else ("one micro-step per iteration" if g <= 1 else
+                                      "ZenFlow: the backward passes are update_interval steps, not accumulation"),
+                   per_it=per_it if ok else None, gas=g,
+                   phase_delta_ns={ph: -v for ph, v in per_ph.items()} if ok else {})
 
 
 def gpu_step_bytes(settings: dict, changes: dict | None = None) -> tuple[str, int, str]:
