@@ -31,8 +31,9 @@ def _cut(run: str, tmp_path: Path) -> Path:
 
 
 def _ranges(con, names) -> list[tuple[str, int, int]]:
-    q = ("SELECT s.value, e.start, e.end FROM NVTX_EVENTS e JOIN StringIds s ON s.id = e.textId WHERE e.end IS NOT NULL "
-         "AND e.eventType = 59 AND s.value IN (" + ",".join("?" * len(names)) + ") ORDER BY e.start")
+    q = ("SELECT s.value, e.start, e.end FROM NVTX_EVENTS e JOIN StringIds s ON s.id = e.textId "
+         "WHERE e.end IS NOT NULL AND e.eventType = 59 AND s.value IN ("
+         + ",".join("?" * len(names)) + ") ORDER BY e.start")
     return con.execute(q, list(names)).fetchall()
 
 
