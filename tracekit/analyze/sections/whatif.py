@@ -581,7 +581,8 @@ def interval(pieces: dict, saving_ns: float, per_iteration_saving_ns: list | Non
     Returns ``{"interval_ns": [low, high]`` (of the predicted iteration time), ``"saving_interval_ns":
     [low, high], "within_noise": bool`` (the saving interval holds 0), ``"interval_basis": str}``, all
     ns; with fewer than 2 steady iterations the intervals and within_noise are None and the basis
-    says why."""
+    says why. The iteration interval's low end is never below 0 (nor the saving's high end above
+    the baseline iteration): a wide interval from 2 steady iterations (t = 12.7) would go below."""
     walls = pieces.get("iteration_walls_ns") or []
     n = len(walls)
     if n < 2:
@@ -594,12 +595,16 @@ def interval(pieces: dict, saving_ns: float, per_iteration_saving_ns: list | Non
     half = t * math.hypot(noise, term)
     pred = pieces["iteration_ns"] - saving_ns
     lo, hi = saving_ns - half, saving_ns + half
-    return {"interval_ns": [round(pred - half, 3), round(pred + half, 3)],
+    # an iteration takes no negative time: the low end stops at 0 (and the saving at the whole iteration)
+    clamped = pred - half < 0
+    low = max(0.0, pred - half)
+    hi = min(hi, float(pieces["iteration_ns"]))
+    return {"interval_ns": [round(low, 3), round(pred + half, 3)],
             "saving_interval_ns": [round(lo, 3), round(hi, 3)], "within_noise": bool(lo <= 0 <= hi),
             "interval_basis": (f"95 %: +-t(0.975, {n - 1}) = {t:g} x sqrt(noise {noise / 1e6:,.2f}^2 + modelled term "
                                f"{term / 1e6:,.2f}^2) ms = +-{half / 1e6:,.1f} ms; noise: the baseline's "
                                f"iteration-to-iteration sd x sqrt(2/{n}), term: the saving's sd over the {n} steady "
-                               "iterations x sqrt(2/n)")}
+                               "iterations x sqrt(2/n)" + ("; the low end stops at 0 ms" if clamped else ""))}
 
 
 def _per_it(pieces: dict, frame: pl.DataFrame, values) -> list[float]:
