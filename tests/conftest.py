@@ -2,6 +2,7 @@ import contextlib
 import io
 import locale
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -291,3 +292,16 @@ def pytest_collection_modifyitems(config, items):
         if "full_trace" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.xdist_group("full_trace"))
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """SIGINT and SIGTERM handlers as they were before each test: a command run in process as
+    the memory guard's child installs the once-only handlers (tracekit.signals.install), which
+    set both signals to SIG_IGN when one arrives; an ignored signal is inherited by every later
+    subprocess of the worker, whose SIGTERM tests then hang or finish with exit 0."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, h in saved.items():
+        if h is not None:
+            signal.signal(s, h)

@@ -563,7 +563,8 @@ def test_no_child_runs_in_process_with_the_library_settings(monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", refuse)
     monkeypatch.setattr(memlimit, "current_limit", lambda: (LIMIT_NAME, 200_000_000))
     for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "_RJEM_MALLOC_CONF", memlimit.CHILD_ENV):
-        monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv(k, "")  # recorded, so that monkeypatch restores (or removes) it after
+        monkeypatch.delenv(k)
     assert memlimit.run_guarded(["analyze", "x.sqlite"]) is None
     assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
     assert os.environ["_RJEM_MALLOC_CONF"] == "background_thread:false"
