@@ -161,8 +161,12 @@ def render_explain(result: dict, console: Console, item: int | None = None) -> N
         if item is not None and i != item:
             continue
         console.print(_t(f"{i}. {a['knob']}: {a['change']}", "bold"), highlight=False)
-        console.print(_t(f"   saves {a['saving_ms_per_iteration']:,.1f} ms per iteration ({a['baseline_iteration_ms']:,.1f} "
-                         f"-> {a['predicted_iteration_ms']:,.1f} ms, 95 % interval {_interval(a.get('predicted_interval_ms')) or 'none'}"
+        from tracekit.render.tables import _range
+
+        pi, si = a.get("predicted_interval_ms"), a.get("saving_interval_ms")
+        console.print(_t(f"   saves {a['saving_ms_per_iteration']:,.1f} ms ({_range(si) if si else 'no interval'}) per "
+                         f"steady iteration ({a['baseline_iteration_ms']:,.1f} -> {a['predicted_iteration_ms']:,.1f} ms, "
+                         f"95 % interval {_range(pi) if pi else 'none'}"
                          f"; confidence {a['confidence']}){' (within noise)' if a.get('within_noise') else ''}"),
                       highlight=False)
         console.print(_t(f"   problem: {a['problem']}"), highlight=False)
