@@ -139,6 +139,9 @@ def render_short(result: dict, console: Console) -> None:
                 console.print(_t(f"+{len(rank['iterations']) - ITERATIONS_SHOWN} more iterations: --wide"))
         else:
             console.print(_t(f"{head}: no iteration found (no forward/backward/update NVTX ranges)"))
+    for u in result.get("incomplete_iterations") or []:  # (the reason in full: --wide)
+        console.print(_t(_one_line(f"iteration {u['iteration']} (pid {u['pid']}) is incomplete ({u['phase']} range "
+                                   f"{u['reason']}): left out of steady figures", console.width)), highlight=False)
     findings = result.get("findings") or []
     if findings:
         console.print(_t("findings (--wide: whole text; ms = 1e6 ns, MB = 1e6 B)", "bold"))
