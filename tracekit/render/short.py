@@ -108,6 +108,14 @@ def render_short(result: dict, console: Console) -> None:
     from tracekit.render.tables import rank_title
 
     console.print(_t(header_line(result)), highlight=False)
+    from tracekit.vocab import NO_NVTX, NO_NVTX_NOTE
+
+    for pid, src in result["phase_source"].items():  # why there are no phases: in full
+        if src == "none":
+            console.print(_t(f"pid {pid}: no phase ranges (tracekit capture or DeepSpeed NVTX) in this trace, so all "
+                             "its GPU work is 'other'; map your own NVTX ranges with --phase-map PHASE=REGEX"))
+        elif src == NO_NVTX:
+            console.print(_t(f"pid {pid}: {NO_NVTX_NOTE}"))
     t = advice_table(result, console.width)
     if t is not None:
         console.print(t)
