@@ -121,6 +121,10 @@ def render_short(result: dict, console: Console) -> None:
         console.print(t)
     elif result.get("config") is not None:
         console.print(_t("advice: none (no change of the what-if model saves 0.5% of a steady iteration)"))
+    if len(result["ranks"]) > 1:
+        from tracekit.render.multi_gpu_tables import render_rank_order
+
+        render_rank_order(console, result)  # how the ranks were numbered
     for rank in result["ranks"]:
         head = rank_title(rank, len(result["ranks"]))
         tt = new_table(f"{head}: per iteration (--wide: phases)")
@@ -150,6 +154,13 @@ def render_short(result: dict, console: Console) -> None:
     for u in result.get("incomplete_iterations") or []:  # (the reason in full: --wide)
         console.print(_t(_one_line(f"iteration {u['iteration']} (pid {u['pid']}) is incomplete ({u['phase']} range "
                                    f"{u['reason']}): left out of steady figures", console.width)), highlight=False)
+    a = result.get("nvtx_anomalies") or {}
+    if any(a.values()):
+        console.print(_t("NVTX records set aside: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in a.items() if v)))
+    g = result.get("gpu_op_anomalies") or {}
+    if any(g.values()):
+        console.print(_t("GPU operations set aside (whole trace, not in any number above): "
+                         + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in g.items() if v)))
     findings = result.get("findings") or []
     if findings:
         console.print(_t("findings (--wide: whole text; ms = 1e6 ns, MB = 1e6 B)", "bold"))

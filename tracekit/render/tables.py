@@ -300,8 +300,8 @@ def render_text(analysis, fmt: str = "table", wide: bool = False, explain=False)
     ``table`` (the rich tables laid out for :func:`terminal_width`, ANSI styles when stdout is a
     colour terminal), ``csv`` (:attr:`Analysis.phases`, raw units: ns, bytes, GB/s) or ``md``
     (:func:`render_markdown`). ``table`` is the one-screen summary of
-    :mod:`tracekit.render.short` unless ``wide`` or sections were asked for (``--all``,
-    ``--section``); ``explain`` (True, or an advice item's number) prints the advice's evidence
+    :mod:`tracekit.render.short` unless ``wide``, sections (``--all``, ``--section``) or a
+    phase were asked for, or the trace has several GPUs (their tables and waits in full); ``explain`` (True, or an advice item's number) prints the advice's evidence
     instead (``--explain [N]``)."""
     if fmt == "csv":
         from tracekit.textsafe import csv_frame
@@ -320,7 +320,7 @@ def render_text(analysis, fmt: str = "table", wide: bool = False, explain=False)
 
     if explain is not False and explain is not None:
         short.render_explain(view, console, None if explain is True else int(explain))
-    elif wide or analysis.options.sections or analysis.options.phase:
+    elif wide or analysis.options.sections or analysis.options.phase or len(view["ranks"]) > 1:
         render(view, console=console, phase=analysis.options.phase, wide=wide)
     else:
         short.render_short(view, console)
