@@ -70,6 +70,17 @@ def test_manifest_beside_trace_and_text_output(tmp_path, synthetic_advice):
     synthetic_advice.with_suffix(".json").write_text(json.dumps(man))
     rc, out, err = run_cli("analyze", synthetic_advice, "--no-cache")
     assert rc == 0, err
+    # the one-screen default (issue 23): the header line names the config's source and fp16,
+    # the advice table comes before the per-iteration table
+    flat = " ".join(out.split())
+    assert flat.split(" advice: ")[0].endswith("fp16, gas 2 (capture manifest)"), out[:500]
+    head = " ".join(out.split("per iteration")[0].split())
+    assert "advice: ms per steady iteration" in head
+    rows = out.split("per iteration")[0].splitlines()
+    i = next(i for i, x in enumerate(rows) if "fp16.enabled / bf16.enabled: fp16" in x)
+    assert "fp16 -> bf16" in rows[i] or rows[i + 1].split()[:2] == ["->", "bf16"]  # the cell may fold
+    rc, out, err = run_cli("analyze", synthetic_advice, "--no-cache", "--wide")  # the full text
+    assert rc == 0, err
     lines = out.splitlines()
     assert any(line.startswith("config: capture manifest") for line in lines[:5]), out[:500]
     head = out.split("per iteration and phase")[0]

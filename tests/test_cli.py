@@ -21,7 +21,7 @@ def test_analyze_json_matches_fixture_sql():
 
 
 def test_analyze_table_output_names_phases_and_boundary():
-    rc, out, err = run("analyze", ZERO3_CUT)
+    rc, out, err = run("analyze", ZERO3_CUT, "--wide")  # every phase: --wide (issue 23)
     assert rc == 0, err
     assert "backward 1 *" in out and "update" in out and "forward 0" in out
     rc, out, err = run("analyze", ZERO3_CUT, "--phase", "update")

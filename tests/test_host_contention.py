@@ -140,7 +140,7 @@ def test_json_shape(tmp_path):
     assert (hc["devices"], hc["concurrent_ns"], hc["h2d_ns"], hc["d2h_ns"], hc["mixed_ns"]) == ([0, 1], 200, 100, 50, 50)
     assert [w["start"] for w in hc["windows"]] == [300, 550, 850]
     assert any(f["topic"] == "host-contention" for f in d["findings"]) is False  # 200 ns: below 1 ms
-    rc, out, err = run_cli("analyze", path, "--no-cache")
+    rc, out, err = run_cli("analyze", path, "--no-cache", "--wide")  # the whole findings: --wide
     assert rc == 0 and "copies of GPUs 0, 1 in flight together" in out
 
 

@@ -33,6 +33,13 @@ def test_80_columns_no_long_line_no_cut_number(extra):
     # the numbers shown are whole: each iteration's update wall time in ms (1 decimal) is in the table
     rc, js, err = run("analyze", ZERO3_CUT, "--no-cache", "--json", *extra)
     j = json.loads(js)
+    if not extra:  # the one-screen default (issue 23): one row per iteration, whole numbers
+        for it in j["ranks"][0]["iterations"]:
+            wall = sum(p["wall_ns"] for p in it["phases"])
+            upd = sum(p["wall_ns"] for p in it["phases"] if p["phase"] == "update")
+            row = next(x for x in out.splitlines() if x.split()[:1] == [str(it["index"])] and "@" in x)
+            assert f"{wall / 1e6:,.1f}" in row.split() and f"{upd / 1e6:,.1f}" in row.split()
+        return
     for it in j["ranks"][0]["iterations"]:
         for p in it["phases"]:
             assert f"{p['wall_ns'] / 1e6:,.1f}" in out

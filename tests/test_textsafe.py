@@ -107,7 +107,7 @@ def _trace_with_name(tmp_path, suffix: str, file_name: str = "t.sqlite"):
 def test_analyze_bracketed_file_name_shown_as_is(tmp_path):
     trace = tmp_path / "run[v1].sqlite"
     shutil.copyfile(FX, trace)
-    rc, out, err = run_cli("analyze", trace, "--no-cache")
+    rc, out, err = run_cli("analyze", trace, "--no-cache", "--wide")  # the full path: --wide (issue 23)
     assert rc == 0, err
     assert out.splitlines()[0].startswith(f"{trace}  nsys 2025.3.2.0")
 
@@ -116,14 +116,18 @@ def test_analyze_closing_tag_in_folder_name(tmp_path):
     (tmp_path / "exp[").mkdir()
     trace = tmp_path / "exp[" / "]r0.sqlite"
     shutil.copyfile(FX, trace)
-    rc, out, err = run_cli("analyze", trace, "--no-cache")
+    rc, out, err = run_cli("analyze", trace, "--no-cache", "--wide")
     assert rc == 0, err
     assert "MarkupError" not in err and f"{trace}  nsys" in out
 
 
 def test_analyze_nvtx_name_with_terminal_escape(tmp_path):
     trace = _trace_with_name(tmp_path, OSC + "[/] :red_circle: [bold]")
-    rc, out, err = run_cli("analyze", trace, "--no-cache", "--phase", "update", "--all")
+    import os
+
+    wide = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, "COLUMNS": "240"}
+    # 240 columns: the finding's sentence on one line (piped output is 80 wide since issue 23)
+    rc, out, err = run_cli("analyze", trace, "--no-cache", "--phase", "update", "--all", env=wide)
     assert rc == 0, err
     assert "\x1b" not in out and "\x07" not in out
     shown = NAME + "\\x1b]0;pwned\\x07[/] :red_circle: [bold]"
@@ -142,7 +146,10 @@ def test_compare_prints_paths_as_data(tmp_path):
     a = tmp_path / "a[v1].sqlite"
     b = _trace_with_name(tmp_path, "", "b[bold]x\x1b.sqlite")
     shutil.copyfile(FX, a)
-    rc, out, err = run_cli("compare", a, b)
+    import os
+
+    wide = {**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, "COLUMNS": "240"}
+    rc, out, err = run_cli("compare", a, b, env=wide)  # 240: each path on its line (piped is 80 wide)
     assert rc == 0, err
     lines = out.splitlines()
     b_shown = str(b).replace("\x1b", "\\x1b")

@@ -13,6 +13,11 @@ from conftest import run_cli as run
 def test_default_output_ends_with_findings():
     rc, out, err = run("analyze", ZERO3_CUT, "--no-cache")
     assert rc == 0, err
+    tail = out[out.index("findings"):]  # the default: one line each (issue 23)
+    assert "pageable H2D" in tail and "gradient accumulation round trip" in tail and "no PCIe contention" in tail
+    assert "copy/compute overlap per phase window" not in out
+    rc, out, err = run("analyze", ZERO3_CUT, "--no-cache", "--wide")  # the whole text
+    assert rc == 0, err
     tail = out[out.index("findings"):]
     assert "pageable H2D" in tail and "GB/s" in tail and "pinning would save" in tail
     assert "gradient accumulation round trip" in tail and "no PCIe contention" in tail

@@ -103,7 +103,7 @@ def test_synthetic_result_marks_iteration_and_says_why(tmp_path, form):
 
 def test_synthetic_text_output_names_iteration_and_reason(tmp_path):
     path = _synthetic(tmp_path, "duration")
-    rc, out, err = run_cli("analyze", path, "--no-cache")
+    rc, out, err = run_cli("analyze", path, "--no-cache", "--wide")  # the whole sentence: --wide
     assert rc == 0, err
     flat = " ".join(out.split())  # rich wraps long lines at blanks
     said = re.findall(r"iteration \d+ \(pid 1\) is incomplete: .*? compare\)", flat)

@@ -188,7 +188,27 @@ def _register_all(app) -> None:
 #: value-less flags of ``analyze`` that :func:`_plain_analyze` parses itself: keyword of
 #: :func:`tracekit.analyze.command.run_analyze` and value (the last one given wins, as in click)
 _PLAIN_FLAGS = {"--json": ("as_json", True), "--no-cache": ("cache", False), "--cache": ("cache", True),
-                "--all": ("all_sections", True), "--wide": ("wide", True)}
+                "--all": ("all_sections", True), "--wide": ("wide", True), "--explain": ("explain", True)}
+
+
+def _explain_args(args: list[str]) -> list[str]:
+    """``analyze ... --explain N`` (or ``--explain=N``) as ``--explain --explain-item N``: the
+    optional value of ``--explain [N]``, which typer cannot declare; N is a number."""
+    if not args or args[0] != "analyze":
+        return args
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--explain=") and a != "--explain=":
+            out += ["--explain", "--explain-item", a.split("=", 1)[1]]
+        elif a == "--explain" and i + 1 < len(args) and args[i + 1].isdigit():
+            out += ["--explain", "--explain-item", args[i + 1]]
+            i += 1
+        else:
+            out.append(a)
+        i += 1
+    return out
 
 
 def _plain_analyze(args: list[str]) -> dict | None:
@@ -202,8 +222,14 @@ def _plain_analyze(args: list[str]) -> dict | None:
         return None
     kwargs: dict = {}
     traces = []
-    for a in args[1:]:
-        if a in _PLAIN_FLAGS:
+    rest = iter(args[1:])
+    for a in rest:
+        if a == "--explain-item":
+            n = next(rest, "")
+            if not n.isdigit():
+                return None
+            kwargs["explain_item"] = int(n)
+        elif a in _PLAIN_FLAGS:
             k, v = _PLAIN_FLAGS[a]
             kwargs[k] = v
         elif not a or a.startswith("-"):
@@ -316,13 +342,13 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     from tracekit import memlimit, output, signals
 
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = _explain_args(list(sys.argv[1:] if argv is None else argv))
     if args and args[0] in memlimit.GUARDED:  # the commands that write outputs (capture handles its own)
         signals.install(once=bool(os.environ.get(memlimit.CHILD_ENV)))  # SIGTERM cleans up as ^C does
     output.checked_stdout()  # a full disk under stdout raises, never a silently cut output
     try:
         plain = _plain_analyze(args)
-        rv = _run_plain(plain) if plain is not None else __getattr__("app")(args=argv, standalone_mode=False)
+        rv = _run_plain(plain) if plain is not None else __getattr__("app")(args=args, standalone_mode=False)
         sys.stdout.flush()  # what is still buffered: its failure is reported here, not at exit
     except TracekitError as exc:
         print(f"tracekit: error: {_one_line(exc)}", file=sys.stderr)

@@ -170,11 +170,21 @@ def fmt_size(nbytes, missing: str = "") -> str:
 
 def fmt_mb_at(nbytes, gbps) -> str:
     """``MB @ GB/s`` in one cell (``268.4 @ 6.6``); the rate left out when unknown, blank
-    without bytes."""
+    without bytes. A size that would show as 0.0 MB (< 50 kB) says its unit instead
+    (``512 B``, ``12.3 kB``), and so does a rate under 0.05 GB/s (``3.2 MB/s``): never
+    ``0.0 @ 0.0``."""
     if not nbytes:
         return ""
-    mb = fmt_mb(nbytes)
-    return mb if gbps is None else f"{mb} @ {fmt_gbps(gbps)}"
+    if nbytes < 1000:
+        mb = f"{nbytes:,.0f} B"
+    elif nbytes < 50_000:
+        mb = f"{nbytes / 1000:,.1f} kB"
+    else:
+        mb = fmt_mb(nbytes)
+    if gbps is None:
+        return mb
+    rate = f"{gbps * 1000:,.1f} MB/s" if gbps < 0.05 else fmt_gbps(gbps)
+    return f"{mb} @ {rate}"
 
 
 #: The units line printed under tables (what each abbreviation means).

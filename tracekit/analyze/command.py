@@ -45,14 +45,20 @@ def _cached_text(path: Path, options, fmt: str, wide: bool) -> tuple[str | None,
     return text, None
 
 
-def _print(a, fmt: str, wide: bool, store: bool) -> None:
+def _print(a, fmt: str, wide: bool, store: bool, explain=None) -> None:
     """Print :class:`tracekit.analysis.Analysis` ``a`` on stdout in ``fmt``; keep the text of a
-    table view in the cache (``store``)."""
+    table view in the cache (``store``). ``explain``: True or an advice item's number
+    (``--explain [N]``, never cached)."""
     if fmt == "json":
         a.write_json(sys.stdout)  # rows one per line, written piece by piece
         return
     from tracekit.render import many as render_many
 
+    if explain is not None and fmt == "table":
+        from tracekit.render.tables import render_text
+
+        sys.stdout.write(render_text(a, fmt, wide, explain=explain))
+        return
     text = render_many.render_to_text(a, fmt, wide)
     sys.stdout.write(text)
     if store:
@@ -149,15 +155,22 @@ def run_analyze(traces: list[Path], phase: str | None = None, iteration: int | N
                 section: list[str] | None = None, all_sections: bool = False,
                 pcie_threshold: float = _DEFAULTS.pcie_threshold, bin_ms: float = _DEFAULTS.bin_ms,
                 out: Path | None = None, out_format: str | None = None, wide: bool = False,
-                ds_config: Path | None = None) -> None:
+                ds_config: Path | None = None, explain: bool = False, explain_item: int | None = None) -> None:
     """``tracekit analyze`` with its options as :func:`register`'s command receives them from
     the command line (typer's coercion done: paths as :class:`~pathlib.Path`, numbers as int or
     float); the command calls it, and so does :func:`tracekit.cli.main` for the plain forms it
-    parses without typer (``analyze TRACE`` with flags only, issue 13)."""
+    parses without typer (``analyze TRACE`` with flags only, issue 13). ``explain`` (with
+    ``explain_item``: only that advice item, 1-based) prints the advice's evidence and basis
+    instead of the tables (``--explain [N]``)."""
     from tracekit.analyze import sections as transfer_sections  # no polars: a cached result needs none
     from tracekit.options import Options, load_ds_config
 
     fmt = _output_format(out_format, out, as_json)
+    if explain_item is not None and not explain:
+        raise TracekitError("--explain-item N: give it as --explain N")
+    explain_arg = (explain_item if explain_item is not None else True) if explain else None
+    if explain_arg is not None and (fmt != "table" or len(traces) != 1):
+        raise TracekitError("--explain: one trace, table output (not with --json, --format or several traces)")
     if out is not None:  # before any analysis (issue 9, item 22)
         from tracekit.render.files import check_out
 
@@ -187,7 +200,7 @@ def run_analyze(traces: list[Path], phase: str | None = None, iteration: int | N
         _many(traces, options, out, out_format or "csv", fmt, wide, jobs, dask, ranks)
         return
     path = traces[0]
-    if out is None and cache:  # printed as stored (JSON: without parsing; tables: per terminal view)
+    if out is None and cache and explain_arg is None:  # printed as stored (JSON: without parsing; tables: per terminal view)
         text, key = _cached_text(path, options, fmt, wide)
         if text is not None:
             sys.stdout.write(text)
@@ -197,7 +210,7 @@ def run_analyze(traces: list[Path], phase: str | None = None, iteration: int | N
     a = analyze(path, options)
     if out is not None:
         _write_out(a, out, out_format or "csv")
-    _print(a, fmt, wide, store=cache and out is None)
+    _print(a, fmt, wide, store=cache and out is None and explain_arg is None, explain=explain_arg)
 
 
 def register(app: "typer.Typer") -> None:
@@ -264,8 +277,13 @@ def register(app: "typer.Typer") -> None:
             typer.Option("--format", help="output format: table (default), csv, md or json on stdout; with --out, "
                          "the file format: csv (default) or parquet"),
         ] = None,
-        wide: Annotated[bool, typer.Option("--wide", help="every column (default: the columns that fit 80 "
-                                           "characters, or $COLUMNS)")] = False,
+        wide: Annotated[bool, typer.Option("--wide", help="everything: config table, advice text, every phase "
+                                           "and column (default: one screen that fits 80 columns, or "
+                                           "$COLUMNS)")] = False,
+        explain: Annotated[bool, typer.Option("--explain", help="--explain [N]: the evidence and basis of each "
+                                              "advice item (or of item N)")] = False,
+        explain_item: Annotated[Optional[int], typer.Option("--explain-item", hidden=True,
+                                                            help="N of --explain N")] = None,
         ds_config: Annotated[
             Optional[Path],
             typer.Option("--ds-config", help="the run's DeepSpeed JSON config (or capture manifest), for the "
@@ -276,7 +294,7 @@ def register(app: "typer.Typer") -> None:
         run_analyze(traces, phase=phase, iteration=iteration, as_json=as_json, phase_map=phase_map, gas=gas,
                     jobs=jobs, dask=dask, cache=cache, ranks=ranks, section=section, all_sections=all_sections,
                     pcie_threshold=pcie_threshold, bin_ms=bin_ms, out=out, out_format=out_format, wide=wide,
-                    ds_config=ds_config)
+                    ds_config=ds_config, explain=explain, explain_item=explain_item)
 
     @app.command("trim")
     def trim_cmd(

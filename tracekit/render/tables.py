@@ -295,11 +295,14 @@ def rank_title(rank: dict, n_ranks: int = 1) -> str:
     return f"rank pid {rank['pid']} device {rank['device']}"
 
 
-def render_text(analysis, fmt: str = "table", wide: bool = False) -> str:
+def render_text(analysis, fmt: str = "table", wide: bool = False, explain=False) -> str:
     """What ``tracekit analyze`` prints for an :class:`tracekit.analysis.Analysis` in ``fmt``:
     ``table`` (the rich tables laid out for :func:`terminal_width`, ANSI styles when stdout is a
     colour terminal), ``csv`` (:attr:`Analysis.phases`, raw units: ns, bytes, GB/s) or ``md``
-    (:func:`render_markdown`)."""
+    (:func:`render_markdown`). ``table`` is the one-screen summary of
+    :mod:`tracekit.render.short` unless ``wide``, sections (``--all``, ``--section``) or a
+    phase were asked for, or the trace has several GPUs (their tables and waits in full); ``explain`` (True, or an advice item's number) prints the advice's evidence
+    instead (``--explain [N]``)."""
     if fmt == "csv":
         from tracekit.textsafe import csv_frame
 
@@ -313,5 +316,12 @@ def render_text(analysis, fmt: str = "table", wide: bool = False) -> str:
     console = Console(file=buf, width=ref.width, color_system=ref.color_system, no_color=ref.no_color,
                       force_terminal=ref.is_terminal)
     view = analysis._view()  # the tables need no per-bin timeline rows (issue 13)
-    render(view, console=console, phase=analysis.options.phase, wide=wide)
+    from tracekit.render import short
+
+    if explain is not False and explain is not None:
+        short.render_explain(view, console, None if explain is True else int(explain))
+    elif wide or analysis.options.sections or analysis.options.phase or len(view["ranks"]) > 1:
+        render(view, console=console, phase=analysis.options.phase, wide=wide)
+    else:
+        short.render_short(view, console)
     return buf.getvalue()

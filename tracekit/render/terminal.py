@@ -9,6 +9,7 @@ terminal. A rendering kept in the result cache is keyed on :func:`view`.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from rich import box
@@ -17,10 +18,9 @@ from rich.table import Table
 
 from tracekit.textsafe import text as _t
 
-#: Width of output that goes to no terminal (a pipe, a file) and no ``$COLUMNS``: sentences
-#: stay on one line for grep; the default tables are narrower anyway (they fit 80 columns),
-#: ``--wide`` tables get :data:`WIDE_WIDTH`.
-PIPE_WIDTH = 160
+#: Width of output that goes to no terminal (a pipe, a file) and no ``$COLUMNS``: 80, as a
+#: terminal's default (issue 23); ``--wide`` output gets :data:`WIDE_WIDTH`.
+PIPE_WIDTH = 80
 WIDE_WIDTH = 240
 
 
@@ -65,3 +65,34 @@ def new_table(title: str, wide: bool = False) -> Table:
 def add_num_column(t: Table, name: str) -> None:
     """A right-aligned number column that never cuts a number (folds it at worst)."""
     t.add_column(name, justify="right", overflow="fold", no_wrap=False)
+
+
+
+def fold_identifier(name: str, width: int) -> str:
+    """``name`` folded onto lines of at most ``width`` characters, only after a ``.``, ``_``
+    or ``/`` (``DeepSpeedZeroOptimizer_`` / ``Stage3.step``), never mid-word; a part longer
+    than ``width`` stays whole on its line. Lines joined by ``\\n``."""
+    parts = re.findall(r"[^._/]*[._/]|[^._/]+$", name) or [name]
+    lines = [""]
+    for part in parts:
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return "\n".join(lines)
+
+
+def fold_text(text: str, width: int) -> str:
+    """``text`` wrapped at spaces onto lines of at most ``width`` characters; a word longer
+    than ``width`` (an identifier) folds by :func:`fold_identifier`. Numbers are never cut."""
+    lines: list[str] = []
+    cur = ""
+    for word in text.split():
+        pieces = fold_identifier(word, width).split("\n") if len(word) > width else [word]
+        for w in pieces:
+            if cur and len(cur) + 1 + len(w) > width:
+                lines.append(cur)
+                cur = w
+            else:
+                cur = f"{cur} {w}" if cur else w
+    lines.append(cur)
+    return "\n".join(lines)
