@@ -49,3 +49,21 @@ def test_group_synthetic_chain_and_launch():
            {"start_ns": None, "launch": "a"}]  # unreadable start: alone
     assert run_groups.group(ids) == [[0, 1, 2], [3], [4], [5]]
     assert run_groups.note([[0, 1]], ["x", "y"]) is None
+
+
+def test_one_run_folder_has_hosts_and_clock(tmp_path):
+    # one export copied as two ranks: same capture start, no manifest beside -> one run
+    src = FIX / "zero2_offload_gas2_cut.sqlite"
+    for n in ("rank0.sqlite", "rank1.sqlite"):
+        shutil.copy(src, tmp_path / n)
+    import tracekit
+
+    many = tracekit.analyze_many([tmp_path], cache=False)
+    s = many.summary
+    assert s["one_run"] is True and s["note"] is None
+    with sqlite3.connect(f"file:{src}?mode=ro", uri=True) as con:
+        host = con.execute("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'Hostname'").fetchone()[0]
+    hosts = s["run"]["hosts"]
+    assert list(hosts) == [host]
+    assert sorted(Path(r["trace"]).name for r in hosts[host]) == ["rank0.sqlite", "rank1.sqlite"]
+    assert sorted(s["run"]["clock"]["start_offset_ns"].values()) == [0, 0]

@@ -724,7 +724,8 @@ def summarize_ranks(
          "per_iteration": [{"index", "ranks", "min_ns", "max_ns", "spread_ns", "slowest"}],
          "missing_ranks": [int], "missing_ranks_count": int, "missing_rank_ranges": [[first, last]],
          "ranks_without_iterations": [{"trace", "rank", "pid", "device"}],
-         "one_run": bool, "run_groups": [[trace path]], "note": str | None}
+         "one_run": bool, "run_groups": [[trace path]], "note": str | None,
+         "run": run_groups.run_view(...) | None (None for different runs)}
 
     ``one_run`` is False when the traces are exports of different runs
     (:mod:`tracekit.analyze.run_groups`, the one-run rule); then ``note`` says so in one line,
@@ -786,8 +787,10 @@ def summarize_ranks(
     from tracekit.analyze import run_groups
 
     trace_paths = list(paths or [Path(r["trace"]) for r in results])
-    groups = run_groups.run_groups(trace_paths) if len(trace_paths) > 1 else [list(range(len(trace_paths)))]
+    idents = [run_groups.identity(p) for p in trace_paths]
+    groups = run_groups.group(idents) if len(trace_paths) > 1 else [list(range(len(trace_paths)))]
     run_note = run_groups.note(groups, trace_paths)
+    run = None if run_note else run_groups.run_view(idents, rows)
     if run_note:  # different runs: per-trace rows only, no comparison across them
         per_phase, per_iteration, timed = {}, [], []
     slowest = None
@@ -823,6 +826,7 @@ def summarize_ranks(
         "one_run": run_note is None,
         "run_groups": [[str(trace_paths[i]) for i in g] for g in groups],
         "note": run_note,
+        "run": run,
     }
 
 

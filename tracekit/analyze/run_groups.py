@@ -107,3 +107,31 @@ def note(groups: list[list[int]], paths: list[str | Path]) -> str | None:
     return (f"these {len(paths)} traces are {len(groups)} different runs (capture manifests or capture start "
             f"times more than {MAX_START_GAP_NS // 10**9 // 60} min apart differ: docs/transfers.md, "
             "\"Many traces\"); each trace is reported on its own, ranks are not compared")
+
+
+def run_view(idents: list[dict], rows: list[dict]) -> dict:
+    """The traces of one run seen together: ``{"hosts": {host: [{"trace", "rank", "pid",
+    "device"}]}, "clock": {"basis": str, "start_offset_ns": {trace: ns after the earliest
+    capture start}, "residual_skew_ns": None}}``. ``rows``: the rank rows of
+    :func:`tracekit.analyze.multi.rank_rows`. The clocks of the exports are aligned on their
+    capture start (UTC epoch ns of each host's clock): an event at trace time ``t`` of trace
+    ``f`` is at ``t + start_offset_ns[f]`` on the common axis; the hosts' own clock error (NTP,
+    typically below 1 ms) is not measured, hence ``residual_skew_ns`` None. A host that
+    cannot be read is ``"?"``."""
+    host_of = {}
+    for d in idents:  # a result's trace may be spelled otherwise than the path: match the name too
+        host_of[d["trace"]] = host_of[Path(d["trace"]).name] = d["host"] or "?"
+    hosts: dict[str, list[dict]] = {}
+    for r in rows:
+        t = str(r["trace"])
+        hosts.setdefault(host_of.get(t, host_of.get(Path(t).name, "?")), []).append(
+            {k: r[k] for k in ("trace", "rank", "pid", "device")})
+    starts = [d["start_ns"] for d in idents if d["start_ns"] is not None]
+    first = min(starts) if starts else None
+    return {
+        "hosts": hosts,
+        "clock": {"basis": "TARGET_INFO_SESSION_START_TIME.utcEpochNs (UTC ns at each capture's start)",
+                  "start_offset_ns": {d["trace"]: (d["start_ns"] - first if d["start_ns"] is not None else None)
+                                      for d in idents},
+                  "residual_skew_ns": None},
+    }
