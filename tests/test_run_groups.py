@@ -46,8 +46,8 @@ def test_group_synthetic_chain_and_launch():
            {"start_ns": 2 * s, "launch": None},  # no manifest: joins by time
            {"start_ns": 2 * s + 1, "launch": "b"},  # another command at the same time
            {"start_ns": 10 * s, "launch": "a"},  # much later
-           {"start_ns": None, "launch": "a"}]  # unreadable start: alone
-    assert run_groups.group(ids) == [[0, 1, 2], [3], [4], [5]]
+           {"start_ns": None, "launch": "b"}]  # unreadable start: joins by launch only
+    assert run_groups.group(ids) == [[0, 1, 2], [3, 5], [4]]
     assert run_groups.note([[0, 1]], ["x", "y"]) is None
 
 

@@ -15,7 +15,7 @@ The rule. Two exports belong to one run when both hold:
    ``TARGET_INFO_SESSION_START_TIME.utcEpochNs``, UTC ns) differ by at most
    :data:`MAX_START_GAP_NS` (the ranks of one launch start their profilers within seconds of
    each other; unrelated runs are minutes to days apart). An export whose start time cannot be
-   read is a run of its own.
+   read (an old or synthetic export without the table) is not held to this.
 
 Groups are formed by taking the exports in start-time order and adding each to the group of
 its launch whose latest start is within the gap (a chain: ranks started one after another
@@ -75,12 +75,9 @@ def group(idents: list[dict], gap_ns: int = MAX_START_GAP_NS) -> list[list[int]]
     groups: list[dict] = []  # {"launch", "last_ns", "members"}
     for i in order:
         d = idents[i]
-        if d["start_ns"] is None:
-            groups.append({"launch": d["launch"], "last_ns": None, "members": [i]})
-            continue
         home = None
         for g in groups:
-            if g["last_ns"] is None or d["start_ns"] - g["last_ns"] > gap_ns:
+            if d["start_ns"] is not None and g["last_ns"] is not None and d["start_ns"] - g["last_ns"] > gap_ns:
                 continue
             if d["launch"] is not None and g["launch"] is not None and d["launch"] != g["launch"]:
                 continue
@@ -89,7 +86,7 @@ def group(idents: list[dict], gap_ns: int = MAX_START_GAP_NS) -> list[list[int]]
             groups.append({"launch": d["launch"], "last_ns": d["start_ns"], "members": [i]})
         else:
             home["members"].append(i)
-            home["last_ns"] = d["start_ns"]
+            home["last_ns"] = d["start_ns"] if d["start_ns"] is not None else home["last_ns"]
             home["launch"] = home["launch"] or d["launch"]
     out = [sorted(g["members"]) for g in groups]
     return sorted(out, key=lambda m: m[0])
