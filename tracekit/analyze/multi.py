@@ -723,7 +723,14 @@ def summarize_ranks(
                                "slowest": {"trace", "rank", "pid", "device"}}},
          "per_iteration": [{"index", "ranks", "min_ns", "max_ns", "spread_ns", "slowest"}],
          "missing_ranks": [int], "missing_ranks_count": int, "missing_rank_ranges": [[first, last]],
-         "ranks_without_iterations": [{"trace", "rank", "pid", "device"}]}
+         "ranks_without_iterations": [{"trace", "rank", "pid", "device"}],
+         "one_run": bool, "run_groups": [[trace path]], "note": str | None,
+         "run": run_groups.run_view(...) | None (None for different runs)}
+
+    ``one_run`` is False when the traces are exports of different runs
+    (:mod:`tracekit.analyze.run_groups`, the one-run rule); then ``note`` says so in one line,
+    ``per_phase`` and ``per_iteration`` are empty and ``slowest_rank`` is None (the per-trace
+    ``rank_rows`` stay); ``run_groups`` lists the traces of each run.
 
     ``per_phase`` compares each rank's phase time summed over its iterations; ``spread_ns`` is
     max - min and ``spread_share`` spread / mean (None when the mean is 0). The slowest rank
@@ -777,6 +784,15 @@ def summarize_ranks(
                 "slowest": None if slow is None else _who(timed[slow]),
             }
         )
+    from tracekit.analyze import run_groups
+
+    trace_paths = list(paths or [Path(r["trace"]) for r in results])
+    idents = [run_groups.identity(p) for p in trace_paths]
+    groups = run_groups.group(idents) if len(trace_paths) > 1 else [list(range(len(trace_paths)))]
+    run_note = run_groups.note(groups, trace_paths)
+    run = None if run_note else run_groups.run_view(idents, rows)
+    if run_note:  # different runs: per-trace rows only, no comparison across them
+        per_phase, per_iteration, timed = {}, [], []
     slowest = None
     if timed:
         # the rank with the longest mean iteration, when it stands out from the next beyond
@@ -807,6 +823,10 @@ def summarize_ranks(
         "missing_ranks_count": count,
         "missing_rank_ranges": [[a, b] for a, b in gaps],
         "ranks_without_iterations": [_who(r) for r in rows if not r["iterations"]],
+        "one_run": run_note is None,
+        "run_groups": [[str(trace_paths[i]) for i in g] for g in groups],
+        "note": run_note,
+        "run": run,
     }
 
 

@@ -79,7 +79,9 @@ def render_many(out: dict, console=None, wide: bool = False) -> None:
         if any(v["slowest"] is None for v in s["per_phase"].values()):
             console.print(text("slowest: – where no rank's phase time differs from the next one's by at least "
                                "1 ms and 5 %"))
-    if s["slowest_rank"]:
+    if s.get("note"):
+        console.print(text(f"note: {s['note']}"))
+    elif s["slowest_rank"]:
         w = s["slowest_rank"]
         console.print(
             text(f"slowest rank: {Path(w['trace']).name} pid {w['pid']} device {w['device']} "

@@ -382,6 +382,9 @@ def _advice(ctx: Context) -> dict:
     for name in REGISTERED["advice"].after:  # the advice other sections add
         if name in ctx.ran and REGISTERED[name].add_advice is not None:
             adv = REGISTERED[name].add_advice(ctx, adv)
+    from tracekit.analyze.run_advice import per_run
+
+    adv["advice_per_run"] = per_run(adv["advice"])  # each change once, with its spread over ranks
     return {"advice": adv}
 
 
