@@ -10,8 +10,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from tracekit.render.terminal import fold_identifier, fold_text
 from tracekit.vocab import fmt_mb_at
 

@@ -200,7 +200,8 @@ def run_analyze(traces: list[Path], phase: str | None = None, iteration: int | N
         _many(traces, options, out, out_format or "csv", fmt, wide, jobs, dask, ranks)
         return
     path = traces[0]
-    if out is None and cache and explain_arg is None:  # printed as stored (JSON: without parsing; tables: per terminal view)
+    # printed as stored (JSON: without parsing; tables: per terminal view)
+    if out is None and cache and explain_arg is None:
         text, key = _cached_text(path, options, fmt, wide)
         if text is not None:
             sys.stdout.write(text)
