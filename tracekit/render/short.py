@@ -148,7 +148,8 @@ def render_short(result: dict, console: Console) -> None:
         if rank["iterations"]:
             console.print(tt)
             if len(rank["iterations"]) > ITERATIONS_SHOWN:
-                console.print(_t(f"+{len(rank['iterations']) - ITERATIONS_SHOWN} more iterations: --wide"))
+                left = len(rank['iterations']) - ITERATIONS_SHOWN
+                console.print(_t(f"+{left} more iteration{'s' if left != 1 else ''}: --wide"))
         else:
             console.print(_t(f"{head}: no iteration found (no forward/backward/update NVTX ranges)"))
     for u in result.get("incomplete_iterations") or []:  # (the reason in full: --wide)
@@ -169,7 +170,8 @@ def render_short(result: dict, console: Console) -> None:
             prefix = f"pid {f['pid']}/{f['device']}: " if multi else ""
             console.print(_t(_one_line(f"- {prefix}{f['text']}", console.width)), highlight=False)
         if len(findings) > FINDINGS_SHOWN:
-            console.print(_t(f"+{len(findings) - FINDINGS_SHOWN} more findings: --wide"))
+            left = len(findings) - FINDINGS_SHOWN
+            console.print(_t(f"+{left} more finding{'s' if left != 1 else ''}: --wide"))
 
 
 def render_explain(result: dict, console: Console, item: int | None = None) -> None:
