@@ -218,7 +218,7 @@ def test_cli_tables_cached_as_printed(trace, capsys):
     assert len(list(d.glob("t-*.txt"))) == 1
     assert main(["analyze", str(trace)]) == 0  # printed from the cache
     again = capsys.readouterr().out
-    assert "per iteration and phase" in direct
+    assert "per iteration (--wide: phases)" in direct  # the default screen's per-iteration table
     assert direct.splitlines()[:20] == first.splitlines()[:20] and first == again
     # a changed trace: the stored text is not served (not even once), and is replaced
     (old,) = d.glob("t-*.txt")

@@ -1,6 +1,7 @@
 """The one-run rule (tracekit.analyze.run_groups) and what analyze prints for a folder of
 unrelated runs."""
 
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -31,7 +32,8 @@ def test_unrelated_folder_gets_note_and_no_slowest_rank(tmp_path):
         shutil.copy(FIX / n, tmp_path / n)
     # the two were captured more than an hour apart (plain SQL on the fixtures)
     assert abs(_start_ns(FIX / names[0]) - _start_ns(FIX / names[1])) > run_groups.MAX_START_GAP_NS
-    code, out, err = run_cli("analyze", str(tmp_path))
+    env = {**{k: v for k, v in os.environ.items() if k != "LINES"}, "COLUMNS": "200"}  # whole file names
+    code, out, err = run_cli("analyze", str(tmp_path), env=env)
     assert code == 0, err
     flat = " ".join(out.split())
     assert "are 2 different runs" in flat

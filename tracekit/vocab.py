@@ -324,3 +324,16 @@ def fmt_change(base, new, digits: int = 0) -> str:
     if abs(pct) < 0.5 * 10 ** -digits:
         return "±0%"
     return f"{pct:+.{digits}f}%"
+
+
+def rank_title(rank: dict, n_ranks: int = 1) -> str:
+    """``rank pid P device D`` (one rank) or ``rank R (pid P device D)`` (several, distributed rank known)."""
+    if n_ranks > 1 and rank.get("rank") is not None:
+        return f"rank {rank['rank']} (pid {rank['pid']} device {rank['device']})"
+    return f"rank pid {rank['pid']} device {rank['device']}"
+
+
+def fmt_range(v: list) -> str:
+    """An interval ``[low, high]`` in ms: ``1,170.0-1,310.0``, ``-58.5 to 1,148.5`` when the low
+    end is negative."""
+    return f"{v[0]:,.1f}{' to ' if v[0] < 0 else '-'}{v[1]:,.1f}"

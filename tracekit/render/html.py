@@ -321,7 +321,7 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     exp = data.export
     P: list[str] = []
     P.append(f"<h1>tracekit report: {_e(data.path.name)}</h1>")
-    from tracekit.render.report import ADVICE_HEADERS, advice_rows, headline
+    from tracekit.render.lead import ADVICE_HEADERS, advice_rows, headline
 
     P.append(f'<p class="lead" id="headline"><b>{_e(headline(data, rk, advice))}</b></p>')
     lead = advice_rows(advice, rk)

@@ -105,7 +105,7 @@ def _one_line(text: str, width: int) -> str:
 
 def render_short(result: dict, console: Console) -> None:
     """Print the default screen of :mod:`this module <tracekit.render.short>` on ``console``."""
-    from tracekit.render.tables import rank_title
+    from tracekit.vocab import rank_title
 
     console.print(_t(header_line(result)), highlight=False)
     from tracekit.vocab import NO_NVTX, NO_NVTX_NOTE
@@ -185,7 +185,7 @@ def render_explain(result: dict, console: Console, item: int | None = None) -> N
         if item is not None and i != item:
             continue
         console.print(_t(f"{i}. {a['knob']}: {a['change']}", "bold"), highlight=False)
-        from tracekit.render.tables import _range
+        from tracekit.vocab import fmt_range as _range
 
         pi, si = a.get("predicted_interval_ms"), a.get("saving_interval_ms")
         console.print(_t(f"   saves {a['saving_ms_per_iteration']:,.1f} ms ({_range(si) if si else 'no interval'}) per "

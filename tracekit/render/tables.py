@@ -19,6 +19,8 @@ from tracekit.vocab import fmt_gbps as _gbps
 from tracekit.vocab import NO_NVTX, NO_NVTX_NOTE, UNITS_LINE, fmt_mb, fmt_mb_at, phase_label, short_name
 from tracekit.vocab import fmt_ms as _ms
 from tracekit.vocab import fmt_pct as _pct
+from tracekit.vocab import fmt_range as _range
+from tracekit.vocab import rank_title  # noqa: F401 (also this module's name for it)
 
 
 def _mb(b) -> str:
@@ -198,11 +200,6 @@ def _render_sub_phases(console: Console, head: str, phase: str, rows: list[dict]
     ))
 
 
-def _range(v: list) -> str:
-    """``1,170.0-1,310.0`` (ms), ``-58.5 to 1,148.5`` when the low end is negative."""
-    return f"{v[0]:,.1f}{' to ' if v[0] < 0 else '-'}{v[1]:,.1f}"
-
-
 def render_config_and_advice(console: Console, result: dict) -> None:
     """The run's config (or what the trace says of it) and the advice, first in ``analyze``:
     items sorted by saving per steady iteration, one-time costs apart."""
@@ -286,13 +283,6 @@ def render_markdown(result: dict, wide: bool = False) -> str:
         out.append("\n")
     out.append(f"{UNITS_LINE}; * = gradient accumulation boundary backward\n")
     return "".join(out)
-
-
-def rank_title(rank: dict, n_ranks: int = 1) -> str:
-    """``rank pid P device D`` (one rank) or ``rank R (pid P device D)`` (several, distributed rank known)."""
-    if n_ranks > 1 and rank.get("rank") is not None:
-        return f"rank {rank['rank']} (pid {rank['pid']} device {rank['device']})"
-    return f"rank pid {rank['pid']} device {rank['device']}"
 
 
 def render_text(analysis, fmt: str = "table", wide: bool = False, explain=False) -> str:
