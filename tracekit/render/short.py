@@ -108,6 +108,9 @@ def render_short(result: dict, console: Console) -> None:
     from tracekit.vocab import rank_title
 
     console.print(_t(header_line(result)), highlight=False)
+    cfg_note = (result.get("config") or {}).get("note")
+    if cfg_note:  # why the config is what it is (a manifest ignored, a key unreadable): in full
+        console.print(_t(f"note: {cfg_note}"), highlight=False)
     from tracekit.vocab import NO_NVTX, NO_NVTX_NOTE
 
     for pid, src in result["phase_source"].items():  # why there are no phases: in full
