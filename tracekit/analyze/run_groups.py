@@ -92,11 +92,6 @@ def group(idents: list[dict], gap_ns: int = MAX_START_GAP_NS) -> list[list[int]]
     return sorted(out, key=lambda m: m[0])
 
 
-def run_groups(paths: list[str | Path]) -> list[list[int]]:
-    """:func:`group` of the :func:`identity` of every path (indices into ``paths``)."""
-    return group([identity(p) for p in paths])
-
-
 def note(groups: list[list[int]], paths: list[str | Path]) -> str | None:
     """The one line said when ``groups`` hold more than one run, else None."""
     if len(groups) <= 1:
