@@ -140,34 +140,29 @@ def patch_module(module_name: str, module) -> list[str]:
             _state.report["missing"].append(f"{class_name}")
             continue
         for method in methods:
-            qualified = f"{class_name}.{method}"
-            orig = cls.__dict__.get(method)
-            if orig is None or not callable(orig):
-                _warn(f"DeepSpeed {version} has no {qualified}; the range it marks will be missing")
-                _state.report["missing"].append(qualified)
-                continue
-            if getattr(orig, _WRAPPED_FLAG, False):
-                continue
-            new = _WRAPPERS[(class_name, method)](orig)
-            setattr(new, _WRAPPED_FLAG, True)
-            setattr(cls, method, new)
-            wrapped.append(qualified)
-            _state.report["wrapped"].append(qualified)
+            _wrap_one(cls, method, cls.__dict__.get(method), _WRAPPERS[(class_name, method)],
+                      f"{class_name}.{method}", "the range it marks", version, wrapped)
     for function in FUNCTION_HOOK_POINTS.get(module_name, []):
-        qualified = f"{module_name}.{function}"
-        orig = getattr(module, function, None)
-        if orig is None or not callable(orig):
-            _warn(f"DeepSpeed {version} has no {qualified}; the worker's ranges will be missing")
-            _state.report["missing"].append(qualified)
-            continue
-        if getattr(orig, _WRAPPED_FLAG, False):
-            continue
-        new = _FUNCTION_WRAPPERS[(module_name, function)](orig)
-        setattr(new, _WRAPPED_FLAG, True)
-        setattr(module, function, new)
-        wrapped.append(qualified)
-        _state.report["wrapped"].append(qualified)
+        _wrap_one(module, function, getattr(module, function, None), _FUNCTION_WRAPPERS[(module_name, function)],
+                  f"{module_name}.{function}", "the worker's ranges", version, wrapped)
     return wrapped
+
+
+def _wrap_one(owner, name: str, orig, make, qualified: str, what: str, version: str, wrapped: list[str]) -> None:
+    """Replace ``owner.name`` (``orig``: the class's own attribute or the module's function) by
+    ``make(orig)``, flagged as wrapped, and note it in ``wrapped`` and the report; missing (or
+    not callable) is a warning that ``what`` will be missing; already wrapped is a no-op."""
+    if orig is None or not callable(orig):
+        _warn(f"DeepSpeed {version} has no {qualified}; {what} will be missing")
+        _state.report["missing"].append(qualified)
+        return
+    if getattr(orig, _WRAPPED_FLAG, False):
+        return
+    new = make(orig)
+    setattr(new, _WRAPPED_FLAG, True)
+    setattr(owner, name, new)
+    wrapped.append(qualified)
+    _state.report["wrapped"].append(qualified)
 
 
 def _deepspeed_version() -> str:
