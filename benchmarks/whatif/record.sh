@@ -16,10 +16,12 @@ exec >>"$OUT/record.log" 2>&1
 export PYTHONUNBUFFERED=1
 TK=${TK_DIR:-$PWD/.device/tk}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl || exit 1
-export PYTHONPATH=$TK:/tmp/site PATH=/tmp/site/bin:$PATH LD_LIBRARY_PATH=$PWD/.device/lib:${LD_LIBRARY_PATH:-}
+export PYTHONPATH=$TK:/tmp/site PATH=/tmp/site/bin:$PWD/.device/bin:$PATH LD_LIBRARY_PATH=$PWD/.device/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; uptime
 python3 -c "import torch, deepspeed, transformers; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
 time python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
+numactl --hardware | head -3 || echo "numactl does not run: the bind variants will fail"
+python3 -c "import psutil; print('cores: physical', psutil.cpu_count(logical=False), 'logical', psutil.cpu_count())"
 SMALL="--hidden 768 --layers 12 --heads 12 --intermediate 2048 --seq 512"          # 134 M
 LARGE="--hidden 2048 --layers 24 --heads 16 --intermediate 5504 --seq ${LARGE_SEQ:-1024}"  # 1.3 B
 model_of() {  # NAME -> "ESTIMATED_S TIMEOUT_S STEPS MODEL..."
@@ -27,6 +29,12 @@ model_of() {  # NAME -> "ESTIMATED_S TIMEOUT_S STEPS MODEL..."
     z3l_*) echo "${EST_L:-95} 200 10 $LARGE";;
     zf*) echo "${EST_ZF:-70} 170 ${ZF_STEPS:-40} $SMALL";;
     *) echo "${EST_S:-60} 160 10 $SMALL";;
+  esac
+}
+launcher_of() {  # NAME -> extra options of the deepspeed launcher
+  case $1 in
+    *_bind) echo "--bind_cores_to_rank";;  # numactl -C <physical cores>, OMP_NUM_THREADS=<their count>
+    *) echo "";;
   esac
 }
 mkcfg() {  # NAME -> $W/NAME.ds.json
@@ -50,9 +58,15 @@ if fam in ("z3s", "z2s", "z3l"):
         del z["offload_optimizer"]; cfg["optimizer"]["params"]["torch_adam"] = True
     elif var.startswith("sg"):  # sg1e8, sg2e7: sub_group_size
         z["sub_group_size"] = int(float(var[2:]))
+    elif var == "fused":  # optimizer on the GPU: DeepSpeed's FusedAdam (the default without offload)
+        del z["offload_optimizer"]
+    elif var == "op":  # parameters offloaded too (ZeRO-3 only)
+        z["offload_param"] = {"device": "cpu", "pin_memory": False}
+    elif var == "oc0":
+        z["overlap_comm"] = False
     elif var == "mb2":  # micro-batch 2 x gas 1: the same global batch as 1 x 2
         cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"] = 2, 1
-    elif var != "base":
+    elif var not in ("base", "bind"):  # bind: the base config, the launcher binds cores (launcher_of)
         sys.exit(f"unknown variant {var}")
 elif fam == "so":  # SuperOffload: examples/ds_superoffload.json
     cfg = json.load(open(f"{ex}/ds_superoffload.json"))
@@ -81,9 +95,9 @@ for name in ${RUNS:?RUNS: the run names}; do
   read -r est t steps model <<<"$(model_of "$name")"
   if [ $((SECONDS + est + 10 * (ND + 1))) -gt "${LIMIT_S:-535}" ]; then echo "skip $name: time ($SECONDS s)"; continue; fi
   mkcfg "$name" || continue
-  echo; echo "=== [$SECONDS s] $name: $(tr -d '\n ' < "$W/$name.ds.json") --steps $steps $model"; uptime
+  echo; echo "=== [$SECONDS s] $name: $(tr -d '\n ' < "$W/$name.ds.json") $(launcher_of "$name") --steps $steps $model"; uptime
   timeout "$t" python3 -m tracekit.capture -o "$W/$name" ${CAPTURE_OPTS:---gpu-metrics-frequency 1000} -- \
-    deepspeed --num_gpus 1 "$TK/examples/train_llama.py" --deepspeed_config "$W/$name.ds.json" \
+    deepspeed --num_gpus 1 $(launcher_of "$name") "$TK/examples/train_llama.py" --deepspeed_config "$W/$name.ds.json" \
     --steps "$steps" $model > "$W/$name.out" 2>&1
   rc=$?
   grep -v '^\[20\|\] \[\|%  *\]' "$W/$name.out" | tail -18
