@@ -60,9 +60,28 @@ PAIRS = {
     # call 3: SuperOffload and ZenFlow, 134 M, bf16 (examples/ds_superoffload.json, ds_zenflow.json)
     "so_noclip": ("so_base", "superoffload_no_clipping", {}, "SuperOffload 134M: gradient_clipping 1.0 -> 0.0"),
     "zf_topk05": ("zf_base", None, {}, "ZenFlow 134M: topk_ratio 0.1 -> 0.05"),
+    # call 4 (2026-12-02): ZeRO-3 1.3 B, the z3s config (fp16, pin_memory false, micro-batch 1 x gas 2)
+    "z3l_base2": ("z3l_base", "noise", {}, "ZeRO-3 1.3B: baseline again (noise floor)"),
+    "z3l_mb2": ("z3l_base", "larger_micro_batch", {}, "ZeRO-3 1.3B: micro-batch 1 x gas 2 -> 2 x gas 1 (same global batch)"),
+    "z3l_bind": ("z3l_base", None, {}, "ZeRO-3 1.3B: deepspeed --bind_cores_to_rank (numactl -C 0-15, OMP_NUM_THREADS=16)"),
+    # call 5: ZeRO-3 134 M again (z3s_base4 = the z3s config) and its one-knob changes
+    "z3s_base5": ("z3s_base4", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call 5)"),
+    "z3s_bind": ("z3s_base4", None, {}, "ZeRO-3 134M: deepspeed --bind_cores_to_rank (numactl -C 0-15, OMP_NUM_THREADS=16)"),
+    "z3s_op": ("z3s_base4", None, {}, "ZeRO-3 134M: offload_param cpu (pin_memory false) added"),
+    "z3s_oc0": ("z3s_base4", None, {}, "ZeRO-3 134M: overlap_comm true -> false"),
+    # call 5's z2s_mb2 against call 6's ZeRO-2 baseline (z2s_base3): a cross-call pair (+-15 % noise)
+    "z2s_mb2": ("z2s_base3", "larger_micro_batch", {},
+                "ZeRO-2 134M: micro-batch 1 x gas 2 -> 2 x gas 1 (baseline from the next call)"),
+    # call 6: SuperOffload and ZenFlow baselines again, one knob each
+    "so_rb": ("so_base2", None, {}, "SuperOffload 134M: reduce_bucket_size -> 1e7"),
+    "zf_ui2": ("zf_base2", None, {}, "ZenFlow 134M: update_interval (and select_interval) 4 -> 2"),
 }
 #: noise pairs across calls (same config, different device calls): shown with the noise rows
-CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call 1")}
+CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call 1"),
+              "z3s_base4": ("z3s_base", "ZeRO-3 134M: baseline of call 5 vs call 1"),
+              "z2s_base3": ("z2s_base", "ZeRO-2 134M: baseline of call 6 vs call 2"),
+              "so_base2": ("so_base", "SuperOffload 134M: baseline of call 6 vs call 3"),
+              "zf_base2": ("zf_base", "ZenFlow 134M: baseline of call 6 vs call 3")}
 
 
 def trace_of(run: str) -> str:
@@ -307,7 +326,9 @@ def main(argv: list[str]) -> int:
         if len(argv) < 2 or not Path(argv[1]).is_dir():
             print("--summarize needs a folder of full exports (NAME.sqlite, NAME.json)", file=sys.stderr)
             return 2
-        res = summarize(Path(argv[1]))
+        # runs already summarised and not in the folder stay (each call's exports are apart)
+        res = json.loads((HERE / "summaries.json").read_text()) if (HERE / "summaries.json").exists() else {}
+        res.update(summarize(Path(argv[1])))
         (HERE / "summaries.json").write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
         return 0
     traces = None
