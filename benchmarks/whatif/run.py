@@ -74,7 +74,7 @@ PAIRS = {
                 "ZeRO-2 134M: micro-batch 1 x gas 2 -> 2 x gas 1 (baseline from the next call)"),
     # call 6: SuperOffload and ZenFlow baselines again, one knob each
     "so_rb": ("so_base2", None, {}, "SuperOffload 134M: reduce_bucket_size -> 1e7"),
-    "zf_ui2": ("zf_base2", None, {}, "ZenFlow 134M: update_interval (and select_interval) 4 -> 2"),
+    "zf_ui2": ("zf_base2", None, {}, "ZenFlow 134M: update_interval (and select_interval) 4 -> 2; gas follows it, so an iteration holds 2 micro-steps, not 4"),
 }
 #: noise pairs across calls (same config, different device calls): shown with the noise rows
 CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call 1"),
