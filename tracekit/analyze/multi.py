@@ -280,13 +280,14 @@ def analyze_part(path: str, options, cache: bool, want: str = "result", name: st
     under ``"run_part"`` (:func:`_analyze_one_checked`). Raises TracekitError as
     :func:`_analyze_one_checked`."""
     result = _analyze_one_checked(path, options, cache, run_part)
+    rp = result.pop("run_part", None)
     if name is not None:
         result["trace"] = name
     if want in ("result", "stream"):
-        return result
+        return result if rp is None else {**result, "run_part": rp}
     part = compact_part(result)
-    if run_part:
-        part["run_part"] = result["run_part"]
+    if rp is not None:
+        part["run_part"] = rp
     if want == "json":
         part["json"] = trace_json_text(result)
     return part

@@ -6,8 +6,10 @@ host copied at once), every export's times are shifted onto a common axis, in tw
 
 1. **Capture start.** ``TARGET_INFO_SESSION_START_TIME.utcEpochNs`` is the UTC time (ns) of
    the capture's start on the clock of the export's host; an event at trace time ``t`` is at
-   ``utc_start + t`` UTC. The common axis starts at the earliest capture start: export ``f``
-   is shifted by ``start_offset_ns = utc_start(f) - min utc_start``. Exports that share their
+   ``utc_start + t`` UTC. The common axis is the clock of the **reference** export, the one
+   holding the lowest rank (its times are left as they are, so a time of the run can be found
+   in its timeline): export ``f`` is shifted by ``start_offset_ns = utc_start(f) -
+   utc_start(reference)``. Exports that share their
    host and capture start (the processes of one export, or the splits of one) are one **clock
    group**: their timestamps are already on one clock. An export without the table keeps its
    own times (offset 0).
@@ -65,12 +67,13 @@ def clock_groups(clocks: list[dict]) -> list[int]:
     return out
 
 
-def start_offsets(clocks: list[dict]) -> list[int]:
-    """Step 1 of the module doc: ns to add to each export's times (0 without a capture start)."""
+def start_offsets(clocks: list[dict], reference: int = 0) -> list[int]:
+    """Step 1 of the module doc: ns to add to each export's times to put them on the clock of
+    export ``reference`` (0 for an export without a capture start, and for all when the
+    reference has none)."""
     starts = [c.get("utc_start_ns") for c in clocks]
-    known = [s for s in starts if s is not None]
-    first = min(known) if known else 0
-    return [s - first if s is not None else 0 for s in starts]
+    ref = starts[reference] if 0 <= reference < len(starts) else None
+    return [s - ref if s is not None and ref is not None else 0 for s in starts]
 
 
 def _group_ends(keyed: pl.DataFrame) -> pl.DataFrame:
@@ -89,7 +92,8 @@ def align(clocks: list[dict], keyed: pl.DataFrame, lowest_rank_part: int = 0) ->
     ``clocks``: ``{"utc_start_ns", "host"}`` per export; ``keyed``: the communication kernels
     of every export with their instance keys and the export's index ``part``, times on each
     export's own clock (columns ``part, comm_stream, collective, seq, end``, ns);
-    ``lowest_rank_part``: the export holding the lowest rank (its group is the reference).
+    ``lowest_rank_part``: the export holding the lowest rank (the reference: the run's times
+    are on its clock, and its group's correction is 0).
 
     Returns ``{"method": str, "basis": str (how, in words), "shift_ns": [ns to add to each
     export's times], "start_offset_ns": [step 1], "correction_ns": [step 2, per export],
@@ -99,7 +103,7 @@ def align(clocks: list[dict], keyed: pl.DataFrame, lowest_rank_part: int = 0) ->
     """
     n = len(clocks)
     groups = clock_groups(clocks)
-    offsets = start_offsets(clocks)
+    offsets = start_offsets(clocks, lowest_rank_part)
     ngroups = len(set(groups))
     corr_g: dict[int, int] = {}
     used = 0
