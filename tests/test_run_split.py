@@ -136,3 +136,20 @@ def test_one_clock_group_is_not_shifted():
     clocks = [{"utc_start_ns": 5, "host": "a"}] * 3
     out = run_clock.align(clocks, _keyed([(0, 0, "AllReduce", 0, 10), (2, 0, "AllReduce", 0, 99)]), 1)
     assert out["method"] == "one clock" and out["shift_ns"] == [0, 0, 0] and out["residual_skew_ns"] == 0
+
+
+def test_run_part_read_back_from_the_cache(tmp_path):
+    """A second analysis of an export (its result from the cache) reads its run part from the
+    cache too: no phase model is built, and the frames are the ones computed the first time."""
+    from tracekit.analysis import analyze
+    from tracekit.analyze import run_parts
+
+    path = _copy_back_trace(tmp_path / "synthetic_cached_part.sqlite")
+    first = run_parts.run_part(analyze(path))
+    again = analyze(path)
+    assert "model" not in again._parts  # the result came from the cache
+    part = run_parts.run_part(again)
+    assert "model" not in again._parts
+    for name in run_parts.FRAMES:
+        assert part[name].equals(first[name]), name
+    assert part["collectives"]["start"].to_list() == [1 * MS, 1 * MS + 300_000]  # by hand, the two AllGathers

@@ -4,7 +4,10 @@
 analysis of :mod:`tracekit.analyze.result` on every export, in worker processes
 (``--jobs N``) or on an existing Dask cluster (``--dask ADDRESS``), and adds a summary
 across ranks (:func:`summarize_ranks`): the slowest rank, the spread of phase times, and ranks
-missing from the numbering of the file names.
+missing from the numbering of the file names. When the traces are one run, each worker also
+sends back its trace's run part (:mod:`tracekit.analyze.run_parts`) and the traces are joined
+into one job (:mod:`tracekit.analyze.run_join`: clocks aligned, waiting ranks and host
+contention across the files), ``analyze_many``'s ``"run"``.
 
 A *rank* here is one (trace, process, device) row of a result's ``ranks`` list: a per-rank
 export holds one, a per-node export one per GPU process.
