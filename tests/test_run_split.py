@@ -153,3 +153,26 @@ def test_run_part_read_back_from_the_cache(tmp_path):
     for name in run_parts.FRAMES:
         assert part[name].equals(first[name]), name
     assert part["collectives"]["start"].to_list() == [1 * MS, 1 * MS + 300_000]  # by hand, the two AllGathers
+
+
+def test_run_from_workers_equals_in_process(tmp_path):
+    """The run parts come back from worker processes and from Dask workers (pickled polars
+    frames) and give the run computed in this process."""
+    parts = split_ranks.split(_copy_back_trace(tmp_path / "synthetic_workers.sqlite"), tmp_path / "split")
+    here = multi.analyze_many(parts, FAST, cache=False, jobs=1, want="compact")["run"]
+    assert here["waiting_ranks"]["per_rank"]  # something to compare
+    assert multi.analyze_many(parts, FAST, cache=False, jobs=2, want="json")["run"] == here
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as c:
+        assert multi.analyze_many(parts, FAST, cache=False, dask=c.scheduler_address)["run"] == here
+
+
+def test_groups_linked_through_another_group():
+    # export 2 shares a collective with export 1 only: aligned in the second round, through it
+    clocks = [{"utc_start_ns": 0, "host": "a"}, {"utc_start_ns": 7, "host": "b"}, {"utc_start_ns": 9, "host": "c"}]
+    rows = [(0, 0, "AllReduce", 0, 100), (1, 0, "AllReduce", 0, 50),
+            (1, 1, "AllReduce", 0, 200), (2, 1, "AllReduce", 0, 300)]
+    out = run_clock.align(clocks, _keyed(rows), 0)
+    assert out["correction_ns"] == [0, 43, (200 + 50) - (300 + 9)]  # 100 - 57; then 250 - 309
+    assert out["shift_ns"] == [0, 50, -50] and out["aligned_by"] == ["collective end times"] * 3
+    assert out["collectives_used"] == 2 and out["residual_skew_ns"] == 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import threading
 from pathlib import Path
 
 from tracekit.errors import TracekitError
@@ -111,7 +112,15 @@ def analyze_one(path: str | Path, options=None, cache: bool = True) -> dict:
     from tracekit.analysis import analyze
     from tracekit.options import Options
 
-    return analyze(path, Options.of(options, cache=cache)).to_json()
+    a = analyze(path, Options.of(options, cache=cache))
+    if getattr(_last, "keep", False):  # for the run part (:func:`_analyze_one_checked`), on this thread
+        _last.analysis = a
+    return a.to_json()
+
+
+#: the Analysis of :func:`analyze_one` for :func:`_analyze_one_checked`'s run part, per thread (a
+#: Dask worker runs several), kept only while that call runs
+_last = threading.local()
 
 
 def _analyze_one_checked(path: str, options, cache: bool, run_part: bool = False) -> dict:
@@ -121,14 +130,22 @@ def _analyze_one_checked(path: str, options, cache: bool, run_part: bool = False
     under ``"run_part"`` (:func:`tracekit.analyze.run_parts.run_part`, for the join of one run's
     exports; taken out by :func:`analyze_many`)."""
     try:
-        if run_part:
+        _last.analysis, _last.keep = None, run_part
+        try:
+            result = analyze_one(path, options, cache)
+            a = _last.analysis
+        finally:
+            _last.analysis, _last.keep = None, False
+        if not run_part:
+            return result
+        from tracekit.analyze.run_parts import run_part as part_of
+
+        if a is None or Path(a.path) != Path(path):  # analyze_one replaced (a test's hook)
             from tracekit.analysis import analyze
-            from tracekit.analyze.run_parts import run_part as part_of
             from tracekit.options import Options
 
             a = analyze(path, Options.of(options, cache=cache))
-            return {**a.to_json(), "run_part": part_of(a)}
-        return analyze_one(path, options, cache)
+        return {**result, "run_part": part_of(a)}
     except TracekitError:
         raise
     except BaseException as exc:  # Exception, or pyo3's PanicException (a BaseException)

@@ -20,10 +20,11 @@ host copied at once), every export's times are shifted onto a common axis, in tw
    data, so the instances of one collective end (nearly) together on every rank. Instances
    are matched across ranks by their order on each rank
    (:func:`tracekit.analyze.sections.waiting_ranks.instance_keys`, which does not depend on the
-   clocks). Starting from the clock group of the lowest rank (``reference``), each other group
-   gets ``correction_ns`` = the median, over the instances it shares with the groups aligned
-   so far, of (the aligned groups' median end - its own median end), rounded to the ns; the
-   group sharing the most instances is aligned next.
+   clocks). Starting from the clock group of the lowest rank (``reference``), in rounds, each
+   group that shares instances with the groups aligned so far gets ``correction_ns`` = the
+   median, over those instances, of (the aligned groups' median end - its own median end),
+   rounded to the ns (one round when the collectives span every group, as a data-parallel
+   all-reduce does).
 
 ``residual_skew_ns``: over the instances held by two or more clock groups, after alignment,
 the median of (latest - earliest) of the groups' median end times: how far apart the clocks
@@ -126,21 +127,19 @@ def align(clocks: list[dict], keyed: pl.DataFrame, lowest_rank_part: int = 0) ->
             method = "collective end times"
             corr_g[ref] = 0
             cols = {int(c): wide[c].to_numpy().astype(float) for c in wide.columns if c not in inst}
-            while True:
-                done = [g for g in corr_g]
-                aligned = np.column_stack([cols[g] + corr_g[g] for g in done])
-                best = None
+            while True:  # in rounds: one for collectives that span every group
+                aligned = np.column_stack([cols[g] + c for g, c in corr_g.items()])
+                has = ~np.all(np.isnan(aligned), axis=1)
+                ref_end = np.full(aligned.shape[0], np.nan)
+                ref_end[has] = np.nanmedian(aligned[has], axis=1)
+                new = {}
                 for g, e in cols.items():
-                    if g in corr_g:
-                        continue
-                    ok = ~np.isnan(e) & ~np.all(np.isnan(aligned), axis=1)
-                    if ok.sum() and (best is None or ok.sum() > best[1]):
-                        best = (g, int(ok.sum()), ok)
-                if best is None:
+                    ok = has & ~np.isnan(e)
+                    if g not in corr_g and ok.any():
+                        new[g] = int(np.rint(np.median(ref_end[ok] - e[ok])))
+                if not new:
                     break
-                g, _, ok = best
-                ref_end = np.nanmedian(aligned[ok], axis=1)
-                corr_g[g] = int(np.rint(np.median(ref_end - cols[g][ok])))
+                corr_g.update(new)
             fixed = np.column_stack([cols[g] + corr_g[g] for g in corr_g])
             counts = (~np.isnan(fixed)).sum(axis=1)
             both = counts >= 2
