@@ -176,3 +176,18 @@ def test_groups_linked_through_another_group():
     assert out["correction_ns"] == [0, 43, (200 + 50) - (300 + 9)]  # 100 - 57; then 250 - 309
     assert out["shift_ns"] == [0, 50, -50] and out["aligned_by"] == ["collective end times"] * 3
     assert out["collectives_used"] == 2 and out["residual_skew_ns"] == 0
+
+
+def test_terminal_says_the_run(tmp_path):
+    import os
+
+    from conftest import run_cli
+
+    parts = split_ranks.split(_copy_back_trace(tmp_path / "synthetic_terminal.sqlite"), tmp_path / "split")
+    rc, out, err = run_cli("analyze", *map(str, parts), "--no-cache", "--jobs", "1",
+                           env={**os.environ, "COLUMNS": "400"})
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert "one run: 2 ranks on 1 host (host 0: 2); clocks: one clock (residual skew 0 ns)" in lines
+    [contention] = [x for x in lines if x.startswith("run: host host 0: GPUs 0, 1 copy at once: 10.0 ms")]
+    assert "(30 % slower)" in contention  # 5.0 GB/s together vs 50 MB in 7 ms alone

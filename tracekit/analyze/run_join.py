@@ -88,11 +88,11 @@ def join(parts: list[dict], names: list[str] | None = None, file_ranks: list[int
     :func:`tracekit.analyze.run_clock.align`'s dict, "frames": {...}}``; ``frames`` holds, on the
     common axis, the frames of :func:`tracekit.analyze.sections.multi_gpu.analyze_multi_gpu`
     (``rank_ids``, ``host_summary``, ``host_windows``, ``host_phase``, ``host_bandwidth``,
-    ``host_copies``, ``collectives``, ``waiting``, ``waiting_slowest``) with ``global_pid`` the
-    rank's key across exports. Times ns, bytes.
+    ``host_copies``, ``communication``, ``collectives``, ``waiting``, ``waiting_slowest``) with
+    ``global_pid`` the rank's key across exports. Times ns, bytes.
     """
     from tracekit.analyze import run_clock
-    from tracekit.analyze.sections import host_contention, waiting_ranks
+    from tracekit.analyze.sections import host_contention, multi_gpu, waiting_ranks
 
     names = names or [p["trace"] for p in parts]
     clocks = [p["clock"] for p in parts]
@@ -125,6 +125,7 @@ def join(parts: list[dict], names: list[str] | None = None, file_ranks: list[int
     per = waiting_ranks.waiting(None, ranks, coll)
     frames = {"rank_ids": ranks}
     frames.update(host_contention.analyze_host_contention(copies))
+    frames["communication"] = multi_gpu.totals_of_kernels(coll)
     frames["collectives"] = coll
     frames["waiting"] = per
     frames["waiting_slowest"] = waiting_ranks.slowest_ranks(per, table, ranks)
@@ -146,20 +147,24 @@ def run_json(parts: list[dict], names: list[str], file_ranks: list[int | None] |
                    "residual_skew_ns", "max_end_spread_ns",
                    "files": [{"trace", "host", "clock_group", "utc_start_ns", "start_offset_ns",
                               "correction_ns", "shift_ns", "aligned_by"}]},
-         "waiting_ranks": {"per_rank": [row], "slowest": [row], "unmatched_collectives": int}}
+         "waiting_ranks": {"per_rank": [row], "slowest": [row], "unmatched_collectives": int},
+         "findings": [{"topic", "pid", "device", "phase", "text", "values"}]}
 
     ``host_contention`` and ``waiting_ranks`` have the shapes of one export's ``hosts`` and
     ``waiting_ranks`` (:mod:`tracekit.analyze.sections.multi_gpu`; totals over the run, ns,
     bytes), computed across the files (:func:`join`); ``host_contention`` is null for a host
-    without host copies. Different runs: ``{"one_run": false, "note", "files", "run_groups",
+    without host copies. ``findings``: the host-contention, communication and waiting-rank
+    findings of :func:`tracekit.analyze.sections.multi_gpu.multi_gpu_findings` on the joined
+    frames (their text names the host or rank; ``pid`` and ``device`` may recur on every
+    node). Different runs: ``{"one_run": false, "note", "files", "run_groups",
     "hosts": null, "waiting_ranks": null, ...}`` (nothing compared across them).
     """
-    from tracekit.analyze.sections.multi_gpu import to_json
+    from tracekit.analyze.sections.multi_gpu import multi_gpu_findings, to_json
 
     base = {"one_run": note is None, "note": note, "files": list(names), "run_groups": run_groups}
     if note is not None or not parts:
         return {**base, "ranks": None, "hosts": None, "ranks_per_host": None, "rank_order": None, "clock": None,
-                "waiting_ranks": None}
+                "waiting_ranks": None, "findings": []}
     j = join(parts, names, file_ranks)
     rk, clock = j["ranks"], j["clock"]
     single = to_json(j["frames"])
@@ -186,4 +191,5 @@ def run_json(parts: list[dict], names: list[str], file_ranks: list[int | None] |
                   "collectives_used": clock["collectives_used"], "residual_skew_ns": clock["residual_skew_ns"],
                   "max_end_spread_ns": clock["max_end_spread_ns"], "files": files},
         "waiting_ranks": single["waiting_ranks"],
+        "findings": multi_gpu_findings(j["frames"]),
     }
