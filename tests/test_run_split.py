@@ -56,6 +56,8 @@ def _check(whole: Path, tmp_path: Path) -> dict:
     assert [h["host"] for h in run["hosts"]] == sorted({h["host"] for h in run["hosts"]})
     got = {h["host"]: h["host_contention"] for h in run["hosts"] if h["host_contention"] is not None}
     assert got == {h["host"]: h["host_contention"] for h in one["hosts"]}
+    topics = ("host-contention", "communication", "waiting-rank")
+    assert run["findings"] == [f for f in one["findings"] if f["topic"] in topics]
     return run
 
 
@@ -71,6 +73,7 @@ def test_split_host_contention_equals_the_export(tmp_path):
     (host,) = run["hosts"]
     assert [r["rank"] for r in host["ranks"]] == [0, 1] and run["ranks_per_host"] == {host["host"]: 2}
     hc = host["host_contention"]
+    assert [f["topic"] for f in run["findings"]] == ["host-contention", "communication", "communication"]
     assert hc["concurrent_ns"] == 10 * MS == hc["h2d_ns"]  # the two copy-backs in flight together
     assert hc["copy_busy_ns"] == 10 * MS + 2 * 7 * MS
     per = {r["rank"]: r["wait_ns"] for r in run["waiting_ranks"]["per_rank"]}
