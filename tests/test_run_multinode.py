@@ -196,10 +196,9 @@ def test_same_numbers_as_one_export(analyzed):
         {h["host"]: h["host_contention"] for h in single["hosts"]}
 
 
-def test_without_the_collectives_the_clocks_stay_apart(analyzed, grid):
-    """The capture starts alone leave node n at its clock error (ms) from node 0: the join of
-    step 1 would put rank 13 (node 1, 1.7 ms late) after every collective's end."""
-    folder, _ = grid
+def test_without_the_collectives_the_clocks_stay_apart():
+    """The capture starts alone (no collective to align on) leave every export of node n off
+    the true shift by node n's clock error: 1.7 ms for node 1, longer than any of the waits."""
     clocks = [{"utc_start_ns": BASE_UTC + session_start(n, g) + NODE_ERROR[n], "host": f"node{n}"}
               for n in range(NODES) for g in range(GPUS)]
     keyed = pl.DataFrame(schema={"part": pl.Int64, "comm_stream": pl.Int64, "collective": pl.String,
@@ -207,6 +206,9 @@ def test_without_the_collectives_the_clocks_stay_apart(analyzed, grid):
     out = run_clock.align(clocks, keyed)
     assert out["method"] == "capture start" and out["residual_skew_ns"] is None
     assert out["correction_ns"] == [0] * RANKS
+    true_shift = [session_start(n, g) - session_start(0, 0) for n in range(NODES) for g in range(GPUS)]
+    assert [a - b for a, b in zip(out["shift_ns"], true_shift)] == [NODE_ERROR[n] for n in range(NODES)
+                                                                    for _ in range(GPUS)]
 
 
 def test_cli_json_has_the_run(grid):
