@@ -204,9 +204,10 @@ def analyze_many(
     summarize_ranks(...), "run": run_join.run_json(...) | None}`` (times in ns). ``run`` (None
     for a single trace) is the traces seen as one job: hosts, ranks per host, clock alignment,
     and host contention and waiting ranks computed across the files
-    (:mod:`tracekit.analyze.run_join`), or the verdict that they are different runs. A trace that cannot be analyzed (not an nsys
-    export, truncated, out of memory, a worker that died) does not stop the others: it is
-    listed in ``failed`` and left out of the summary (but not counted as a missing rank).
+    (:mod:`tracekit.analyze.run_join`), or the verdict that they are different runs. A trace
+    that cannot be analyzed (not an nsys export, truncated, out of memory, a worker that died)
+    does not stop the others: it is listed in ``failed`` and left out of the summary and the
+    run (but not counted as a missing rank).
 
     Raises :class:`TracekitError` (one line): an input missing (:func:`expand_inputs`), an
     unreachable Dask scheduler, an ``expected_ranks`` below 1.
