@@ -194,3 +194,23 @@ def test_terminal_says_the_run(tmp_path):
     assert "one run: 2 ranks on 1 host (host 0: 2); clocks: one clock (residual skew 0 ns)" in lines
     [contention] = [x for x in lines if x.startswith("run: host host 0: GPUs 0, 1 copy at once: 10.0 ms")]
     assert "(30 % slower)" in contention  # 5.0 GB/s together vs 50 MB in 7 ms alone
+
+
+def test_split_with_clocks_apart_and_no_host_names(tmp_path):
+    """The splits given capture starts 5 ms apart (as two nsys sessions would), without host
+    names: each split is its own host (named after its file), the AllGathers' common ends take
+    the 5 ms back exactly, and the waits are the export's."""
+    whole = _skew_trace(tmp_path, "synthetic_split_apart.sqlite")
+    parts = split_ranks.split(whole, tmp_path / "split")
+    for p, utc in zip(parts, (1_796_000_000_000_000_000, 1_796_000_000_000_000_000 + 5 * MS)):
+        with sqlite3.connect(p) as con:
+            con.execute("CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INTEGER, utcTime TEXT, "
+                        "localTime TEXT)")
+            con.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?, '', '')", (utc,))
+    run = multi.analyze_many(parts, FAST, cache=False, jobs=1, want="compact")["run"]
+    c = run["clock"]
+    assert c["method"] == "collective end times" and c["residual_skew_ns"] == 0 and c["collectives_used"] == 3
+    assert [f["start_offset_ns"] for f in c["files"]] == [0, 5 * MS]
+    assert [f["correction_ns"] for f in c["files"]] == [0, -5 * MS] and [f["shift_ns"] for f in c["files"]] == [0, 0]
+    assert [h["host"] for h in run["hosts"]] == ["rank0.sqlite: host 0", "rank1.sqlite: host 0"]
+    assert run["waiting_ranks"] == multi.analyze_one(whole, FAST, cache=False)["waiting_ranks"]
