@@ -53,6 +53,9 @@ EXACT = {
     "tracekit.analyze.multi": "analysis",
     "tracekit.analyze.run_groups": "analysis",  # which traces of a folder are one run (multi.py's)
     "tracekit.analyze.run_advice": "sections",  # the advice once per run (the advice section's)
+    "tracekit.analyze.run_parts": "analysis",  # what each export of a run sends to the join (multi.py's)
+    "tracekit.analyze.run_clock": "analysis",  # one clock for a run's exports (run_join's)
+    "tracekit.analyze.run_join": "analysis",  # a run's exports joined: waits, host contention (multi.py's)
     "tracekit.options": "analysis",
     "tracekit.analyze.significance": "base",
     # the one writer of files (temporary, then rename), output.py's too; imports nothing of tracekit

@@ -126,11 +126,19 @@ def test_in_order_window():
 
 def _whole_json(runs: Path, names: list[str]) -> dict:
     """--json of several traces built here from each trace's whole result (single-trace
-    analysis) and the summary across them: the dict the streamed text must equal."""
-    results = [analyze_one(runs / n, Options.of(None, sections=tuple(
-        s for s in multi_sections() if s != "timeline")), cache=False) for n in names]
-    summary = multi.summarize_ranks(results, [runs / n for n in names])
-    return {"traces": results, "failed": [], "summary": summary}
+    analysis), the summary across them and the run joined from each trace's run part (issue
+    24): the dict the streamed text must equal."""
+    from tracekit.analysis import analyze
+    from tracekit.analyze import run_join, run_parts
+
+    opts = Options.of(None, sections=tuple(s for s in multi_sections() if s != "timeline"), cache=False)
+    analyses = [analyze(runs / n, opts) for n in names]
+    results = [a.to_json() for a in analyses]
+    paths = [runs / n for n in names]
+    summary = multi.summarize_ranks(results, paths)
+    run = run_join.run_json([run_parts.run_part(a) for a in analyses], [str(p) for p in paths],
+                            multi.rank_numbers(paths), summary["note"], summary["run_groups"])
+    return {"traces": results, "failed": [], "summary": summary, "run": run}
 
 
 def multi_sections():

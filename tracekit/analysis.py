@@ -507,15 +507,19 @@ class ManyAnalysis:
         traces: one :class:`Analysis` per trace that could be analyzed, in input order.
         failed: ``[{"trace", "error" (one line), "exit_code"}]`` for the others.
         summary: the comparison across ranks (:func:`tracekit.analyze.multi.summarize_ranks`, ns).
+        run: the traces as one job (:func:`tracekit.analyze.run_join.run_json`: hosts, clock
+            alignment, host contention and waiting ranks across the files), None for one trace.
     """
 
-    def __init__(self, traces: list[Analysis], failed: list[dict], summary: dict) -> None:
-        self.traces, self.failed, self.summary = traces, failed, summary
+    def __init__(self, traces: list[Analysis], failed: list[dict], summary: dict, run: dict | None = None) -> None:
+        self.traces, self.failed, self.summary, self.run = traces, failed, summary, run
 
     def to_json(self) -> dict:
         """What ``tracekit analyze A B ... --json`` prints: ``{"traces": [the single-trace shape
-        of each, as :meth:`Analysis.to_json`], "failed": [...], "summary": {...}}``."""
-        return {"traces": [a.to_json() for a in self.traces], "failed": self.failed, "summary": self.summary}
+        of each, as :meth:`Analysis.to_json`], "failed": [...], "summary": {...}, "run": {...}}``
+        (``run`` only when there is one)."""
+        out = {"traces": [a.to_json() for a in self.traces], "failed": self.failed, "summary": self.summary}
+        return out | ({"run": self.run} if self.run is not None else {})
 
     @property
     def phases(self) -> "pl.DataFrame":
@@ -546,4 +550,5 @@ def analyze_many(items, options: Options | dict | None = None, jobs: int | None 
         kwargs["sections"] = tuple(s for s in SECTIONS if s != "timeline")
     opts = Options.of(options, **kwargs)
     out = multi.analyze_many(items, opts, jobs=jobs, dask=dask, cache=opts.cache, expected_ranks=expected_ranks)
-    return ManyAnalysis([Analysis(Path(r["trace"]), opts, r) for r in out["traces"]], out["failed"], out["summary"])
+    return ManyAnalysis([Analysis(Path(r["trace"]), opts, r) for r in out["traces"]], out["failed"], out["summary"],
+                        out.get("run"))

@@ -121,7 +121,7 @@ def _many(traces, options, out, out_format: str, fmt: str, wide: bool, jobs, das
     for line in lines:
         print(line, file=sys.stderr)
     if stream is not None:
-        stream.close(many["failed"], many["summary"])
+        stream.close(many["failed"], many["summary"], many.get("run"))
     elif fmt in ("csv", "md"):
         sys.stdout.write(render_many.many_text(many, fmt))
     else:

@@ -4,7 +4,10 @@
 analysis of :mod:`tracekit.analyze.result` on every export, in worker processes
 (``--jobs N``) or on an existing Dask cluster (``--dask ADDRESS``), and adds a summary
 across ranks (:func:`summarize_ranks`): the slowest rank, the spread of phase times, and ranks
-missing from the numbering of the file names.
+missing from the numbering of the file names. When the traces are one run, each worker also
+sends back its trace's run part (:mod:`tracekit.analyze.run_parts`) and the traces are joined
+into one job (:mod:`tracekit.analyze.run_join`: clocks aligned, waiting ranks and host
+contention across the files), ``analyze_many``'s ``"run"``.
 
 A *rank* here is one (trace, process, device) row of a result's ``ranks`` list: a per-rank
 export holds one, a per-node export one per GPU process.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import threading
 from pathlib import Path
 
 from tracekit.errors import TracekitError
@@ -108,15 +112,40 @@ def analyze_one(path: str | Path, options=None, cache: bool = True) -> dict:
     from tracekit.analysis import analyze
     from tracekit.options import Options
 
-    return analyze(path, Options.of(options, cache=cache)).to_json()
+    a = analyze(path, Options.of(options, cache=cache))
+    if getattr(_last, "keep", False):  # for the run part (:func:`_analyze_one_checked`), on this thread
+        _last.analysis = a
+    return a.to_json()
 
 
-def _analyze_one_checked(path: str, options, cache: bool) -> dict:
+#: the Analysis of :func:`analyze_one` for :func:`_analyze_one_checked`'s run part, per thread (a
+#: Dask worker runs several), kept only while that call runs
+_last = threading.local()
+
+
+def _analyze_one_checked(path: str, options, cache: bool, run_part: bool = False) -> dict:
     """:func:`analyze_one` for a worker: any failure comes back as a TracekitError naming the
     trace, on one line (out of memory: :func:`tracekit.memlimit.message`, exit code 2; a bug or
-    a Rust panic of polars: exit code 1)."""
+    a Rust panic of polars: exit code 1). ``run_part``: the result holds the trace's run part
+    under ``"run_part"`` (:func:`tracekit.analyze.run_parts.run_part`, for the join of one run's
+    exports; taken out by :func:`analyze_many`)."""
     try:
-        return analyze_one(path, options, cache)
+        _last.analysis, _last.keep = None, run_part
+        try:
+            result = analyze_one(path, options, cache)
+            a = _last.analysis
+        finally:
+            _last.analysis, _last.keep = None, False
+        if not run_part:
+            return result
+        from tracekit.analyze.run_parts import run_part as part_of
+
+        if a is None or Path(a.path) != Path(path):  # analyze_one replaced (a test's hook)
+            from tracekit.analysis import analyze
+            from tracekit.options import Options
+
+            a = analyze(path, Options.of(options, cache=cache))
+        return {**result, "run_part": part_of(a)}
     except TracekitError:
         raise
     except BaseException as exc:  # Exception, or pyo3's PanicException (a BaseException)
@@ -172,9 +201,13 @@ def analyze_many(
 
     Returns ``{"traces": [result (or compact part) per good trace, in input order], "failed":
     [{"trace": str, "error": str (one line, naming the trace), "exit_code": int}], "summary":
-    summarize_ranks(...)}`` (times in ns). A trace that cannot be analyzed (not an nsys
-    export, truncated, out of memory, a worker that died) does not stop the others: it is
-    listed in ``failed`` and left out of the summary (but not counted as a missing rank).
+    summarize_ranks(...), "run": run_join.run_json(...) | None}`` (times in ns). ``run`` (None
+    for a single trace) is the traces seen as one job: hosts, ranks per host, clock alignment,
+    and host contention and waiting ranks computed across the files
+    (:mod:`tracekit.analyze.run_join`), or the verdict that they are different runs. A trace
+    that cannot be analyzed (not an nsys export, truncated, out of memory, a worker that died)
+    does not stop the others: it is listed in ``failed`` and left out of the summary and the
+    run (but not counted as a missing rank).
 
     Raises :class:`TracekitError` (one line): an input missing (:func:`expand_inputs`), an
     unreachable Dask scheduler, an ``expected_ranks`` below 1.
@@ -190,21 +223,28 @@ def analyze_many(
     if dask is not None and not str(dask).strip():
         raise TracekitError(f"--dask {dask!r}: give the Dask scheduler's address (tcp://HOST:8786), or leave --dask out "
                             "to analyze here")
+    rp = len(paths) > 1  # the run parts, for the join of one run's exports (issue 24)
     if dask:
-        outcomes = _iter_dask(dask, paths, opts, cache, want, streamed)
+        outcomes = _iter_dask(dask, paths, opts, cache, want, streamed, run_part=rp)
     else:
+        import functools
+
         n = min(jobs, len(paths)) if jobs else default_jobs(paths)
         if n <= 1:
-            outcomes = (_outcome(lambda p=p: analyze_part(str(p), opts, cache, want)) for p in paths)
+            outcomes = (_outcome(lambda p=p: analyze_part(str(p), opts, cache, want, run_part=rp)) for p in paths)
         else:
             outcomes = _iter_processes(paths, opts, cache, n, want=want,
+                                       work=functools.partial(analyze_part, want=want, run_part=rp),
                                        window=stream_window(n) if streamed else None)
-    results, good, failed = [], [], []
+    results, good, failed, run_parts = [], [], [], []
     try:
         for i, (p, o) in enumerate(zip(paths, outcomes)):
             if isinstance(o, TracekitError):
                 failed.append({"trace": str(p), "error": _named(p, o), "exit_code": o.exit_code})
                 continue
+            part = o.pop("run_part", None)
+            if part is not None:
+                run_parts.append(part)
             if each is not None:
                 each(i, p, o)
             if want == "stream":
@@ -217,7 +257,14 @@ def analyze_many(
     finally:  # stopped early (an error in each(), ^C): the workers stop, the Dask client closes
         outcomes.close()
     summary = summarize_ranks(results, good, expected_ranks, failed=[Path(f["trace"]) for f in failed])
-    return {"traces": results, "failed": failed, "summary": summary}
+    run = None
+    if rp:
+        from tracekit.analyze import run_join
+
+        names = [str(r.get("trace")) for r in results]
+        run = run_join.run_json(run_parts if len(run_parts) == len(results) else [], names,
+                                rank_numbers(good), summary["note"], summary["run_groups"])
+    return {"traces": results, "failed": failed, "summary": summary, "run": run}
 
 
 def compact_part(result: dict) -> dict:
@@ -245,18 +292,23 @@ def trace_json_text(result: dict) -> str:
     return format_json(result).rstrip("\n").replace("\n", "\n  ")
 
 
-def analyze_part(path: str, options, cache: bool, want: str = "result", name: str | None = None) -> dict:
+def analyze_part(path: str, options, cache: bool, want: str = "result", name: str | None = None,
+                 run_part: bool = False) -> dict:
     """What a worker sends back for one trace (``want``, see :data:`WANTS`): the whole result
     of :func:`_analyze_one_checked`, its :func:`compact_part`, or that with ``"json"``: the
     trace's text for ``--json`` (:func:`trace_json_text`). ``name``: the trace's path as the
-    client spells it, in place of ``path`` in the result. Raises TracekitError as
+    client spells it, in place of ``path`` in the result. ``run_part``: with the trace's run part
+    under ``"run_part"`` (:func:`_analyze_one_checked`). Raises TracekitError as
     :func:`_analyze_one_checked`."""
-    result = _analyze_one_checked(path, options, cache)
+    result = _analyze_one_checked(path, options, cache, run_part)
+    rp = result.pop("run_part", None)
     if name is not None:
         result["trace"] = name
     if want in ("result", "stream"):
-        return result
+        return result if rp is None else {**result, "run_part": rp}
     part = compact_part(result)
+    if rp is not None:
+        part["run_part"] = rp
     if want == "json":
         part["json"] = trace_json_text(result)
     return part
@@ -285,11 +337,13 @@ class ManyJson:
         self.fh.write(('{\n "traces": [' if not self.n else ",") + "\n  " + text)
         self.n += 1
 
-    def close(self, failed: list, summary: dict) -> None:
-        """Write the end: the ``failed`` list and ``summary`` (:func:`analyze_many`'s)."""
+    def close(self, failed: list, summary: dict, run: dict | None = None) -> None:
+        """Write the end: the ``failed`` list, ``summary`` and ``run`` (:func:`analyze_many`'s;
+        ``run`` left out when None)."""
         from tracekit.analyze.trace.cache import format_json
 
-        tail = format_json({"traces": [], "failed": failed, "summary": summary})
+        tail = format_json({"traces": [], "failed": failed, "summary": summary,
+                            **({"run": run} if run is not None else {})})
         assert tail.startswith(self._HEAD)
         self.fh.write(tail if not self.n else "\n ]" + tail[len(self._HEAD):])
 
@@ -509,7 +563,7 @@ def _stop_workers(pool) -> None:
 
 
 def _analyze_on_dask_worker(path: str, name: str | None = None, options=None, cache: bool = True,
-                            want: str = "result") -> dict:
+                            want: str = "result", run_part: bool = False) -> dict:
     """:func:`analyze_part` on a Dask worker (``name``: the path as the client spells it): a
     trace the client sees but the worker does not (no shared file system, another mount point)
     is named as such, with the host."""
@@ -520,7 +574,7 @@ def _analyze_on_dask_worker(path: str, name: str | None = None, options=None, ca
             f"{name or path}: no such file on the Dask worker on {socket.gethostname()} (workers must see "
             "the traces at the same absolute paths as the client: a shared file system)"
         )
-    return analyze_part(path, options, cache, want, name)
+    return analyze_part(path, options, cache, want, name, run_part)
 
 
 def _dask_outcome(path: Path, future) -> dict | TracekitError:
@@ -576,14 +630,15 @@ def _dask_client(address: str):
     return client
 
 
-def _iter_dask(address: str, paths: list[Path], opts, cache: bool, want: str = "result", streamed: bool = False):
+def _iter_dask(address: str, paths: list[Path], opts, cache: bool, want: str = "result", streamed: bool = False,
+               run_part: bool = False):
     """Each trace's part (:func:`analyze_part` with ``want``) or TracekitError from the Dask
     scheduler at ``address``, in input order, each gathered once and then released on the
     cluster. ``streamed``: at most :func:`stream_window` of the workers' threads submitted
     ahead (else all at once, one ``client.map``)."""
     client = _dask_client(address)
     try:
-        kw = dict(options=opts, cache=cache, want=want, pure=False)
+        kw = dict(options=opts, cache=cache, want=want, run_part=run_part, pure=False)
         if streamed:
             window = stream_window(sum(client.nthreads().values()))
 

@@ -99,6 +99,24 @@ def render_many(out: dict, console=None, wide: bool = False) -> None:
             its = ", ".join(map(str, r["unclosed_iterations"]))
             console.print(text(f"{Path(r['trace']).name} pid {r['pid']}: iteration {its} left out of the table "
                                "above (a phase range never closed; see tracekit analyze on that trace)"))
+    for line in run_lines(out.get("run")):
+        console.print(text(line))
+
+
+def run_lines(run: dict | None) -> list[str]:
+    """The traces as one job (``run`` of :func:`tracekit.analyze.multi.analyze_many`, issue 24),
+    in plain lines: ranks per host, how the clocks were aligned, then the host-contention and
+    waiting-rank findings computed across the files (the per-rank communication findings are
+    in ``--json``'s ``run.findings``). Empty for one trace or different runs."""
+    if not run or not run.get("one_run") or not run.get("hosts"):
+        return []
+    c = run["clock"]
+    skew = "not measured" if c["residual_skew_ns"] is None else f"{c['residual_skew_ns']:,} ns"
+    per_host = ", ".join(f"{h}: {n}" for h, n in run["ranks_per_host"].items())
+    lines = [f"one run: {run['ranks']} ranks on {len(run['hosts'])} host{'s' if len(run['hosts']) > 1 else ''} "
+             f"({per_host}); clocks: {c['method']} (residual skew {skew})"]
+    lines += [f"run: {f['text']}" for f in run.get("findings") or [] if f["topic"] in ("host-contention", "waiting-rank")]
+    return lines
 
 
 # ---------------------------------------------------------------------- cached terminal output

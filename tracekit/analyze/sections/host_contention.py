@@ -28,8 +28,9 @@ GB/s = 1e9 B/s = bytes per ns; intervals half-open, touching copies are not conc
   ``slower_share`` = 1 - concurrent GB/s / alone GB/s (0.31 = 31 % slower).
 
 One export holds the processes of one node (or of several, distinguished by the machine part
-of ``globalPid``, :mod:`tracekit.analyze.model.rank_ids`). Per-rank exports of one node are combined
-by :func:`combine_exports` on a common clock.
+of ``globalPid``, :mod:`tracekit.analyze.model.rank_ids`). The per-rank exports of one run are put
+on one clock (:mod:`tracekit.analyze.run_clock`) and their copies joined per host before the
+functions below run on them (:mod:`tracekit.analyze.run_join`).
 """
 
 from __future__ import annotations
@@ -288,28 +289,3 @@ def analyze_host_contention(copies: pl.DataFrame) -> dict[str, pl.DataFrame]:
         "host_bandwidth": bandwidth_vs_alone(copies, conc),
         "host_copies": conc,
     }
-
-
-# ---------------------------------------------------------------------- several exports
-def clock_offset(export) -> tuple[int, str]:
-    """(offset ns, basis) that maps this export's timestamps to UTC ns: ``utcEpochNs`` of
-    ``TARGET_INFO_SESSION_START_TIME`` minus the session start on the trace clock
-    (``systemClockNs``, else ``ANALYSIS_DETAILS.startTime``); ``(0, "trace clock")`` when the
-    export lacks them (exports of one machine then still share its clock)."""
-    st = export.load("TARGET_INFO_SESSION_START_TIME", ["utcEpochNs", "systemClockNs"])
-    if st.height and st["utcEpochNs"][0] is not None:
-        start = st["systemClockNs"][0]
-        if start is None:
-            ad = export.load("ANALYSIS_DETAILS", ["startTime"])
-            start = ad["startTime"][0] if ad.height else None
-        if start is not None:
-            return int(st["utcEpochNs"][0]) - int(start), "UTC (session start)"
-    return 0, "trace clock"
-
-
-def combine_exports(parts: list[tuple[pl.DataFrame, int]]) -> pl.DataFrame:
-    """Copies of several exports (each ``(copies, offset_ns)``, copies with
-    :data:`COPY_COLUMNS` whose ``gpu`` labels are already unique across exports) on one clock:
-    times shifted by the offset (:func:`clock_offset`), so copies of one host can be compared."""
-    shifted = [c.with_columns(start=pl.col("start") + off, end=pl.col("end") + off) for c, off in parts]
-    return pl.concat(shifted) if shifted else pl.DataFrame()

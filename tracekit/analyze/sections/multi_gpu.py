@@ -36,10 +36,16 @@ MIN_NS = 1_000_000
 def communication_totals(model: PhaseModel, ranks: pl.DataFrame) -> pl.DataFrame:
     """Per rank and collective kind, whole trace: ``rank, global_pid, device, collective,
     count, busy_ns`` (union of the kind's kernels, ns)."""
-    from tracekit.analyze.model.intervals import grouped_union_length
-
     _, comm = model_kernel_frames(model)
     comm = comm.join(ranks.select("global_pid", "device", "rank"), on=["global_pid", "device"])
+    return totals_of_kernels(comm)
+
+
+def totals_of_kernels(comm: pl.DataFrame) -> pl.DataFrame:
+    """:func:`communication_totals` of communication kernels with ``rank, global_pid, device,
+    collective, start, end`` (one export's, or a run's on one clock)."""
+    from tracekit.analyze.model.intervals import grouped_union_length
+
     keys = ["rank", "global_pid", "device", "collective"]
     if comm.height == 0:
         return pl.DataFrame(schema={"rank": pl.Int64, "global_pid": pl.Int64, "device": pl.Int64,

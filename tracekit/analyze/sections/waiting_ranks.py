@@ -27,8 +27,9 @@ Definitions (times ns, on the GPU clock of one export):
   or 1 MiB, for copy speed at least 1 MiB in 0.1 ms of copy time on each side; at least 5 %; beyond
   the other ranks' iteration-to-iteration spread of the metric in that phase).
 
-Exports of several ranks are compared only within one export (one clock); per-rank exports
-would need their clocks aligned first.
+Within one export every rank is on one clock. Per-rank exports of one run are put on one clock
+first (:mod:`tracekit.analyze.run_clock`) and then matched the same way
+(:func:`match_collectives`, by :mod:`tracekit.analyze.run_join`).
 """
 
 from __future__ import annotations
@@ -47,27 +48,55 @@ PER_RANK_COLUMNS = ["rank", "global_pid", "device", "iteration", "phase", "colle
                     "wait_ns", "wait_share", "last_arrivals"]
 
 
-def collectives(model: PhaseModel, ranks: pl.DataFrame) -> pl.DataFrame:
-    """Communication kernels of the ranks with their matching key and wait.
+#: Columns of :func:`comm_kernels`: one communication kernel of a rank, before matching.
+KERNEL_COLUMNS = ["rank", "global_pid", "device", "stream", "collective", "start", "end", "iteration", "phase"]
 
-    ``ranks``: :func:`tracekit.analyze.model.rank_ids.distributed_ranks`. Columns: ``rank,
-    global_pid, device, stream, comm_stream, collective, seq, start, end, iteration, phase,
-    ranks_in`` (ranks holding this instance), ``last_start``, ``wait_ns``, ``last_arrival``
-    (bool). Unmatched instances have null ``last_start`` and ``wait_ns``.
-    """
+
+def comm_kernels(model: PhaseModel, ranks: pl.DataFrame) -> pl.DataFrame:
+    """The communication kernels of the ranks, unmatched: :data:`KERNEL_COLUMNS` (times ns on
+    the export's clock; ``iteration`` and ``phase`` from the rank's own attribution). ``ranks``:
+    :func:`tracekit.analyze.model.rank_ids.distributed_ranks`. What the many-exports join
+    (:mod:`tracekit.analyze.run_join`) takes from each export."""
     _, comm = model_kernel_frames(model)
     comm = comm.join(ranks.select("global_pid", "device", "rank"), on=RANK, how="inner")
-    comm = comm.select("rank", *RANK, "stream", "collective", "start", "end", "iteration", "phase")
+    return comm.select(KERNEL_COLUMNS)
+
+
+def collectives(model: PhaseModel, ranks: pl.DataFrame) -> pl.DataFrame:
+    """Communication kernels of the ranks with their matching key and wait:
+    :func:`match_collectives` of :func:`comm_kernels`. ``ranks``:
+    :func:`tracekit.analyze.model.rank_ids.distributed_ranks`."""
+    return match_collectives(comm_kernels(model, ranks))
+
+
+def instance_keys(comm: pl.DataFrame) -> pl.DataFrame:
+    """``comm`` (:data:`KERNEL_COLUMNS`) with ``comm_stream`` and ``seq`` (see module doc):
+    numbered from each rank's own order of events, so the key of an instance does not depend
+    on the clocks of the ranks."""
     if comm.height == 0:
-        return comm.with_columns(comm_stream=pl.lit(0, pl.Int64), seq=pl.lit(0, pl.Int64),
-                                 ranks_in=pl.lit(0, pl.Int64), last_start=pl.lit(None, pl.Int64),
-                                 wait_ns=pl.lit(None, pl.Int64), last_arrival=pl.lit(False))
+        return comm.with_columns(comm_stream=pl.lit(0, pl.Int64), seq=pl.lit(0, pl.Int64))
     first = comm.group_by("rank", "stream").agg(first=pl.col("start").min())
     first = first.sort("rank", "first", "stream").with_columns(
         comm_stream=pl.int_range(pl.len()).over("rank").cast(pl.Int64))
     comm = comm.join(first.select("rank", "stream", "comm_stream"), on=["rank", "stream"])
-    comm = comm.sort("rank", "comm_stream", "collective", "start").with_columns(
+    return comm.sort("rank", "comm_stream", "collective", "start").with_columns(
         seq=pl.int_range(pl.len()).over("rank", "comm_stream", "collective").cast(pl.Int64))
+
+
+def match_collectives(comm: pl.DataFrame) -> pl.DataFrame:
+    """Match the communication kernels ``comm`` (:data:`KERNEL_COLUMNS`, every rank on one
+    clock; ``rank`` unique per (global_pid, device)) across ranks (see module doc).
+
+    Columns: ``rank, global_pid, device, stream, comm_stream, collective, seq, start, end,
+    iteration, phase, ranks_in`` (ranks holding this instance), ``last_start``, ``wait_ns``,
+    ``last_arrival`` (bool). Unmatched instances have null ``last_start`` and ``wait_ns``.
+    """
+    comm = comm.select(KERNEL_COLUMNS)
+    if comm.height == 0:
+        return comm.with_columns(comm_stream=pl.lit(0, pl.Int64), seq=pl.lit(0, pl.Int64),
+                                 ranks_in=pl.lit(0, pl.Int64), last_start=pl.lit(None, pl.Int64),
+                                 wait_ns=pl.lit(None, pl.Int64), last_arrival=pl.lit(False))
+    comm = instance_keys(comm)
     key = ["comm_stream", "collective", "seq"]
     inst = comm.group_by(key).agg(ranks_in=pl.col("rank").n_unique().cast(pl.Int64), last_start=pl.col("start").max())
     comm = comm.join(inst, on=key, how="left")
