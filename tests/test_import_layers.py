@@ -53,6 +53,7 @@ EXACT = {
     "tracekit.analyze.multi": "analysis",
     "tracekit.analyze.run_groups": "analysis",  # which traces of a folder are one run (multi.py's)
     "tracekit.analyze.run_advice": "sections",  # the advice once per run (the advice section's)
+    "tracekit.analyze.run_summary": "analysis",  # the ranks side by side (result.py's)
     "tracekit.options": "analysis",
     "tracekit.analyze.significance": "base",
     # the one writer of files (temporary, then rename), output.py's too; imports nothing of tracekit
