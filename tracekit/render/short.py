@@ -214,28 +214,55 @@ def _print_finding(console: Console, line: str) -> int:
 
 
 def render_explain(result: dict, console: Console, item: int | None = None) -> None:
-    """``--explain [N]``: each advice item's (or item N's) change, problem and basis in full."""
+    """``--explain [N]``: each advice item's (or item N's) change, problem and basis in full, then
+    (without N) every finding's whole sentence. With several ranks the items are those of the
+    default screen, once per run (``advice_per_run``), each followed by its per-rank evidence."""
     from tracekit.errors import TracekitError
 
-    items = result.get("advice") or []
+    per_rank = result.get("advice") or []
+    multi = len(result.get("ranks") or []) > 1 and result.get("advice_per_run") is not None
+    items = result["advice_per_run"] if multi else per_rank
     if item is not None and not 1 <= item <= len(items):
         raise TracekitError(f"--explain {item}: the advice has {len(items)} item(s)")
     for i, a in enumerate(items, 1):
         if item is not None and i != item:
             continue
-        console.print(_t(f"{i}. {a['knob']}: {a['change']}", "bold"), highlight=False)
-        from tracekit.vocab import fmt_range as _range
-
-        pi, si = a.get("predicted_interval_ms"), a.get("saving_interval_ms")
-        console.print(_t(f"   saves {a['saving_ms_per_iteration']:,.1f} ms ({_range(si) if si else 'no interval'}) per "
-                         f"steady iteration ({a['baseline_iteration_ms']:,.1f} -> {a['predicted_iteration_ms']:,.1f} ms, "
-                         f"95 % interval {_range(pi) if pi else 'none'}"
-                         f"; confidence {a['confidence']}){' (within noise)' if a.get('within_noise') else ''}"),
-                      highlight=False)
-        console.print(_t(f"   problem: {a['problem']}"), highlight=False)
-        console.print(_t(f"   predicted from: {a['basis']}"), highlight=False)
+        if multi:
+            sv = a["saving_ms_per_iteration"]
+            console.print(_t(f"{i}. {a['knob']}: {a['change']}", "bold"), highlight=False)
+            console.print(_t(f"   saves {sv['mean']:,.1f} ms per steady iteration, mean over {a['ranks']} rank(s) "
+                             f"({sv['min']:,.1f}-{sv['max']:,.1f}); slowest rank: pid {a['slowest']['pid']} device "
+                             f"{a['slowest']['device']}"), highlight=False)
+            mine = [x for x in per_rank if (x.get("scenario"), x.get("knob"), x.get("change"))
+                    == (a["scenario"], a["knob"], a["change"])]
+            for x in mine:
+                console.print(_t(f"   pid {x['pid']} device {x['device']}:", "bold"), highlight=False)
+                _explain_item(console, x, "     ")
+        else:
+            console.print(_t(f"{i}. {a['knob']}: {a['change']}", "bold"), highlight=False)
+            _explain_item(console, a, "   ")
     if not items:
         console.print(_t("advice: none"))
+    if item is None and result.get("findings"):
+        several = len({(f.get("pid"), f.get("device")) for f in result["findings"]}) > 1
+        console.print(_t("findings in full (ms = 1e6 ns, MB = 1e6 B)", "bold"), highlight=False)
+        for f in result["findings"]:
+            who = f"pid {f['pid']}/{f['device']}: " if several else ""
+            console.print(_t(f"- {who}{f['text']}"), highlight=False)
+
+
+def _explain_item(console: Console, a: dict, indent: str) -> None:
+    """The saving, problem and basis of one per-rank advice item, whole."""
+    from tracekit.vocab import fmt_range as _range
+
+    pi, si = a.get("predicted_interval_ms"), a.get("saving_interval_ms")
+    console.print(_t(f"{indent}saves {a['saving_ms_per_iteration']:,.1f} ms ({_range(si) if si else 'no interval'}) "
+                     f"per steady iteration ({a['baseline_iteration_ms']:,.1f} -> "
+                     f"{a['predicted_iteration_ms']:,.1f} ms, 95 % interval {_range(pi) if pi else 'none'}"
+                     f"; confidence {a['confidence']}){' (within noise)' if a.get('within_noise') else ''}"),
+                  highlight=False)
+    console.print(_t(f"{indent}problem: {a['problem']}"), highlight=False)
+    console.print(_t(f"{indent}predicted from: {a['basis']}"), highlight=False)
 
 
 #: the default screen of a multi-rank trace: at most this many lines (issue 23)

@@ -63,8 +63,9 @@ def _step_label(name: str) -> str:
 def headline(f: dict) -> tuple[str, tuple[float, str] | None]:
     """``(line, key)``: the one-line summary of finding ``f`` (see the module doc) and its main
     amount as ``(value, unit)``, a number the line shows (``ms/it`` or ``ms in all``), for
-    :func:`per_run` to compare ranks by; None for findings about the run as a whole. A topic without a rule here gets its sentence's first clause (up to the
-    first ``;``), which every finding rule writes with its numbers."""
+    :func:`per_run` to compare ranks by; None for findings about the run as a whole. A topic
+    without a rule here gets its sentence's first clause (up to the first ``;``), which every
+    finding rule writes with its numbers."""
     v = f.get("values") or {}
     topic, phase = f.get("topic"), f.get("phase") or ""
     n = v.get("iterations")
