@@ -100,8 +100,9 @@ def headline(f: dict) -> tuple[str, tuple[float, str] | None]:
         key, txt = _per_it(v["round_trip_ns"], n)
         mb = _mb(nb / n) + "/it" if n else _mb(nb) + " in all"
         fits = {True: "; fits the GPU", False: "; over GPU memory"}.get(v.get("fits"), "")
-        return _fit(f"grad. accumulation round trip: {mb}, {txt} of copies{fits}",
-                    f"grad. accumulation round trip: {mb}, {txt}{fits}"), key
+        return _fit(f"gradient accumulation round trip: {mb}, {txt} of copies{fits}",
+                    f"gradient accumulation round trip: {mb}, {txt}{fits}",
+                    f"gradient accumulation round trip: {mb}, {txt}"), key
     if topic == "pcie":
         d = "RX (H2D)" if v.get("direction") == "H2D" else "TX (D2H)"
         thr = v.get("threshold")
