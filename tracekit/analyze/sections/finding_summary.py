@@ -61,6 +61,15 @@ def _step_label(name: str) -> str:
 
 
 def headline(f: dict) -> tuple[str, tuple[float, str] | None]:
+    """:func:`_headline`, or the first clause of the sentence when the finding's ``values`` lack
+    a number its rule reads (a finding of an older or hand-made result)."""
+    try:
+        return _headline(f)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return (f.get("text") or "").split("; ")[0], None
+
+
+def _headline(f: dict) -> tuple[str, tuple[float, str] | None]:
     """``(line, key)``: the one-line summary of finding ``f`` (see the module doc) and its main
     amount as ``(value, unit)``, a number the line shows (``ms/it`` or ``ms in all``), for
     :func:`per_run` to compare ranks by; None for findings about the run as a whole. A topic
