@@ -29,52 +29,62 @@ FORWARD = "DeepSpeedEngine.forward"
 
 
 def two_rank_copy(src: Path, dst: Path, stretch: float = STRETCH) -> Path:
-    """``src`` (one training process on device 0) with a copy of that process as a second
-    rank: kernels, copies, memsets, syncs, CUDA events, memory events, runtime calls and NVTX
-    ranges of the process copied with ``globalPid``/``globalTid`` + 2^24 (OS pid + 1),
-    ``deviceId`` 1 and every timestamp t mapped to t0 + (t - t0) * ``stretch`` (t0: the first
-    NVTX range); the GPU, CUDA device, context, streams, process and thread names and the GPU
-    metrics (``typeId`` + 1) copied for device 1. Returns ``dst``."""
+    """``src`` (one training process on device 0) with a copy of that process as a second rank
+    (:func:`rank_copies` with one stretch). Returns ``dst``."""
+    return rank_copies(src, dst, (stretch,))
+
+
+def rank_copies(src: Path, dst: Path, stretches=(STRETCH,)) -> Path:
+    """``src`` (one training process on device 0) with copies of that process as ranks 1, 2,
+    ...: for copy k, the kernels, copies, memsets, syncs, CUDA events, memory events, runtime
+    calls and NVTX ranges of the process with ``globalPid``/``globalTid`` + k * 2^24 (OS pid +
+    k), ``deviceId`` k and every timestamp t mapped to t0 + (t - t0) * ``stretches[k - 1]`` (t0:
+    the first NVTX range); the GPU, CUDA device, context, streams, process and thread names and
+    the GPU metrics (``typeId`` + k) copied for device k. Returns ``dst``."""
     shutil.copy(src, dst)
     con = sqlite3.connect(dst)
     (gp,), = con.execute("SELECT DISTINCT globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchall()
-    step = 1 << 24
     (t0,) = con.execute("SELECT MIN(start) FROM NVTX_EVENTS").fetchone()
-
-    def t(c):
-        return f"CASE WHEN {c} IS NULL THEN NULL ELSE {t0} + CAST(({c} - {t0}) * {stretch} AS INTEGER) END"
+    (ty,), = con.execute("SELECT DISTINCT typeId FROM GPU_METRICS").fetchall()
+    pid = gp >> 24 & 0xFFFFFF
+    end = con.execute("SELECT stopTime FROM ANALYSIS_DETAILS").fetchone()[0]
 
     def dup(table, where, repl):
         cols = [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
         sel = ", ".join(repl.get(c, c) for c in cols)
         con.execute(f"INSERT INTO {table} ({', '.join(cols)}) SELECT {sel} FROM {table} WHERE {where}")
 
-    pid_rows = f"globalPid = {gp}"
-    tid_rows = f"globalTid >= {gp} AND globalTid < {gp + step}"
-    moved = {"globalPid": f"globalPid + {step}", "deviceId": "1"}
-    for tb in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
-               "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"):
-        dup(tb, pid_rows, {**moved, "start": t("start"), "end": t("end")})
-    dup("CUPTI_ACTIVITY_KIND_CUDA_EVENT", pid_rows, moved)
-    dup("CUDA_GPU_MEMORY_USAGE_EVENTS", pid_rows, {**moved, "start": t("start")})
-    dup("CUPTI_ACTIVITY_KIND_RUNTIME", tid_rows, {"globalTid": f"globalTid + {step}", "start": t("start"),
-                                                  "end": t("end")})
-    dup("NVTX_EVENTS", tid_rows, {"globalTid": f"globalTid + {step}", "start": t("start"), "end": t("end"),
-                                  "endGlobalTid": f"endGlobalTid + {step}"})
-    dup("ThreadNames", tid_rows, {"globalTid": f"globalTid + {step}"})
-    dup("PROCESSES", pid_rows, {"globalPid": f"globalPid + {step}", "pid": "pid + 1"})
-    dup("TARGET_INFO_GPU", "id = 0", {"id": "1", "busLocation": "'0000:00:07.0'", "cuDevice": "1",
-                                      "uuid": "'00000000-0000-0000-0000-000000000001'"})
-    pid = gp >> 24 & 0xFFFFFF
-    dup("TARGET_INFO_CUDA_DEVICE", f"pid = {pid}", {"gpuId": "1", "cudaId": "1", "pid": "pid + 1"})
-    dup("TARGET_INFO_CUDA_CONTEXT_INFO", f"processId = {pid}", {"processId": "processId + 1", "deviceId": "1"})
-    dup("TARGET_INFO_CUDA_STREAM", f"processId = {pid}", {"processId": "processId + 1"})
-    (ty,), = con.execute("SELECT DISTINCT typeId FROM GPU_METRICS").fetchall()
-    dup("TARGET_INFO_GPU_METRICS", f"typeId = {ty}", {"typeId": "typeId + 1", "sourceId": "sourceId + 1"})
-    dup("GPU_METRICS", f"typeId = {ty}", {"typeId": "typeId + 1", "timestamp": t("timestamp"),
-                                          "rawTimestamp": t("rawTimestamp")})
-    con.execute(f"UPDATE ANALYSIS_DETAILS SET stopTime = {t0} + CAST((stopTime - {t0}) * {stretch} AS INTEGER), "
-                f"duration = {t0} + CAST((stopTime - {t0}) * {stretch} AS INTEGER) - startTime")
+    for k, stretch in enumerate(stretches, 1):
+        step = k << 24
+
+        def t(c):
+            return f"CASE WHEN {c} IS NULL THEN NULL ELSE {t0} + CAST(({c} - {t0}) * {stretch} AS INTEGER) END"
+
+        pid_rows = f"globalPid = {gp}"
+        tid_rows = f"globalTid >= {gp} AND globalTid < {gp + (1 << 24)}"
+        moved = {"globalPid": f"globalPid + {step}", "deviceId": str(k)}
+        for tb in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+                   "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"):
+            dup(tb, pid_rows, {**moved, "start": t("start"), "end": t("end")})
+        dup("CUPTI_ACTIVITY_KIND_CUDA_EVENT", pid_rows, moved)
+        dup("CUDA_GPU_MEMORY_USAGE_EVENTS", pid_rows, {**moved, "start": t("start")})
+        dup("CUPTI_ACTIVITY_KIND_RUNTIME", tid_rows, {"globalTid": f"globalTid + {step}", "start": t("start"),
+                                                      "end": t("end")})
+        dup("NVTX_EVENTS", tid_rows, {"globalTid": f"globalTid + {step}", "start": t("start"), "end": t("end"),
+                                      "endGlobalTid": f"endGlobalTid + {step}"})
+        dup("ThreadNames", tid_rows, {"globalTid": f"globalTid + {step}"})
+        dup("PROCESSES", pid_rows, {"globalPid": f"globalPid + {step}", "pid": f"pid + {k}"})
+        dup("TARGET_INFO_GPU", "id = 0", {"id": str(k), "busLocation": f"'0000:00:{6 + k:02x}.0'",
+                                          "cuDevice": str(k), "uuid": f"'00000000-0000-0000-0000-{k:012d}'"})
+        dup("TARGET_INFO_CUDA_DEVICE", f"pid = {pid}", {"gpuId": str(k), "cudaId": str(k), "pid": f"pid + {k}"})
+        dup("TARGET_INFO_CUDA_CONTEXT_INFO", f"processId = {pid}", {"processId": f"processId + {k}",
+                                                                     "deviceId": str(k)})
+        dup("TARGET_INFO_CUDA_STREAM", f"processId = {pid}", {"processId": f"processId + {k}"})
+        dup("TARGET_INFO_GPU_METRICS", f"typeId = {ty}", {"typeId": f"typeId + {k}", "sourceId": f"sourceId + {k}"})
+        dup("GPU_METRICS", f"typeId = {ty}", {"typeId": f"typeId + {k}", "timestamp": t("timestamp"),
+                                              "rawTimestamp": t("rawTimestamp")})
+    last = t0 + int((end - t0) * max(1.0, *stretches))
+    con.execute(f"UPDATE ANALYSIS_DETAILS SET stopTime = {last}, duration = {last} - startTime")
     con.commit()
     con.close()
     return dst
@@ -125,6 +135,20 @@ def test_two_ranks_fit_one_screen(two, columns):
     lines = out.splitlines()
     assert 10 <= len(lines) <= 40, out
     assert max(len(x) for x in lines) <= 80, out
+
+
+def test_four_ranks_fit_one_screen(tmp_path):
+    four = rank_copies(ZERO3_CUT, tmp_path / "four_rank.sqlite", (1.05, 1.1, 1.3))
+    rc, out, err = run_cli("analyze", four, "--no-cache", env=_env(80))
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert len(lines) <= 40 and max(len(x) for x in lines) <= 80, out
+    sql = _sql_per_process(four)
+    it = [sql[p]["iteration_ns"] / 1e6 for p in sorted(sql)]
+    assert len(it) == 4
+    flat = " ".join(out.split())
+    assert f"ranks: iteration {it[0]:,.1f} (rank 0) to {it[3]:,.1f} ms (rank 3) per steady iteration" in flat
+    assert "advice once for 4 ranks" in flat
 
 
 def test_two_ranks_are_two_ranks(two):

@@ -33,8 +33,12 @@ def header_line(result: dict) -> str:
     ds = ", ".join(lab.format(vals[k]) for k, lab in HEADER_KEYS if k in vals)
     where = ("--ds-config" if cfg.get("source") == "ds-config" else "capture manifest" if cfg.get("source")
              else "inferred from the trace")
-    gpus = ", ".join(f"pid {r['pid']} device {r['device']}" for r in result["ranks"]) or "no GPU work"
-    return f"{PurePath(result['trace']).name}: GPU {gpus}; {ds or 'DeepSpeed config unknown'} ({where})"
+    ranks = result["ranks"]
+    if len(ranks) > 2:  # many ranks: pid/device pairs
+        gpus = "s (pid/device) " + ", ".join(f"{r['pid']}/{r['device']}" for r in ranks)
+    else:
+        gpus = " " + (", ".join(f"pid {r['pid']} device {r['device']}" for r in ranks) or "no GPU work")
+    return f"{PurePath(result['trace']).name}: GPU{gpus}; {ds or 'DeepSpeed config unknown'} ({where})"
 
 
 def _cell(s: str):
@@ -408,9 +412,10 @@ def render_short_multi(result: dict, console: Console) -> None:
         used += _emit(console, t)
     for line in rank_lines(result):
         used += _emit(console, _t(line))
-    for u in result.get("incomplete_iterations") or []:
-        used += _emit(console, _t(f"iteration {u['iteration']} (pid {u['pid']}) is incomplete: left out of steady "
-                                  "figures (--wide: why)"))
+    inc = sorted({(u["pid"], u["iteration"]) for u in result.get("incomplete_iterations") or []})
+    if inc:  # one line for every rank's (the reasons: --wide)
+        used += _emit(console, _t("incomplete, left out of steady figures (--wide: why): "
+                                  + ", ".join(f"pid {p} iteration {i}" for p, i in inc)))
     a = result.get("nvtx_anomalies") or {}
     if any(a.values()):
         used += _emit(console, _t("NVTX records set aside: " + ", ".join(f"{v} {k.replace('_', ' ')}"
