@@ -1,10 +1,14 @@
 """The default ``tracekit analyze`` screen (issue 23): the answer at a glance.
 
 One header line (trace, GPU, DeepSpeed stage/offload/precision/gas and where the config came
-from), the advice as a table, the per-iteration phase table and each finding on one line;
-<= 40 lines at 80 columns for a one-GPU trace. ``--explain [N]`` prints each advice item's
-problem and basis (the evidence); ``--wide`` and ``--all`` print everything
-(:func:`tracekit.render.tables.render`). Everything is read from the ``--json`` dict.
+from), the advice as a table, the per-iteration phase table and each finding on one line (its
+``summary``, computed by :mod:`tracekit.analyze.sections.finding_summary`); <= 40 lines at 80
+columns for a one-GPU trace. A trace of several ranks gets :func:`render_short_multi`
+(<= 40 lines): the advice once per run, the phases across ranks and the ranks' differences per
+steady iteration (``across_ranks``: :mod:`tracekit.analyze.run_summary`) and the findings once
+per run. ``--explain [N]`` prints each advice item's problem and basis (the evidence) and every
+finding whole; ``--wide`` and ``--all`` print everything (:func:`tracekit.render.tables.render`).
+Everything is read from the ``--json`` dict.
 """
 
 from __future__ import annotations
