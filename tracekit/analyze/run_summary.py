@@ -34,8 +34,10 @@ def _rank_row(i: int, rank: dict, waits: list[dict]) -> dict:
     if its:
         n = len(its)
         walls = [sum(p["wall_ns"] for p in it["phases"]) for it in its]
-        phase_ns = {ph: sum(p["wall_ns"] for it in its for p in it["phases"] if p["phase"] == ph) / n
-                    for ph in PHASES if any(p["phase"] == ph for it in its for p in it["phases"])}
+        per_it = {ph: [sum(p["wall_ns"] for p in it["phases"] if p["phase"] == ph) for it in its]
+                  for ph in PHASES if any(p["phase"] == ph for it in its for p in it["phases"])}
+        phase_ns = {ph: sum(v) / n for ph, v in per_it.items()}
+        phase_spread = {ph: spread(v) for ph, v in per_it.items()}
         idle = sum(p.get("gpu_idle_ns") or 0 for it in its for p in it["phases"])
         wall = sum(walls)
         mine = [w for w in mine if w.get("iteration") in steady]
@@ -44,13 +46,14 @@ def _rank_row(i: int, rank: dict, waits: list[dict]) -> dict:
         tot = rank.get("totals") or {}
         walls = []
         phase_ns = {ph: float(tot[ph]["wall_ns"]) for ph in PHASES if ph in tot}
+        phase_spread = {}
         idle = sum(t.get("gpu_idle_ns") or 0 for t in tot.values())
         wall = sum(t["wall_ns"] for t in tot.values())
         basis, div = "total", 1
     return {"rank": no, "pid": rank["pid"], "device": rank["device"], "basis": basis,
             "iterations": sorted(steady) if its else [],
             "iteration_ns": sum(walls) / len(walls) if walls else float(wall),
-            "iteration_spread_ns": spread(walls), "phase_ns": phase_ns,
+            "iteration_spread_ns": spread(walls), "phase_ns": phase_ns, "phase_spread_ns": phase_spread,
             "gpu_idle_share": idle / wall if wall else None,
             "wait_ns": sum(w["wait_ns"] for w in mine) / div if mine else None,
             "collective_ns": sum(w["collective_ns"] for w in mine) / div if mine else None}
@@ -62,16 +65,17 @@ def across_ranks(result: dict) -> dict:
         {"basis": "steady"|"total"|"mixed",
          "per_rank": [{"rank", "pid", "device", "basis", "iterations": [int],
                        "iteration_ns", "iteration_spread_ns" (max - min over them; null: < 2),
-                       "phase_ns": {phase: ns}, "gpu_idle_share", "wait_ns", "collective_ns"}],
+                       "phase_ns": {phase: ns}, "phase_spread_ns": {phase: ns|null},
+                       "gpu_idle_share", "wait_ns", "collective_ns"}],
          "phases": [{"phase" ("iteration" for the whole iteration, then each phase), "mean_ns",
                      "min_ns", "max_ns", "max_rank", "min_rank", "slowest_rank"}],
          "slowest_rank": int|null, "waits_most": {"rank", "wait_ns", "others_mean_ns"}|null,
          "collectives": bool}
 
     ``wait_ns``: time in collectives waiting for the last rank to arrive (``waiting_ranks``),
-    null for a rank without collectives. ``slowest_rank`` (by iteration time, each rank's
-    iteration-to-iteration spread counted) and ``slowest_rank`` of a phase and ``waits_most``
-    are null when no rank differs from the runner-up by the rule of the module doc.
+    null for a rank without collectives. ``slowest_rank`` (by iteration time) and the
+    ``slowest_rank`` of a phase (each rank's iteration-to-iteration spread of it counted) and
+    ``waits_most`` are null when no rank differs from the runner-up by the rule of the module doc.
     """
     waits = (result.get("waiting_ranks") or {}).get("per_rank") or []
     rows = [_rank_row(i, r, waits) for i, r in enumerate(result.get("ranks") or [])]
@@ -84,7 +88,8 @@ def across_ranks(result: dict) -> dict:
         if not vals:
             continue
         top, low = max(vals), min(vals)
-        spreads = {r["rank"]: r["iteration_spread_ns"] for r in rows} if ph == "iteration" else None
+        spreads = {r["rank"]: (r["iteration_spread_ns"] if ph == "iteration" else r["phase_spread_ns"].get(ph))
+                   for r in rows}
         phases.append({"phase": ph, "mean_ns": sum(v for v, _ in vals) / len(vals), "min_ns": low[0],
                        "max_ns": top[0], "max_rank": top[1], "min_rank": low[1],
                        "slowest_rank": slowest(vals, spreads=spreads) if len(vals) > 1 else None})
