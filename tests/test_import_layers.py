@@ -56,6 +56,7 @@ EXACT = {
     "tracekit.analyze.run_parts": "analysis",  # what each export of a run sends to the join (multi.py's)
     "tracekit.analyze.run_clock": "analysis",  # one clock for a run's exports (run_join's)
     "tracekit.analyze.run_join": "analysis",  # a run's exports joined: waits, host contention (multi.py's)
+    "tracekit.analyze.run_summary": "analysis",  # the ranks side by side (result.py's)
     "tracekit.options": "analysis",
     "tracekit.analyze.significance": "base",
     # the one writer of files (temporary, then rename), output.py's too; imports nothing of tracekit

@@ -24,6 +24,7 @@ HELPERS = {
     "transfers": "the TransferResult view of a run and its JSON rows",
     "host_contention": "part of the multi_gpu section (analyze_multi_gpu runs it)",
     "waiting_ranks": "part of the multi_gpu section (analyze_multi_gpu runs it)",
+    "finding_summary": "part of the findings section (the one-line summary of each finding)",
 }
 
 

@@ -101,11 +101,17 @@ def test_rank_records_order_ranks(tmp_path, as_range):
 
 
 def test_fallback_says_device_order(tmp_path):
-    rc, out, err = run_cli("analyze", _skew_trace(tmp_path), "--no-cache")
+    path = _skew_trace(tmp_path)
+    rc, out, err = run_cli("analyze", path, "--no-cache")
     assert rc == 0, err
     assert "rank numbers: device order" in out
     # rank 0 waited 2,500 ns for rank 1, rank 1 200 ns: far under the 1 ms a comparative claim
     # needs (issue 25, tracekit.analyze.significance), so no rank is called the slowest
+    assert "slowest rank in" not in out and "more CPU-only time" not in out
+    assert "waiting for the last rank in collectives per steady iteration: rank 0 0.0, rank 1 0.0 ms; no rank " \
+        "stands out" in " ".join(out.split())  # the default screen of several ranks (issue 23)
+    rc, out, err = run_cli("analyze", path, "--no-cache", "--wide")  # the per-phase waits: --wide
+    assert rc == 0, err
     assert "slowest rank in" not in out and "more CPU-only time" not in out
     said = "iteration 0 backward: no rank stands out (the other ranks waited 0.00 ms in all, rank 1 0.00 ms)"
     assert said in " ".join(out.split())

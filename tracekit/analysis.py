@@ -469,18 +469,19 @@ class Analysis:
 
     @property
     def findings(self) -> "pl.DataFrame":
-        """The findings (``--json``'s ``findings``): ``topic, pid, device, phase, text`` and
+        """The findings (``--json``'s ``findings``): ``topic, pid, device, phase, text``,
         ``values`` (the finding's numbers as a JSON object in text, strict: NaN/inf as null; units
-        in their keys)."""
+        in their keys) and ``summary`` (its one line with numbers, what the default screen prints)."""
         import polars as pl
 
         from tracekit.analyze.trace.json_format import dumps_strict
 
         rows = [{"topic": f.get("topic"), "pid": f.get("pid"), "device": f.get("device"), "phase": f.get("phase"),
-                 "text": f.get("text"), "values": dumps_strict(f.get("values") or {}, sort_keys=True)}
+                 "text": f.get("text"), "values": dumps_strict(f.get("values") or {}, sort_keys=True),
+                 "summary": f.get("summary")}
                 for f in self._result.get("findings") or []]
         schema = {"topic": pl.String, "pid": pl.Int64, "device": pl.Int64, "phase": pl.String, "text": pl.String,
-                  "values": pl.String}
+                  "values": pl.String, "summary": pl.String}
         return pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
 
     @property

@@ -44,7 +44,12 @@ and carry ``"rank", "local_rank", "world", "host"``; phase rows and totals carry
 and ``comm_count`` (communication kernels, apart from ``kernel_busy_ns``); top level
 ``"rank_order"``, ``"hosts": [{"host", "host_contention": {"devices", "concurrent_ns", "h2d_ns",
 "d2h_ns", "mixed_ns", "windows", ...}}]`` and ``"waiting_ranks"``.
-With ``--iteration N`` the findings cover that iteration only.
+With ``--iteration N`` the findings cover that iteration only. Each finding has a one-line
+``"summary"`` with its numbers (:mod:`tracekit.analyze.sections.finding_summary`);
+``"findings_per_run"`` holds each finding once per run (``[{"topic", "phase", "summary",
+"ranks", "worst", "key_min", "key_max", "key_unit"}]``: the same finding on several ranks
+merged) and ``"across_ranks"`` the ranks side by side per steady iteration (iteration and
+phase ns, GPU idle, collective waits, the slowest rank: :mod:`tracekit.analyze.run_summary`).
 
 Advice (docs/advice.md, :mod:`tracekit.analyze.sections.advice`): top level ``"config": {"source",
 "path", "versions", "gpus", "note", "settings": [{"key", "value", "source": "config"|"default"|
@@ -205,6 +210,12 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
         "incomplete_iterations": _incomplete(model),
         "cpu_update_notes": cu.notes,
     }
+    from tracekit.analyze.run_summary import across_ranks
+    from tracekit.analyze.sections.finding_summary import per_run
+
+    result["across_ranks"] = across_ranks(result)  # the ranks side by side, per steady iteration
+    result["findings_per_run"] = per_run(result["findings"], {(r["pid"], r["device"]): r.get("rank", i)
+                                                               for i, r in enumerate(ranks)})
     parts = {"model": model, "table": table, "totals": tot, "transfers": tr,
              "sub_phases": {options.phase: full_sub} if options.phase else {}}
     if deferred:

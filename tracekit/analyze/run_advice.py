@@ -18,6 +18,7 @@ def per_run(items: list[dict]) -> list[dict]:
          "ranks": int, "per_rank": [{"pid", "device", "baseline_iteration_ms",
                                     "saving_ms_per_iteration"}],
          "saving_ms_per_iteration": {"min", "mean", "max"}, "saving_spread_ms": max - min,
+         "saving_pct": {"min", "mean", "max"} (% of each rank's iteration; null without),
          "slowest": {"pid", "device", "baseline_iteration_ms"}}
 
     (ms per steady iteration), sorted by the mean saving, largest first. ``slowest`` is the
@@ -29,6 +30,7 @@ def per_run(items: list[dict]) -> list[dict]:
     out = []
     for (scenario, knob, change), its in groups.items():
         savings = [float(i["saving_ms_per_iteration"]) for i in its]
+        pcts = [float(i["saving_pct"]) for i in its if i.get("saving_pct") is not None]
         slow = max(its, key=lambda i: (float(i.get("baseline_iteration_ms") or 0.0), -its.index(i)))
         out.append({
             "scenario": scenario, "knob": knob, "change": change, "problem": slow.get("problem"),
@@ -39,6 +41,7 @@ def per_run(items: list[dict]) -> list[dict]:
             "saving_ms_per_iteration": {"min": min(savings), "mean": sum(savings) / len(savings),
                                         "max": max(savings)},
             "saving_spread_ms": max(savings) - min(savings),
+            "saving_pct": ({"min": min(pcts), "mean": sum(pcts) / len(pcts), "max": max(pcts)} if pcts else None),
             "slowest": {"pid": slow.get("pid"), "device": slow.get("device"),
                         "baseline_iteration_ms": slow.get("baseline_iteration_ms")},
         })

@@ -1,10 +1,14 @@
 """The default ``tracekit analyze`` screen (issue 23): the answer at a glance.
 
 One header line (trace, GPU, DeepSpeed stage/offload/precision/gas and where the config came
-from), the advice as a table, the per-iteration phase table and each finding on one line;
-<= 40 lines at 80 columns for a one-GPU trace. ``--explain [N]`` prints each advice item's
-problem and basis (the evidence); ``--wide`` and ``--all`` print everything
-(:func:`tracekit.render.tables.render`). Everything is read from the ``--json`` dict.
+from), the advice as a table, the per-iteration phase table and each finding on one line (its
+``summary``, computed by :mod:`tracekit.analyze.sections.finding_summary`); <= 40 lines at 80
+columns for a one-GPU trace. A trace of several ranks gets :func:`render_short_multi`
+(<= 40 lines): the advice once per run, the phases across ranks and the ranks' differences per
+steady iteration (``across_ranks``: :mod:`tracekit.analyze.run_summary`) and the findings once
+per run. ``--explain [N]`` prints each advice item's problem and basis (the evidence) and every
+finding whole; ``--wide`` and ``--all`` print everything (:func:`tracekit.render.tables.render`).
+Everything is read from the ``--json`` dict.
 """
 
 from __future__ import annotations
@@ -33,8 +37,12 @@ def header_line(result: dict) -> str:
     ds = ", ".join(lab.format(vals[k]) for k, lab in HEADER_KEYS if k in vals)
     where = ("--ds-config" if cfg.get("source") == "ds-config" else "capture manifest" if cfg.get("source")
              else "inferred from the trace")
-    gpus = ", ".join(f"pid {r['pid']} device {r['device']}" for r in result["ranks"]) or "no GPU work"
-    return f"{PurePath(result['trace']).name}: GPU {gpus}; {ds or 'DeepSpeed config unknown'} ({where})"
+    ranks = result["ranks"]
+    if len(ranks) > 2:  # many ranks: pid/device pairs
+        gpus = "s (pid/device) " + ", ".join(f"{r['pid']}/{r['device']}" for r in ranks)
+    else:
+        gpus = " " + (", ".join(f"pid {r['pid']} device {r['device']}" for r in ranks) or "no GPU work")
+    return f"{PurePath(result['trace']).name}: GPU{gpus}; {ds or 'DeepSpeed config unknown'} ({where})"
 
 
 def _cell(s: str):
@@ -49,6 +57,18 @@ def _cell(s: str):
 ADVICE_LINES = 2
 FINDINGS_SHOWN = 8
 ITERATIONS_SHOWN = 8
+
+
+def _lines_fit(folded: str, n: int, width: int) -> str:
+    """The first ``n`` lines of ``folded``; `` …`` ends the last one, within ``width``, when
+    lines were left out (its last words make room)."""
+    lines = folded.split("\n")
+    if len(lines) <= n:
+        return folded
+    last = lines[n - 1]
+    while len(last) + 2 > width and " " in last:
+        last = last.rsplit(" ", 1)[0]
+    return "\n".join(lines[: n - 1] + [last + " …"])
 
 
 def _lines(folded: str, n: int) -> str:
@@ -167,36 +187,266 @@ def render_short(result: dict, console: Console) -> None:
                          + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in g.items() if v)))
     findings = result.get("findings") or []
     if findings:
-        console.print(_t("findings (--wide: whole text; ms = 1e6 ns, MB = 1e6 B)", "bold"))
+        _findings_head(console)
         multi = len({(f["pid"], f["device"]) for f in findings}) > 1
         for f in findings[:FINDINGS_SHOWN]:
             prefix = f"pid {f['pid']}/{f['device']}: " if multi else ""
-            console.print(_t(_one_line(f"- {prefix}{f['text']}", console.width)), highlight=False)
+            _print_finding(console, prefix + _summary(f))
         if len(findings) > FINDINGS_SHOWN:
             left = len(findings) - FINDINGS_SHOWN
-            console.print(_t(f"+{left} more finding{'s' if left != 1 else ''}: --wide"))
+            console.print(_t(f"+{left} more finding{'s' if left != 1 else ''}: --explain"))
+
+
+def _summary(f: dict) -> str:
+    """A finding's one line (``summary``, computed by the analysis; older results: computed here)."""
+    if f.get("summary"):
+        return f["summary"]
+    from tracekit.analyze.sections.finding_summary import summary
+
+    return summary(f)
+
+
+def _findings_head(console: Console) -> None:
+    from tracekit.analyze.sections.finding_summary import BASIS_NOTE
+
+    console.print(_t("findings, one line each (--explain: the whole text)", "bold"), highlight=False)
+    console.print(_t(BASIS_NOTE), highlight=False)
+
+
+def _print_finding(console: Console, line: str) -> int:
+    """``- line`` folded at spaces to the console's width (never cut); returns the lines used."""
+    folded = fold_text(line, console.width - 2).split("\n")
+    for i, x in enumerate(folded):
+        console.print(_t(("- " if i == 0 else "  ") + x), highlight=False)
+    return len(folded)
 
 
 def render_explain(result: dict, console: Console, item: int | None = None) -> None:
-    """``--explain [N]``: each advice item's (or item N's) change, problem and basis in full."""
+    """``--explain [N]``: each advice item's (or item N's) change, problem and basis in full, then
+    (without N) every finding's whole sentence. With several ranks the items are those of the
+    default screen, once per run (``advice_per_run``), each followed by its per-rank evidence."""
     from tracekit.errors import TracekitError
 
-    items = result.get("advice") or []
+    per_rank = result.get("advice") or []
+    multi = len(result.get("ranks") or []) > 1 and result.get("advice_per_run") is not None
+    items = result["advice_per_run"] if multi else per_rank
     if item is not None and not 1 <= item <= len(items):
         raise TracekitError(f"--explain {item}: the advice has {len(items)} item(s)")
     for i, a in enumerate(items, 1):
         if item is not None and i != item:
             continue
-        console.print(_t(f"{i}. {a['knob']}: {a['change']}", "bold"), highlight=False)
-        from tracekit.vocab import fmt_range as _range
-
-        pi, si = a.get("predicted_interval_ms"), a.get("saving_interval_ms")
-        console.print(_t(f"   saves {a['saving_ms_per_iteration']:,.1f} ms ({_range(si) if si else 'no interval'}) per "
-                         f"steady iteration ({a['baseline_iteration_ms']:,.1f} -> {a['predicted_iteration_ms']:,.1f} ms, "
-                         f"95 % interval {_range(pi) if pi else 'none'}"
-                         f"; confidence {a['confidence']}){' (within noise)' if a.get('within_noise') else ''}"),
-                      highlight=False)
-        console.print(_t(f"   problem: {a['problem']}"), highlight=False)
-        console.print(_t(f"   predicted from: {a['basis']}"), highlight=False)
+        if multi:
+            sv = a["saving_ms_per_iteration"]
+            console.print(_t(f"{i}. {a['knob']}: {a['change']}", "bold"), highlight=False)
+            console.print(_t(f"   saves {sv['mean']:,.1f} ms per steady iteration, mean over {a['ranks']} rank(s) "
+                             f"({sv['min']:,.1f}-{sv['max']:,.1f}); slowest rank: pid {a['slowest']['pid']} device "
+                             f"{a['slowest']['device']}"), highlight=False)
+            mine = [x for x in per_rank if (x.get("scenario"), x.get("knob"), x.get("change"))
+                    == (a["scenario"], a["knob"], a["change"])]
+            for x in mine:
+                console.print(_t(f"   pid {x['pid']} device {x['device']}:", "bold"), highlight=False)
+                _explain_item(console, x, "     ")
+        else:
+            console.print(_t(f"{i}. {a['knob']}: {a['change']}", "bold"), highlight=False)
+            _explain_item(console, a, "   ")
     if not items:
         console.print(_t("advice: none"))
+    if item is None and result.get("findings"):
+        several = len({(f.get("pid"), f.get("device")) for f in result["findings"]}) > 1
+        console.print(_t("findings in full (ms = 1e6 ns, MB = 1e6 B)", "bold"), highlight=False)
+        for f in result["findings"]:
+            who = f"pid {f['pid']}/{f['device']}: " if several else ""
+            console.print(_t(f"- {who}{f['text']}"), highlight=False)
+
+
+def _explain_item(console: Console, a: dict, indent: str) -> None:
+    """The saving, problem and basis of one per-rank advice item, whole."""
+    from tracekit.vocab import fmt_range as _range
+
+    pi, si = a.get("predicted_interval_ms"), a.get("saving_interval_ms")
+    console.print(_t(f"{indent}saves {a['saving_ms_per_iteration']:,.1f} ms ({_range(si) if si else 'no interval'}) "
+                     f"per steady iteration ({a['baseline_iteration_ms']:,.1f} -> "
+                     f"{a['predicted_iteration_ms']:,.1f} ms, 95 % interval {_range(pi) if pi else 'none'}"
+                     f"; confidence {a['confidence']}){' (within noise)' if a.get('within_noise') else ''}"),
+                  highlight=False)
+    console.print(_t(f"{indent}problem: {a['problem']}"), highlight=False)
+    console.print(_t(f"{indent}predicted from: {a['basis']}"), highlight=False)
+
+
+#: the default screen of a multi-rank trace: at most this many lines (issue 23)
+MULTI_LINES = 40
+
+
+def _rows(console: Console, renderable) -> int:
+    """How many lines ``renderable`` takes on ``console``'s width (rendered apart, no colour)."""
+    import io
+
+    c = Console(file=io.StringIO(), width=console.width, color_system=None, force_terminal=False)
+    c.print(renderable, highlight=False)
+    return c.file.getvalue().count("\n")
+
+
+def _emit(console: Console, renderable) -> int:
+    console.print(renderable, highlight=False)
+    return _rows(console, renderable)
+
+
+def run_advice_table(result: dict, width: int):
+    """The advice once per run (``advice_per_run``): one row per change with the mean saving
+    per steady iteration over the ranks, its min-max and the mean saving %. None without advice."""
+    items = result.get("advice_per_run") or []
+    if not items:
+        return None
+    n = len(result["ranks"])
+    t = new_table(f"advice once for {n} ranks: ms saved per steady iteration; --explain N")
+    t.show_edge = False
+    heads = ("mean ms", "ranks", "save", "conf.")
+    cells = []
+    for a in items:
+        sv = a["saving_ms_per_iteration"]
+        pct = a.get("saving_pct") or {}
+        cells.append([f"{sv['mean']:,.1f}", f"{sv['min']:,.1f}-{sv['max']:,.1f}" if a["ranks"] > 1 else "1 rank",
+                      f"{pct['mean']:.1f}%" if pct else "", a.get("confidence") or ""])
+    fixed = len(str(len(items))) + sum(max(len(h), *(len(c[j]) for c in cells)) for j, h in enumerate(heads))
+    kw = max(20, width - 4 - fixed - 3 * len(heads))
+    t.add_column("#", justify="right")
+    t.add_column("knob: change", width=kw)
+    for c in heads:
+        t.add_column(c, justify="right", no_wrap=True)
+    for i, (a, c) in enumerate(zip(items, cells), 1):
+        change = (a.get("change") or "").split(" (")[0].split(" when ")[0]
+        knob = re.sub(r" \([^)]*\)", "", a.get("knob") or "")
+        t.add_row(*map(_cell, [str(i), _lines_fit(fold_text(knob + ": " + change, kw), ADVICE_LINES, kw), *c]))
+    return t
+
+
+def phases_table(result: dict):
+    """The phases across ranks (``across_ranks``): per phase the mean over the ranks, the min
+    and max and the slowest rank (named only when it differs from the next one: the one rule
+    of a comparative claim), in ms per steady iteration (whole-trace totals without iterations)."""
+    ar = result.get("across_ranks") or {}
+    rows = ar.get("phases") or []
+    if not rows:
+        return None
+    per = ar.get("per_rank") or []
+    its = sorted({i for r in per for i in r.get("iterations") or []})
+    if ar.get("basis") == "steady":
+        span = f"{its[0]}-{its[-1]}" if len(its) > 1 else f"{its[0]}" if its else ""
+        title = f"phases of {len(per)} ranks: ms per steady iteration ({span})"
+    else:
+        title = f"phases of {len(per)} ranks: ms in all (whole trace{'' if ar.get('basis') == 'total' else ', where a rank has no iteration'})"
+    t = new_table(title)
+    t.show_edge = False
+    t.add_column("phase")
+    for c in ("mean", "min", "max", "max at", "stands out"):
+        add_num_column(t, c)
+    for r in rows:
+        slow = r.get("slowest_rank")
+        name = r["phase"] if r["phase"] != "iteration" or ar.get("basis") == "steady" else "all phases"
+        t.add_row(*map(_t, (name, _ms(r["mean_ns"], 1), _ms(r["min_ns"], 1), _ms(r["max_ns"], 1),
+                            f"rank {r['max_rank']}", "no" if slow is None else f"rank {slow}")))
+    return t
+
+
+def rank_lines(result: dict) -> list[str]:
+    """The ranks' differences in one or two lines with numbers (``across_ranks``): iteration
+    time per rank, the slowest (when it stands out), and who waits most in collectives."""
+    ar = result.get("across_ranks") or {}
+    per = ar.get("per_rank") or []
+    if len(per) < 2:
+        return []
+    basis = "per steady iteration" if ar.get("basis") == "steady" else "in all"
+    lo = min(per, key=lambda r: r["iteration_ns"])
+    hi = max(per, key=lambda r: r["iteration_ns"])
+    what = "iteration" if ar.get("basis") == "steady" else "trace"
+    line = (f"ranks: {what} {_ms(lo['iteration_ns'], 1)} (rank {lo['rank']}) to {_ms(hi['iteration_ns'], 1)} ms "
+            f"(rank {hi['rank']}) {basis}; ")
+    if ar.get("slowest_rank") is not None:
+        line += f"rank {ar['slowest_rank']} is the slowest"
+    else:
+        sp = [r["iteration_spread_ns"] for r in per if r.get("iteration_spread_ns") is not None]
+        line += (f"none stands out (iteration spread up to {_ms(max(sp), 1)} ms)" if sp
+                 else "none stands out (under 5 % or 1 ms apart)")
+    out = [line]
+    waits = [r for r in per if r.get("wait_ns") is not None]
+    if not ar.get("collectives") or not waits:
+        out.append("waiting: no collective kernels, so no rank waits for another on the GPU")
+        return out
+    most = ar.get("waits_most")
+    each = ", ".join(f"rank {r['rank']} {_ms(r['wait_ns'], 1)}" for r in waits[:4]) + (" ..." if len(waits) > 4 else "")
+    if most:
+        out.append(f"waiting for the last rank in collectives {basis}: rank {most['rank']} most, "
+                   f"{_ms(most['wait_ns'], 1)} ms vs {_ms(most['others_mean_ns'], 1)} ms on the others ({each} ms)")
+    else:
+        out.append(f"waiting for the last rank in collectives {basis}: {each} ms; no rank stands out")
+    return out
+
+
+def render_short_multi(result: dict, console: Console) -> None:
+    """The default screen of a trace with several ranks (<= :data:`MULTI_LINES` lines): the
+    header, the advice once per run, the phases across ranks, the ranks' differences and the
+    findings once per run (``findings_per_run``), as many as fit; ``--wide`` prints every
+    rank's tables, ``--explain`` the evidence and every finding whole."""
+    from tracekit.vocab import NO_NVTX, NO_NVTX_NOTE
+
+    used = _emit(console, _t(header_line(result)))
+    cfg_note = (result.get("config") or {}).get("note")
+    if cfg_note:
+        used += _emit(console, _t(f"note: {cfg_note}"))
+    by_src: dict[str, list[str]] = {}
+    for pid, src in result["phase_source"].items():
+        by_src.setdefault(src, []).append(pid)
+    for src, pids in by_src.items():  # why there are no phases: once for all the pids it concerns
+        who = f"pid{'s' if len(pids) > 1 else ''} {', '.join(pids)}"
+        if src == "none":
+            used += _emit(console, _t(f"{who}: no phase ranges (tracekit capture or DeepSpeed NVTX), so all GPU work "
+                                      "is 'other'; --phase-map PHASE=REGEX maps your own NVTX ranges"))
+        elif src == NO_NVTX:
+            used += _emit(console, _t(f"{who}: {NO_NVTX_NOTE}"))
+    ro = result.get("rank_order")
+    if ro:
+        used += _emit(console, _t(f"rank numbers: {ro['source']} (--wide: how)"))
+    t = run_advice_table(result, console.width)
+    if t is not None:
+        used += _emit(console, t)
+    elif result.get("config") is not None:
+        used += _emit(console, _t("advice: none (no change of the what-if model saves 0.5% of a steady iteration)"))
+    t = phases_table(result)
+    if t is not None:
+        used += _emit(console, t)
+    for line in rank_lines(result):
+        used += _emit(console, _t(line))
+    inc = sorted({(u["pid"], u["iteration"]) for u in result.get("incomplete_iterations") or []})
+    if inc:  # one line for every rank's (the reasons: --wide)
+        used += _emit(console, _t("incomplete, left out of steady figures (--wide: why): "
+                                  + ", ".join(f"pid {p} iteration {i}" for p, i in inc)))
+    a = result.get("nvtx_anomalies") or {}
+    if any(a.values()):
+        used += _emit(console, _t("NVTX records set aside: " + ", ".join(f"{v} {k.replace('_', ' ')}"
+                                                                        for k, v in a.items() if v)))
+    g = result.get("gpu_op_anomalies") or {}
+    if any(g.values()):
+        used += _emit(console, _t("GPU operations set aside (whole trace, not in any number above): "
+                                  + ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in g.items() if v)))
+    runs = result.get("findings_per_run")
+    if runs is None:  # a result without it: one line per finding
+        runs = [{"summary": _summary(f)} for f in result.get("findings") or []]
+    if not runs:
+        return
+    room = MULTI_LINES - used - 3  # the two head lines and the "+N more" line
+    lines = [fold_text(r["summary"], console.width - 2).split("\n") for r in runs]
+    shown = 0
+    for folded in lines:
+        if room - len(folded) < 0:
+            break
+        room -= len(folded)
+        shown += 1
+    if shown == 0:
+        console.print(_t(f"findings: {len(runs)} (--explain: each in full)"), highlight=False)
+        return
+    _findings_head(console)
+    for r in runs[:shown]:
+        _print_finding(console, r["summary"])
+    if len(runs) > shown:
+        left = len(runs) - shown
+        console.print(_t(f"+{left} more finding{'s' if left != 1 else ''}: --explain"), highlight=False)

@@ -291,8 +291,9 @@ def render_text(analysis, fmt: str = "table", wide: bool = False, explain=False)
     colour terminal), ``csv`` (:attr:`Analysis.phases`, raw units: ns, bytes, GB/s) or ``md``
     (:func:`render_markdown`). ``table`` is the one-screen summary of
     :mod:`tracekit.render.short` unless ``wide``, sections (``--all``, ``--section``) or a
-    phase were asked for, or the trace has several GPUs (their tables and waits in full); ``explain`` (True, or an advice item's number) prints the advice's evidence
-    instead (``--explain [N]``)."""
+    phase were asked for (a trace of several GPUs: :func:`tracekit.render.short.render_short_multi`);
+    ``explain`` (True, or an advice item's number) prints the advice's evidence instead
+    (``--explain [N]``)."""
     if fmt == "csv":
         from tracekit.textsafe import csv_frame
 
@@ -310,8 +311,10 @@ def render_text(analysis, fmt: str = "table", wide: bool = False, explain=False)
 
     if explain is not False and explain is not None:
         short.render_explain(view, console, None if explain is True else int(explain))
-    elif wide or analysis.options.sections or analysis.options.phase or len(view["ranks"]) > 1:
+    elif wide or analysis.options.sections or analysis.options.phase:
         render(view, console=console, phase=analysis.options.phase, wide=wide)
+    elif len(view["ranks"]) > 1:  # several GPUs: the ranks side by side, advice and findings once
+        short.render_short_multi(view, console)
     else:
         short.render_short(view, console)
     return buf.getvalue()

@@ -425,7 +425,9 @@ def _findings(ctx: Context) -> dict:
     for name in REGISTERED["findings"].after:
         if name in ctx.ran and REGISTERED[name].add_findings is not None:
             out = REGISTERED[name].add_findings(ctx, out)
-    return {"transfer_findings": whole, "findings": out}
+    from tracekit.analyze.sections.finding_summary import add_summaries
+
+    return {"transfer_findings": whole, "findings": add_summaries(out)}  # each with its one line
 
 
 #: every section, in the order they run; see the module doc

@@ -22,9 +22,10 @@ A comparison in a finding (pageable vs pinned speed, contended vs uncontended co
 against the others) is said only when it passes :func:`tracekit.analyze.significance.differs`
 (the one rule of a comparative claim, docs/transfers.md).
 
-Each finding is a dict ``{"topic", "pid", "device", "phase", "text", "values"}``; ``values``
-holds the numbers of the sentence in base units (ns, bytes, GB/s). Per-iteration figures
-divide by the number of iterations that have the phase.
+Each finding is a dict ``{"topic", "pid", "device", "phase", "text", "values"}`` (and
+``"summary"``, its one line: :mod:`tracekit.analyze.sections.finding_summary`); ``values``
+holds the numbers of the sentence in base units (ns, bytes, GB/s) and ``iterations``, the
+number of iterations that have the phase, by which per-iteration figures divide.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
         rank_out: list[tuple[float, dict]] = []
 
         def add(topic, phase, text, cost, **values):
+            if phase in its:  # iterations with the phase: the divisor of its per-iteration figures
+                values.setdefault("iterations", its[phase])
             rank_out.append((cost, {"topic": topic, "pid": pid, "device": dev, "phase": phase, "text": text,
                                     "values": values}))
 
@@ -205,7 +208,7 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
                 add("pcie", phase, f"{phase}: PCIe {'RX (H2D)' if d == 'H2D' else 'TX (D2H)'} at or above "
                     f"{pcie_threshold:.0f}% of the link for {_ms(g['duration_ns'].sum())} in {g.height} windows "
                     f"(peak {g['peak_pct'].max():.0f}%)", g["duration_ns"].sum() / 10, saturated_ns=g["duration_ns"].sum(),
-                    windows=g.height, direction=d)
+                    windows=g.height, direction=d, threshold=pcie_threshold)
         pp = _rank_filter(frames.get("pcie_phase"), gpid, dev)
         if pp is not None and pp.height:
             ok = pp.filter((pl.col("copy_gbps") > 0.5) & pl.col("implied_peak_gbps").is_not_null())
