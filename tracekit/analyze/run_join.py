@@ -148,7 +148,7 @@ def run_json(parts: list[dict], names: list[str], file_ranks: list[int | None] |
                    "files": [{"trace", "host", "clock_group", "utc_start_ns", "start_offset_ns",
                               "correction_ns", "shift_ns", "aligned_by"}]},
          "waiting_ranks": {"per_rank": [row], "slowest": [row], "unmatched_collectives": int},
-         "findings": [{"topic", "pid", "device", "phase", "text", "values"}]}
+         "findings": [{"topic", "pid", "device", "phase", "text", "values", "summary"}]}
 
     ``host_contention`` and ``waiting_ranks`` have the shapes of one export's ``hosts`` and
     ``waiting_ranks`` (:mod:`tracekit.analyze.sections.multi_gpu`; totals over the run, ns,
@@ -159,6 +159,7 @@ def run_json(parts: list[dict], names: list[str], file_ranks: list[int | None] |
     node). Different runs: ``{"one_run": false, "note", "files", "run_groups",
     "hosts": null, "waiting_ranks": null, ...}`` (nothing compared across them).
     """
+    from tracekit.analyze.sections.finding_summary import add_summaries
     from tracekit.analyze.sections.multi_gpu import multi_gpu_findings, to_json
 
     base = {"one_run": note is None, "note": note, "files": list(names), "run_groups": run_groups}
@@ -191,5 +192,5 @@ def run_json(parts: list[dict], names: list[str], file_ranks: list[int | None] |
                   "collectives_used": clock["collectives_used"], "residual_skew_ns": clock["residual_skew_ns"],
                   "max_end_spread_ns": clock["max_end_spread_ns"], "files": files},
         "waiting_ranks": single["waiting_ranks"],
-        "findings": multi_gpu_findings(j["frames"]),
+        "findings": add_summaries(multi_gpu_findings(j["frames"])),  # each with its one line, as one export's
     }
