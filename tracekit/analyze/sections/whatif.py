@@ -280,11 +280,12 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         phase_walls = {ph: [walls.get((i, ph), 0.0) for i in steady] for ph in phase_ns}
         iteration_walls = [sum(walls.get((i, ph), 0.0) for ph in phase_ns) for i in steady]
         last_wall, last_kern = _last_micro_step(ts, steady)
+        sg_fixed = _sub_group_fixed(ranges.filter(pl.col("global_pid") == gp), uw_s, uw_e)
         grad_tensors, launch_gap = _eager_loop(ranges.filter(pl.col("global_pid") == gp), ops, model.windows.filter(
             (pl.col("global_pid") == gp) & pl.col("iteration").is_in(steady)), steady)
         out.append({
             "global_pid": gp, "pid": r["pid"], "device": dev, "iterations": steady,
-            "grad_tensors": grad_tensors, "launch_gap_ns": launch_gap,
+            "grad_tensors": grad_tensors, "launch_gap_ns": launch_gap, "sub_group_fixed_ns": sg_fixed,
             "iteration_walls_ns": iteration_walls, "phase_walls_ns": phase_walls, "role_walls_ns": role_walls,
             "last_micro_step_walls_ns": last_wall, "last_micro_step_kernel_ns": last_kern,
             "grad_offload": grad_offload,
@@ -304,6 +305,29 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
             "kernel_dtypes": _kernel_dtypes(export, kern).get(dev, {}),
         })
     return out
+
+
+#: DeepSpeed's per-sub-group bookkeeping around each sub-group's step (stage3.py ``step``: per
+#: sub-group ``_prepare_sub_group``, unscale, ``_optimizer_step``, copy-back, ``_release_sub_group``):
+#: the part of a sub-group's step that does not grow with its size.
+SUB_GROUP_FIXED_RANGES = r"\.(_prepare_sub_group|_release_sub_group)$"
+
+
+def _sub_group_fixed(rng: pl.DataFrame, uw_s, uw_e) -> float | None:
+    """Fixed cost of one sub-group's step (ns): the mean wall of the
+    :data:`SUB_GROUP_FIXED_RANGES` pair per sub-group inside the update windows (``uw_s``/``uw_e``);
+    None without those ranges."""
+    g = rng.filter(pl.col("name").fill_null("").str.contains(SUB_GROUP_FIXED_RANGES))
+    if not g.height or not len(uw_s):
+        return None
+    s, e = g["start"].to_numpy(), g["end"].to_numpy()
+    inside = np.zeros(len(s), dtype=bool)
+    for a, b in zip(uw_s, uw_e):
+        inside |= (s >= a) & (e <= b)
+    prep = g.filter(pl.Series(inside) & pl.col("name").str.ends_with("_prepare_sub_group")).height
+    if not prep:
+        return None
+    return float((e[inside] - s[inside]).sum()) / prep
 
 
 def _eager_loop(rng: pl.DataFrame, ops: pl.DataFrame, windows: pl.DataFrame, steady: list[int]
@@ -1130,15 +1154,19 @@ def _sub_group(pieces, cb: pl.DataFrame, target: float, P, nsg: int, n: int) -> 
                        why=f"no {kind} H2D copy with a measured duration to re-time the copy-back at",
                        sub_group_size=target, sub_groups=new_n)
     new = per_it_bytes / g
-    s = now - new
+    fixed = pieces.get("sub_group_fixed_ns") or 0.0
+    s = now - new - (new_n - nsg) * fixed
     per_it = [d - b / g for d, b in zip(_per_it(pieces, h2d, h2d["duration_ns"].to_numpy()),
                                         _per_it(pieces, h2d, h2d["bytes"].to_numpy()))]
     return _result(pieces, "sub_group_size", s,
                    f"{nsg} -> {new_n} sub-group(s) of ~{target / 1e6:,.0f} M parameters: the copy-back's "
                    f"{per_it_bytes / 1e6:,.0f} MB of {kind} H2D per iteration in {new_n} copies of "
                    f"{chunk / 1e6:,.1f} MB at {g:,.1f} GB/s ({why}) instead of {now / 1e6:,.1f} ms now; the CPU work "
-                   "(conversion, Adam, unscale) keeps its total", "medium", applicable=True,
-                   sub_group_size=target, sub_groups=new_n, per_it=per_it)
+                   "(conversion, Adam, unscale) keeps its total; each sub-group more (or less) costs (saves) the "
+                   f"measured fixed part of a sub-group's step ({fixed / 1e3:,.1f} us: _prepare_sub_group + "
+                   "_release_sub_group)", "medium", applicable=True,
+                   sub_group_size=target, sub_groups=new_n, sub_group_fixed_ns=fixed,
+                   per_it=[x - (new_n - nsg) * fixed for x in per_it])
 
 
 def _device_bandwidth(pieces: dict) -> tuple[float | None, str]:
