@@ -146,7 +146,12 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
          "free_bytes"|None, "total_memory"|None, "range_names": set, "micro_steps": int|None,
          "sub_group_bytes": [int], "forward_h2d_bytes": float, "forward_h2d_kinds": [str],
          "kernel_dtypes": {"kernels", "Half", "BFloat16": int},
-         "iteration_walls_ns": [ns], "phase_walls_ns": {phase: [ns]}, "role_walls_ns": {role: [ns]}}
+         "iteration_walls_ns": [ns], "phase_walls_ns": {phase: [ns]}, "role_walls_ns": {role: [ns]},
+         "grad_tensors": int|None, "launch_gap_ns": float|None, "sub_group_fixed_ns": float|None}
+
+    ``grad_tensors`` / ``launch_gap_ns``: the gradient tensors and the host time of one eager op
+    of DeepSpeed's per-tensor gradient code (:func:`_eager_loop`, for :func:`gpu_loop_time`);
+    ``sub_group_fixed_ns``: the fixed part of one sub-group's step (:func:`_sub_group_fixed`).
 
     ``iteration_walls_ns`` / ``phase_walls_ns`` / ``role_walls_ns``: the wall time of each steady
     iteration, of each phase in it and of each :data:`ROLES` step inside its update (the unmarked
