@@ -147,11 +147,13 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
          "sub_group_bytes": [int], "forward_h2d_bytes": float, "forward_h2d_kinds": [str],
          "kernel_dtypes": {"kernels", "Half", "BFloat16": int},
          "iteration_walls_ns": [ns], "phase_walls_ns": {phase: [ns]}, "role_walls_ns": {role: [ns]},
-         "grad_tensors": int|None, "launch_gap_ns": float|None, "sub_group_fixed_ns": float|None}
+         "grad_tensors": int|None, "launch_gap_ns": float|None, "sub_group_fixed_ns": float|None,
+         "sub_group_norm_fixed_ns": float|None}
 
     ``grad_tensors`` / ``launch_gap_ns``: the gradient tensors and the host time of one eager op
     of DeepSpeed's per-tensor gradient code (:func:`_eager_loop`, for :func:`gpu_loop_time`);
-    ``sub_group_fixed_ns``: the fixed part of one sub-group's step (:func:`_sub_group_fixed`).
+    ``sub_group_fixed_ns``: the fixed part of one sub-group's step (:func:`_sub_group_fixed`),
+    ``sub_group_norm_fixed_ns`` that of its gradient norm (:func:`_norm_fixed`).
 
     ``iteration_walls_ns`` / ``phase_walls_ns`` / ``role_walls_ns``: the wall time of each steady
     iteration, of each phase in it and of each :data:`ROLES` step inside its update (the unmarked
@@ -286,11 +288,13 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         iteration_walls = [sum(walls.get((i, ph), 0.0) for ph in phase_ns) for i in steady]
         last_wall, last_kern = _last_micro_step(ts, steady)
         sg_fixed = _sub_group_fixed(ranges.filter(pl.col("global_pid") == gp), uw_s, uw_e)
+        norm_fixed = _norm_fixed(role_iv["grad_norm"], ops, n, int(round(roles["copy_back"]["calls"])) or None)
         grad_tensors, launch_gap = _eager_loop(ranges.filter(pl.col("global_pid") == gp), ops, model.windows.filter(
             (pl.col("global_pid") == gp) & pl.col("iteration").is_in(steady)), steady)
         out.append({
             "global_pid": gp, "pid": r["pid"], "device": dev, "iterations": steady,
             "grad_tensors": grad_tensors, "launch_gap_ns": launch_gap, "sub_group_fixed_ns": sg_fixed,
+            "sub_group_norm_fixed_ns": norm_fixed,
             "iteration_walls_ns": iteration_walls, "phase_walls_ns": phase_walls, "role_walls_ns": role_walls,
             "last_micro_step_walls_ns": last_wall, "last_micro_step_kernel_ns": last_kern,
             "grad_offload": grad_offload,
@@ -320,8 +324,8 @@ SUB_GROUP_FIXED_RANGES = r"\.(_prepare_sub_group|_release_sub_group)$"
 
 def _sub_group_fixed(rng: pl.DataFrame, uw_s, uw_e) -> float | None:
     """Fixed cost of one sub-group's step (ns): the mean wall of the
-    :data:`SUB_GROUP_FIXED_RANGES` pair per sub-group inside the update windows (``uw_s``/``uw_e``);
-    None without those ranges."""
+    :data:`SUB_GROUP_FIXED_RANGES` pair per sub-group inside the update windows (``uw_s``/``uw_e``),
+    less the ranges nested in them; None without those ranges."""
     g = rng.filter(pl.col("name").fill_null("").str.contains(SUB_GROUP_FIXED_RANGES))
     if not g.height or not len(uw_s):
         return None
@@ -332,7 +336,15 @@ def _sub_group_fixed(rng: pl.DataFrame, uw_s, uw_e) -> float | None:
     prep = g.filter(pl.Series(inside) & pl.col("name").str.ends_with("_prepare_sub_group")).height
     if not prep:
         return None
-    return float((e[inside] - s[inside]).sum()) / prep
+    # work nested in them grows with the sub-group (without offload _prepare_sub_group builds the
+    # fp32 gradient, _prepare_fp32_grad_for_sub_group; NVMe swaps): not the fixed part
+    bs, be = union(s[inside], e[inside])
+    other = rng.filter(~pl.col("name").fill_null("").str.contains(SUB_GROUP_FIXED_RANGES))
+    os_, oe = other["start"].to_numpy(), other["end"].to_numpy()
+    j = np.searchsorted(bs, os_, side="right") - 1
+    nested = (j >= 0) & (oe <= be[np.maximum(j, 0)])
+    ns, ne = union(os_[nested], oe[nested])
+    return max(float((be - bs).sum()) - float((ne - ns).sum()), 0.0) / prep
 
 
 def _eager_loop(rng: pl.DataFrame, ops: pl.DataFrame, windows: pl.DataFrame, steady: list[int]
@@ -370,19 +382,43 @@ def _eager_loop(rng: pl.DataFrame, ops: pl.DataFrame, windows: pl.DataFrame, ste
     g = rng.filter((pl.col("name") == GRAD_OFFLOAD_RANGE) & (pl.col("start") >= lo) & (pl.col("end") <= hi))
     ws = np.concatenate([upd["start"].to_numpy(), g["start"].to_numpy()])
     we = np.concatenate([upd["end"].to_numpy(), g["end"].to_numpy()])
-    gap = None
-    if len(ws) and ops.height and "launch" in ops.columns:
-        o = ops.filter(pl.col("launch").is_not_null()).select("kind", "launch", "launch_tid").sort("launch_tid", "launch")
-        lt, la, kd = o["launch_tid"].to_numpy(), o["launch"].to_numpy(), o["kind"].to_numpy()
-        eager = np.isin(kd, ["kernel", "memset"])
-        ok = (lt[1:] == lt[:-1]) & eager[1:] & eager[:-1]
-        ws, we = union(ws, we)
-        j = np.searchsorted(ws, la, side="right") - 1
-        inside = (j >= 0) & (la < we[np.maximum(j, 0)])
-        ok &= inside[1:] & inside[:-1] & (j[1:] == j[:-1])
-        d = (la[1:] - la[:-1])[ok]
-        gap = float(np.median(d)) if len(d) >= 10 else None
+    d = _launch_gaps(ops, ws, we)
+    gap = float(np.median(d)) if len(d) >= 10 else None
     return tensors, gap
+
+
+def _launch_gaps(ops: pl.DataFrame, ws, we) -> np.ndarray:
+    """Times (ns) between the launches of two consecutive GPU operations of one thread (``ops``:
+    ``kind, launch, launch_tid``), both kernels or memsets, both inside the same one of the windows
+    ``ws``/``we`` (merged where they overlap): the host's time per eager op in a loop of them (a
+    copy between two launches, e.g. a ``.item()``, breaks the pair)."""
+    if not len(ws) or not ops.height or "launch" not in ops.columns:
+        return np.zeros(0)
+    o = ops.filter(pl.col("launch").is_not_null()).select("kind", "launch", "launch_tid").sort("launch_tid", "launch")
+    lt, la, kd = o["launch_tid"].to_numpy(), o["launch"].to_numpy(), o["kind"].to_numpy()
+    eager = np.isin(kd, ["kernel", "memset"])
+    ok = (lt[1:] == lt[:-1]) & eager[1:] & eager[:-1]
+    ws, we = union(np.asarray(ws), np.asarray(we))
+    j = np.searchsorted(ws, la, side="right") - 1
+    inside = (j >= 0) & (la < we[np.maximum(j, 0)])
+    ok &= inside[1:] & inside[:-1] & (j[1:] == j[:-1])
+    return (la[1:] - la[:-1])[ok]
+
+
+def _norm_fixed(norm_iv, ops: pl.DataFrame, n_iterations: int, sub_groups: int | None) -> float | None:
+    """Fixed part (ns) of the gradient norm per sub-group: ZeRO-3 computes it once per sub-group
+    (stage3.py ``_get_norm_groups``: ``complete_grad_norm_calculation_for_cpu_offload`` or
+    ``get_grad_norm_direct`` for each of ``fp16_groups``), each call a loop over the group's
+    parameters plus a fixed part (``float(total_norm)``, a ``FloatTensor``, ``all_reduce``, the root,
+    the NaN mask, ``.cpu()``: 5 synchronizations in the benchmark's traces). The loop is the
+    back-to-back launches inside the norm ranges (:func:`_launch_gaps`); the rest of the ranges'
+    wall, per iteration and sub-group, is the fixed part. ``norm_iv``: the union of the norm
+    (``grad_norm``) ranges of the steady update windows; None without them."""
+    us, ue = norm_iv
+    if not len(us) or not n_iterations:
+        return None
+    loop = float(_launch_gaps(ops, us, ue).sum())
+    return max(float((ue - us).sum()) - loop, 0.0) / n_iterations / (sub_groups or 1)
 
 
 #: tracekit's capture range around the offload-only gradient path of backward
@@ -1159,7 +1195,9 @@ def _sub_group(pieces, cb: pl.DataFrame, target: float, P, nsg: int, n: int) -> 
                        why=f"no {kind} H2D copy with a measured duration to re-time the copy-back at",
                        sub_group_size=target, sub_groups=new_n)
     new = per_it_bytes / g
-    fixed = pieces.get("sub_group_fixed_ns") or 0.0
+    book = pieces.get("sub_group_fixed_ns") or 0.0
+    norm = pieces.get("sub_group_norm_fixed_ns") or 0.0
+    fixed = book + norm
     s = now - new - (new_n - nsg) * fixed
     per_it = [d - b / g for d, b in zip(_per_it(pieces, h2d, h2d["duration_ns"].to_numpy()),
                                         _per_it(pieces, h2d, h2d["bytes"].to_numpy()))]
@@ -1168,8 +1206,10 @@ def _sub_group(pieces, cb: pl.DataFrame, target: float, P, nsg: int, n: int) -> 
                    f"{per_it_bytes / 1e6:,.0f} MB of {kind} H2D per iteration in {new_n} copies of "
                    f"{chunk / 1e6:,.1f} MB at {g:,.1f} GB/s ({why}) instead of {now / 1e6:,.1f} ms now; the CPU work "
                    "(conversion, Adam, unscale) keeps its total; each sub-group more (or less) costs (saves) the "
-                   f"measured fixed part of a sub-group's step ({fixed / 1e3:,.1f} us: _prepare_sub_group + "
-                   "_release_sub_group)", "medium", applicable=True,
+                   f"measured fixed part of a sub-group's step, {fixed / 1e6:,.2f} ms: its gradient norm's "
+                   f"{norm / 1e6:,.2f} ms outside the per-parameter loop (synchronizations, all_reduce) and "
+                   f"_prepare_sub_group + _release_sub_group {book / 1e3:,.1f} us ({new_n - nsg:+d} x "
+                   f"{fixed / 1e6:,.2f} ms)", "medium", applicable=True,
                    sub_group_size=target, sub_groups=new_n, sub_group_fixed_ns=fixed,
                    per_it=[x - (new_n - nsg) * fixed for x in per_it])
 
