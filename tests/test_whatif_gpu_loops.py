@@ -216,3 +216,27 @@ def test_norm_fixed_part_per_sub_group_by_sql(traces):
     p = _pieces(traces["z3s_sg1e8"])
     assert p["sub_group_norm_fixed_ns"] == pytest.approx(want, rel=1e-9)
     assert 0.3e6 < want < 2e6  # 0.84 ms
+
+
+def test_norm_loop_on_the_551m_fixture_pair():
+    """tests/fixtures/advice_pair_base -> advice_pair_nooffload (551 M LLaMA, ZeRO-3, 16 layers x 9
+    + 3 = 147 parameter tensors): 147 hook ranges per micro-step by SQL; the no-offload run's
+    grad_norm ranges launch 2.85 per tensor (3 from the code) and take 6.9-7.2 ms, where the rule
+    gives the longer of 147 x 3 x the baseline's launch gap and 18 B per parameter at the D2D
+    bandwidth."""
+    from tracekit.analyze.sections import whatif
+
+    fx = Path(__file__).resolve().parent / "fixtures"
+    con = sqlite3.connect(fx / "advice_pair_base.sqlite")
+    hooks = _ranges(con, suffix="reduce_partition_and_remove_grads")
+    fw = _ranges(con, "DeepSpeedEngine.backward")
+    assert len(hooks) == 147 * len(fw)
+    p = _pieces(fx / "advice_pair_base.sqlite")
+    assert p["grad_tensors"] == 147
+    con = sqlite3.connect(fx / "advice_pair_nooffload.sqlite")
+    norms = _ranges(con, "grad_norm")
+    per = [sum(_launches_in(con, a, b)) / 147 for _, a, b, _ in norms]
+    assert all(v == pytest.approx(whatif.GPU_LOOP_LAUNCHES_PER_TENSOR["norm"], abs=0.2) for v in per)
+    measured = statistics.fmean(b - a for _, a, b, _ in norms)
+    rule = max(147 * 3 * p["launch_gap_ns"], whatif.parameters(p) * 18 / p["d2d_gbps"])
+    assert rule == pytest.approx(measured, rel=0.25)  # 7.8 against 7.0 ms
