@@ -77,6 +77,29 @@ GPU_STEP_OTHER_BYTES_PER_PARAM = 42
 #: Measured on ``advice_pair_nooffload`` (551 M parameters, fp16): the Abs, two CompareEq and the
 #: or-reduce kernels take 1.88 ms per step, 12 B x 551 M at its 3,730 GB/s of D2D bandwidth 1.77.
 GPU_FP16_OVERFLOW_BYTES_PER_PARAM = 12
+#: Bytes per parameter of the gradient norm inside :data:`GPU_STEP_OTHER_BYTES_PER_PARAM` (the part
+#: of the GPU step that runs as a loop over the gradient tensors, :data:`GPU_LOOP_LAUNCHES_PER_TENSOR`).
+GPU_NORM_BYTES_PER_PARAM = 18
+#: Launches per gradient tensor of the GPU step's per-tensor loops without optimizer offload
+#: (DeepSpeed 0.19.8; kernels + memsets, each one eager op the host dispatches in turn):
+#:
+#: - ``norm``: ``get_grad_norm_direct`` (stage_1_and_2.py and stage3.py) runs, per gradient,
+#:   ``g.to(norm dtype)`` (1 cast kernel) and ``vector_norm`` / ``.norm(2)`` (a memset and a
+#:   reduce kernel): 3. Measured 2.95 (ZeRO-2, 328 launches in the grad_norm range) and 2.86
+#:   (ZeRO-3, 318) per tensor for 111 tensors (z2s_nooffload, z3s_nooffload).
+#: - ``overflow``: ZeRO-1/2 fp16 only, ``has_overflow_partitioned_grads_serial`` runs per gradient
+#:   ``runtime/utils.has_inf_or_nan``: ``amax`` and ``amin`` (a memset and a reduce each),
+#:   ``torch.isfinite`` of each (abs, != inf, == self, and: 4 each), ``logical_and``,
+#:   ``logical_not`` and the ``+=`` into the count: 13 kernels and 2 memsets = 15. Measured 14.6
+#:   (1,446 kernels and 172 memsets in the overflow_check range of z2s_nooffload, 111 tensors).
+#:   ZeRO-3 checks its flat gradient buffer at once (a few launches; its bytes are
+#:   :data:`GPU_FP16_OVERFLOW_BYTES_PER_PARAM`).
+GPU_LOOP_LAUNCHES_PER_TENSOR = {"norm": 3, "overflow": 15}
+#: Ranges with one call per gradient tensor in the boundary backward: tracekit's
+#: ``grad_copy_to_host`` around ZeRO-1/2 ``copy_grads_in_partition`` (one per parameter) and
+#: DeepSpeed's ZeRO-3 gradient hook ``reduce_partition_and_remove_grads`` (one per parameter);
+#: the per-iteration count of the more frequent one is the number of gradient tensors.
+GRAD_TENSOR_RANGES = r"(^grad_copy_to_host$|reduce_partition_and_remove_grads$)"
 #: Optimizer state per parameter for mixed-precision Adam (fp32 weight, momentum, variance,
 #: gradient).
 STATE_BYTES_PER_PARAM = 16
@@ -123,7 +146,14 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
          "free_bytes"|None, "total_memory"|None, "range_names": set, "micro_steps": int|None,
          "sub_group_bytes": [int], "forward_h2d_bytes": float, "forward_h2d_kinds": [str],
          "kernel_dtypes": {"kernels", "Half", "BFloat16": int},
-         "iteration_walls_ns": [ns], "phase_walls_ns": {phase: [ns]}, "role_walls_ns": {role: [ns]}}
+         "iteration_walls_ns": [ns], "phase_walls_ns": {phase: [ns]}, "role_walls_ns": {role: [ns]},
+         "grad_tensors": int|None, "launch_gap_ns": float|None, "sub_group_fixed_ns": float|None,
+         "sub_group_norm_fixed_ns": float|None}
+
+    ``grad_tensors`` / ``launch_gap_ns``: the gradient tensors and the host time of one eager op
+    of DeepSpeed's per-tensor gradient code (:func:`_eager_loop`, for :func:`gpu_loop_time`);
+    ``sub_group_fixed_ns``: the fixed part of one sub-group's step (:func:`_sub_group_fixed`),
+    ``sub_group_norm_fixed_ns`` that of its gradient norm (:func:`_norm_fixed`).
 
     ``iteration_walls_ns`` / ``phase_walls_ns`` / ``role_walls_ns``: the wall time of each steady
     iteration, of each phase in it and of each :data:`ROLES` step inside its update (the unmarked
@@ -257,8 +287,14 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         phase_walls = {ph: [walls.get((i, ph), 0.0) for i in steady] for ph in phase_ns}
         iteration_walls = [sum(walls.get((i, ph), 0.0) for ph in phase_ns) for i in steady]
         last_wall, last_kern = _last_micro_step(ts, steady)
+        sg_fixed = _sub_group_fixed(ranges.filter(pl.col("global_pid") == gp), uw_s, uw_e)
+        norm_fixed = _norm_fixed(role_iv["grad_norm"], ops, n, int(round(roles["copy_back"]["calls"])) or None)
+        grad_tensors, launch_gap = _eager_loop(ranges.filter(pl.col("global_pid") == gp), ops, model.windows.filter(
+            (pl.col("global_pid") == gp) & pl.col("iteration").is_in(steady)), steady)
         out.append({
             "global_pid": gp, "pid": r["pid"], "device": dev, "iterations": steady,
+            "grad_tensors": grad_tensors, "launch_gap_ns": launch_gap, "sub_group_fixed_ns": sg_fixed,
+            "sub_group_norm_fixed_ns": norm_fixed,
             "iteration_walls_ns": iteration_walls, "phase_walls_ns": phase_walls, "role_walls_ns": role_walls,
             "last_micro_step_walls_ns": last_wall, "last_micro_step_kernel_ns": last_kern,
             "grad_offload": grad_offload,
@@ -278,6 +314,111 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
             "kernel_dtypes": _kernel_dtypes(export, kern).get(dev, {}),
         })
     return out
+
+
+#: DeepSpeed's per-sub-group bookkeeping around each sub-group's step (stage3.py ``step``: per
+#: sub-group ``_prepare_sub_group``, unscale, ``_optimizer_step``, copy-back, ``_release_sub_group``):
+#: the part of a sub-group's step that does not grow with its size.
+SUB_GROUP_FIXED_RANGES = r"\.(_prepare_sub_group|_release_sub_group)$"
+
+
+def _sub_group_fixed(rng: pl.DataFrame, uw_s, uw_e) -> float | None:
+    """Fixed cost of one sub-group's step (ns): the mean wall of the
+    :data:`SUB_GROUP_FIXED_RANGES` pair per sub-group inside the update windows (``uw_s``/``uw_e``),
+    less the ranges nested in them; None without those ranges."""
+    g = rng.filter(pl.col("name").fill_null("").str.contains(SUB_GROUP_FIXED_RANGES))
+    if not g.height or not len(uw_s):
+        return None
+    s, e = g["start"].to_numpy(), g["end"].to_numpy()
+    inside = np.zeros(len(s), dtype=bool)
+    for a, b in zip(uw_s, uw_e):
+        inside |= (s >= a) & (e <= b)
+    prep = g.filter(pl.Series(inside) & pl.col("name").str.ends_with("_prepare_sub_group")).height
+    if not prep:
+        return None
+    # work nested in them grows with the sub-group (without offload _prepare_sub_group builds the
+    # fp32 gradient, _prepare_fp32_grad_for_sub_group; NVMe swaps): not the fixed part
+    bs, be = union(s[inside], e[inside])
+    other = rng.filter(~pl.col("name").fill_null("").str.contains(SUB_GROUP_FIXED_RANGES))
+    os_, oe = other["start"].to_numpy(), other["end"].to_numpy()
+    j = np.searchsorted(bs, os_, side="right") - 1
+    nested = (j >= 0) & (oe <= be[np.maximum(j, 0)])
+    ns, ne = union(os_[nested], oe[nested])
+    return max(float((be - bs).sum()) - float((ne - ns).sum()), 0.0) / prep
+
+
+def _eager_loop(rng: pl.DataFrame, ops: pl.DataFrame, windows: pl.DataFrame, steady: list[int]
+                ) -> tuple[int | None, float | None]:
+    """``(gradient tensors, launch gap ns)`` of one rank, for the GPU step's per-tensor loops
+    (:data:`GPU_LOOP_LAUNCHES_PER_TENSOR`).
+
+    - gradient tensors: per steady iteration, the ranges of :data:`GRAD_TENSOR_RANGES` of each name
+      inside the last backward window (the boundary micro-step), the larger count; the median over
+      the steady iterations; None without such ranges (a DeepSpeed-only ZeRO-1/2 trace).
+    - launch gap: the median time (ns) between the launches of two consecutive GPU operations, both
+      kernels or memsets and from one thread, inside DeepSpeed's per-tensor gradient code of the
+      baseline (the update windows and the ``grad_copy_to_host`` ranges of the steady iterations):
+      the host time of one eager op of such a loop (the API call, PyTorch's dispatch and the Python
+      between). None with fewer than 10 such pairs.
+
+    ``rng``: the rank's NVTX ranges (``name, start, end``); ``ops``: its GPU operations (``kind,
+    launch, launch_tid``); ``windows``: its phase windows of the steady iterations."""
+    bwd = windows.filter(pl.col("phase") == "backward").sort("start")
+    last = bwd.group_by("iteration").agg(pl.col("start").last(), pl.col("end").last())
+    gr = rng.filter(pl.col("name").fill_null("").str.contains(GRAD_TENSOR_RANGES))
+    counts = []
+    if gr.height:
+        s, e, nm = gr["start"].to_numpy(), gr["end"].to_numpy(), gr["name"].to_list()
+        for a, b in zip(last["start"].to_numpy(), last["end"].to_numpy()):
+            k = (s >= a) & (e <= b)
+            per = {}
+            for name in (n for n, hit in zip(nm, k) if hit):
+                per[name] = per.get(name, 0) + 1
+            counts.append(max(per.values()) if per else 0)
+    tensors = int(np.median(counts)) if counts and max(counts) > 0 else None
+    # the loops' windows: update windows and grad_copy_to_host ranges
+    upd = windows.filter(pl.col("phase") == "update")
+    lo, hi = (windows["start"].min(), windows["end"].max()) if windows.height else (0, -1)
+    g = rng.filter((pl.col("name") == GRAD_OFFLOAD_RANGE) & (pl.col("start") >= lo) & (pl.col("end") <= hi))
+    ws = np.concatenate([upd["start"].to_numpy(), g["start"].to_numpy()])
+    we = np.concatenate([upd["end"].to_numpy(), g["end"].to_numpy()])
+    d = _launch_gaps(ops, ws, we)
+    gap = float(np.median(d)) if len(d) >= 10 else None
+    return tensors, gap
+
+
+def _launch_gaps(ops: pl.DataFrame, ws, we) -> np.ndarray:
+    """Times (ns) between the launches of two consecutive GPU operations of one thread (``ops``:
+    ``kind, launch, launch_tid``), both kernels or memsets, both inside the same one of the windows
+    ``ws``/``we`` (merged where they overlap): the host's time per eager op in a loop of them (a
+    copy between two launches, e.g. a ``.item()``, breaks the pair)."""
+    if not len(ws) or not ops.height or "launch" not in ops.columns:
+        return np.zeros(0)
+    o = ops.filter(pl.col("launch").is_not_null()).select("kind", "launch", "launch_tid").sort("launch_tid", "launch")
+    lt, la, kd = o["launch_tid"].to_numpy(), o["launch"].to_numpy(), o["kind"].to_numpy()
+    eager = np.isin(kd, ["kernel", "memset"])
+    ok = (lt[1:] == lt[:-1]) & eager[1:] & eager[:-1]
+    ws, we = union(np.asarray(ws), np.asarray(we))
+    j = np.searchsorted(ws, la, side="right") - 1
+    inside = (j >= 0) & (la < we[np.maximum(j, 0)])
+    ok &= inside[1:] & inside[:-1] & (j[1:] == j[:-1])
+    return (la[1:] - la[:-1])[ok]
+
+
+def _norm_fixed(norm_iv, ops: pl.DataFrame, n_iterations: int, sub_groups: int | None) -> float | None:
+    """Fixed part (ns) of the gradient norm per sub-group: ZeRO-3 computes it once per sub-group
+    (stage3.py ``_get_norm_groups``: ``complete_grad_norm_calculation_for_cpu_offload`` or
+    ``get_grad_norm_direct`` for each of ``fp16_groups``), each call a loop over the group's
+    parameters plus a fixed part (``float(total_norm)``, a ``FloatTensor``, ``all_reduce``, the root,
+    the NaN mask, ``.cpu()``: 5 synchronizations in the benchmark's traces). The loop is the
+    back-to-back launches inside the norm ranges (:func:`_launch_gaps`); the rest of the ranges'
+    wall, per iteration and sub-group, is the fixed part. ``norm_iv``: the union of the norm
+    (``grad_norm``) ranges of the steady update windows; None without them."""
+    us, ue = norm_iv
+    if not len(us) or not n_iterations:
+        return None
+    loop = float(_launch_gaps(ops, us, ue).sum())
+    return max(float((ue - us).sum()) - loop, 0.0) / n_iterations / (sub_groups or 1)
 
 
 #: tracekit's capture range around the offload-only gradient path of backward
@@ -741,6 +882,9 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
         step_bytes += GPU_FP16_OVERFLOW_BYTES_PER_PARAM
         impl_basis += f" + fp16 overflow check (isinf/isnan of the 16-bit gradients) {GPU_FP16_OVERFLOW_BYTES_PER_PARAM} B"
     gpu_upd = (P * step_bytes / dev_gbps) if P and dev_gbps else None
+    loop_ns, loop_basis = gpu_loop_time(pieces, P, dev_gbps, fp16 and cb_pinned_by_config)
+    if gpu_upd is not None:
+        gpu_upd += loop_ns
     free = pieces["free_bytes"]
     need = P * STATE_BYTES_PER_PARAM if P else None
     fits = None if free is None or need is None else need <= free
@@ -755,14 +899,14 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
         f"the CPU steps (Adam, copy-back, overflow check, unscale, norm, waits for a CPU optimizer worker, NVMe swaps: "
         f"{upd_cpu / 1e6:,.1f} ms) plus a GPU step "
         f"reading and writing {step_bytes} B per parameter ({impl_basis}; {(P or 0) / 1e6:,.0f} M parameters) at "
-        f"{dev_basis} = {(gpu_upd or 0) / 1e6:,.2f} ms"
+        f"{dev_basis}, {loop_basis} = {(gpu_upd or 0) / 1e6:,.2f} ms"
         + ("" if fits is None else f"; optimizer state {need / 1e9:,.1f} GB vs {free / 1e9:,.1f} GB free"),
         "medium", applicable=ok,
         why="" if ok else ("no optimizer offload" if offload in (None, "none") else
                            "the optimizer state does not fit the free GPU memory" if fits is False else
                            "parameter count or device bandwidth unknown"),
         per_it=[b + u - gpu_upd for b, u in zip(bwd_cost_it, upd_cpu_it)] if ok else None,
-        gpu_update_ns=gpu_upd, state_bytes=need, free_bytes=free, gpu_optimizer=impl, gpu_step_bytes=step_bytes,
+        gpu_update_ns=gpu_upd, gpu_loop_ns=loop_ns, state_bytes=need, free_bytes=free, gpu_optimizer=impl, gpu_step_bytes=step_bytes,
         phase_delta_ns={"backward": -bwd_cost if ok else 0.0, "update": (gpu_upd - upd_cpu) if ok else 0.0}))
 
     # 5. gradients kept on the GPU across accumulation micro-steps
@@ -923,6 +1067,31 @@ def _larger_micro_batch(pieces: dict, zen_no_gas: bool) -> dict:
                    phase_delta_ns={ph: -v for ph, v in per_ph.items()} if ok else {})
 
 
+def gpu_loop_time(pieces: dict, P: float | None, dev_gbps: float | None, overflow_loop: bool) -> tuple[float, str]:
+    """``(ns, basis)``: the host time of the GPU step's per-tensor loops beyond their bytes at the
+    device bandwidth, per iteration. Each loop (:data:`GPU_LOOP_LAUNCHES_PER_TENSOR`: the gradient
+    norm, and with ``overflow_loop`` -- ZeRO-1/2 fp16 -- the overflow check) launches ``k`` small
+    ops per gradient tensor, each costing the host the baseline's eager launch gap
+    (``pieces["launch_gap_ns"]``, :func:`_eager_loop`); it takes the longer of that and its bytes
+    (:data:`GPU_NORM_BYTES_PER_PARAM`, :data:`GPU_FP16_OVERFLOW_BYTES_PER_PARAM` per parameter,
+    already in the step's bytes), so the extra is ``max(T x k x gap - P x b / B, 0)``. 0 when the
+    tensors, the gap, ``P`` or the bandwidth are unknown (the basis says so)."""
+    T, gap = pieces.get("grad_tensors"), pieces.get("launch_gap_ns")
+    if not (T and gap and P and dev_gbps):
+        return 0.0, "per-tensor loops not timed (no gradient-tensor count or launch gap in the trace)"
+    loops = [("norm", GPU_NORM_BYTES_PER_PARAM)] + ([("overflow", GPU_FP16_OVERFLOW_BYTES_PER_PARAM)]
+                                                    if overflow_loop else [])
+    extra, parts = 0.0, []
+    for name, b in loops:
+        k = GPU_LOOP_LAUNCHES_PER_TENSOR[name]
+        host = T * k * gap
+        extra += max(host - P * b / dev_gbps, 0.0)
+        parts.append(f"{name} {T} tensors x {k} launches x {gap / 1e3:,.1f} us = {host / 1e6:,.1f} ms")
+    return extra, ("per-tensor loops at the baseline's eager launch gap (median between back-to-back launches "
+                   "in its update and grad_copy_to_host ranges), the longer of that and their bytes: "
+                   + "; ".join(parts) + f" (+{extra / 1e6:,.1f} ms)")
+
+
 def gpu_step_bytes(settings: dict, changes: dict | None = None) -> tuple[str, int, str]:
     """``(implementation, bytes per parameter, basis)`` of a ZeRO-3 optimizer step done on the GPU:
     :data:`ADAM_BYTES_PER_PARAM` of the Adam implementation plus
@@ -1026,15 +1195,23 @@ def _sub_group(pieces, cb: pl.DataFrame, target: float, P, nsg: int, n: int) -> 
                        why=f"no {kind} H2D copy with a measured duration to re-time the copy-back at",
                        sub_group_size=target, sub_groups=new_n)
     new = per_it_bytes / g
-    s = now - new
+    book = pieces.get("sub_group_fixed_ns") or 0.0
+    norm = pieces.get("sub_group_norm_fixed_ns") or 0.0
+    fixed = book + norm
+    s = now - new - (new_n - nsg) * fixed
     per_it = [d - b / g for d, b in zip(_per_it(pieces, h2d, h2d["duration_ns"].to_numpy()),
                                         _per_it(pieces, h2d, h2d["bytes"].to_numpy()))]
     return _result(pieces, "sub_group_size", s,
                    f"{nsg} -> {new_n} sub-group(s) of ~{target / 1e6:,.0f} M parameters: the copy-back's "
                    f"{per_it_bytes / 1e6:,.0f} MB of {kind} H2D per iteration in {new_n} copies of "
                    f"{chunk / 1e6:,.1f} MB at {g:,.1f} GB/s ({why}) instead of {now / 1e6:,.1f} ms now; the CPU work "
-                   "(conversion, Adam, unscale) keeps its total", "medium", applicable=True,
-                   sub_group_size=target, sub_groups=new_n, per_it=per_it)
+                   "(conversion, Adam, unscale) keeps its total; each sub-group more (or less) costs (saves) the "
+                   f"measured fixed part of a sub-group's step, {fixed / 1e6:,.2f} ms: its gradient norm's "
+                   f"{norm / 1e6:,.2f} ms outside the per-parameter loop (synchronizations, all_reduce) and "
+                   f"_prepare_sub_group + _release_sub_group {book / 1e3:,.1f} us ({new_n - nsg:+d} x "
+                   f"{fixed / 1e6:,.2f} ms)", "medium", applicable=True,
+                   sub_group_size=target, sub_groups=new_n, sub_group_fixed_ns=fixed,
+                   per_it=[x - (new_n - nsg) * fixed for x in per_it])
 
 
 def _device_bandwidth(pieces: dict) -> tuple[float | None, str]:
