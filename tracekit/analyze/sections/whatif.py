@@ -287,6 +287,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         phase_walls = {ph: [walls.get((i, ph), 0.0) for i in steady] for ph in phase_ns}
         iteration_walls = [sum(walls.get((i, ph), 0.0) for ph in phase_ns) for i in steady]
         last_wall, last_kern = _last_micro_step(ts, steady)
+        boundary_copies = _boundary_backward_copies(ts, steady)
         sg_fixed = _sub_group_fixed(ranges.filter(pl.col("global_pid") == gp), uw_s, uw_e)
         norm_fixed = _norm_fixed(role_iv["grad_norm"], ops, n, int(round(roles["copy_back"]["calls"])) or None)
         grad_tensors, launch_gap = _eager_loop(ranges.filter(pl.col("global_pid") == gp), ops, model.windows.filter(
@@ -297,6 +298,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
             "sub_group_norm_fixed_ns": norm_fixed,
             "iteration_walls_ns": iteration_walls, "phase_walls_ns": phase_walls, "role_walls_ns": role_walls,
             "last_micro_step_walls_ns": last_wall, "last_micro_step_kernel_ns": last_kern,
+            "boundary_backward_copies": boundary_copies,
             "grad_offload": grad_offload,
             "warmup": [i for i in complete if i not in steady],
             "iteration_ns": float(ts["wall_ns"].sum()) / n, "phase_ns": phase_ns, "kernel_ns": kernel_ns,
@@ -475,6 +477,35 @@ def _last_micro_step(ts: pl.DataFrame, steady: list[int]) -> tuple[dict, dict]:
         walls[ph] = [w.get(i, 0.0) for i in steady]
         kerns[ph] = [k.get(i, 0.0) for i in steady]
     return walls, kerns
+
+
+def _boundary_backward_copies(ts: pl.DataFrame, steady: list[int]) -> dict:
+    """Host copies of the boundary backward micro-step of each steady iteration (aligned with
+    ``steady``): ``{"h2d_bytes", "h2d_ns", "d2h_bytes", "d2h_ns": [float]}`` (bytes; ns of copy
+    busy time, the phase table's ``h2d_busy_ns`` / ``d2h_busy_ns``); 0 where there is none.
+    ``ts``: the rank's phase table rows of the steady iterations."""
+    cols = ("h2d_bytes", "h2d_busy_ns", "d2h_bytes", "d2h_busy_ns")
+    b = ts.filter((pl.col("phase") == "backward") & pl.col("boundary"))
+    agg = {int(r["iteration"]): r for r in b.group_by("iteration").agg(
+        [pl.col(c).sum() for c in cols]).iter_rows(named=True)}
+    return {k.replace("_busy", ""): [float(agg[i][k]) if i in agg else 0.0 for i in steady] for k in cols}
+
+
+def accumulation_round_trip_ns(pieces: dict) -> list[float]:
+    """Per steady iteration (ns): the host copies a ZeRO-1/2 offload run makes in its boundary
+    backward only because earlier micro-steps accumulated on the host. DeepSpeed's
+    ``stage_1_and_2.py`` (``copy_grads_in_partition`` -> ``async_accumulate_grad_in_cpu_via_gpu``,
+    run when ``micro_step_id > 0 or not is_gradient_accumulation_boundary()``) fetches the
+    accumulated gradient back (H2D), adds it and copies the sum back (D2H) before the boundary's
+    own fp32 D2H; with one micro-step per iteration neither runs. Their cost: the boundary's H2D
+    busy time plus the same bytes' share of its D2H busy time. Checked on the recorded
+    ``z2s_base3`` -> ``z2s_mb2`` pair: the boundary backward moves 268 MB H2D / 805 MB D2H at gas 2
+    and 0 / 536 MB at gas 1, and its wall drops ~52 ms where this cost is ~42 ms."""
+    c = pieces.get("boundary_backward_copies") or {}
+    out = []
+    for hb, hn, db, dn in zip(c.get("h2d_bytes", []), c.get("h2d_ns", []), c.get("d2h_bytes", []), c.get("d2h_ns", [])):
+        out.append(hn + (dn * min(hb / db, 1.0) if db > 0 else 0.0))
+    return out
 
 
 def _sub_group_bytes(c: pl.DataFrame, copy_back_iv, iteration: int) -> list[int]:
@@ -1027,11 +1058,11 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
         suggested_reduce_bucket_size=float(f"{P / 10:.0e}") if one_bucket else None))
 
     # 10. gradient_accumulation_steps g -> 1 with micro-batch x g (same global batch)
-    out.append(_larger_micro_batch(pieces, zen_no_gas))
+    out.append(_larger_micro_batch(pieces, zen_no_gas, settings.get("zero_optimization.stage") in (1, 2, "1 or 2")))
     return out
 
 
-def _larger_micro_batch(pieces: dict, zen_no_gas: bool) -> dict:
+def _larger_micro_batch(pieces: dict, zen_no_gas: bool, zero12: bool = False) -> dict:
     """``larger_micro_batch``: ``gradient_accumulation_steps`` g -> 1 with the micro-batch x g
     (same global batch). The one new micro-step is the baseline's last (boundary) micro-step --
     its forward and backward walls as measured, so its host time (launches, framework, hooks) and
@@ -1041,7 +1072,9 @@ def _larger_micro_batch(pieces: dict, zen_no_gas: bool) -> dict:
     exposed (kernel time linear in the micro-batch). The g - 1 non-boundary micro-steps go: their
     launches and their gradient round trip (the ``grads_on_gpu`` copies). Per phase (forward,
     backward) ``saving = wall - last micro-step's wall - (g - 1) x its kernel busy time``, per
-    steady iteration (for :func:`interval`)."""
+    steady iteration (for :func:`interval`). ZeRO-1/2 (``zero12``): the boundary's accumulation
+    round trip goes too (:func:`accumulation_round_trip_ns`), which ZeRO-3 keeps (its gas-1 run
+    moves the boundary's bytes, above)."""
     g = pieces.get("micro_steps") or 1
     lw = pieces.get("last_micro_step_walls_ns") or {}
     lk = pieces.get("last_micro_step_kernel_ns") or {}
@@ -1052,12 +1085,17 @@ def _larger_micro_batch(pieces: dict, zen_no_gas: bool) -> dict:
     for ph in ("forward", "backward"):
         walls = pieces["phase_walls_ns"].get(ph, [0.0] * n)
         sv = [w - a - (g - 1) * k for w, a, k in zip(walls, lw.get(ph, [0.0] * n), lk.get(ph, [0.0] * n))]
+        if ph == "backward" and zero12:
+            rt = accumulation_round_trip_ns(pieces)
+            sv = [v + r for v, r in zip(sv, rt)] if len(rt) == len(sv) else sv
         per_ph[ph] = float(np.mean(sv)) if sv else 0.0
         per_it = [x + y for x, y in zip(per_it, sv)]
     s = sum(per_ph.values()) if ok else 0.0
     basis = (f"gradient_accumulation_steps {g} -> 1 with the micro-batch x {g}: forward and backward become the "
              f"last micro-step's (its host time and the boundary's copies kept) plus {g - 1} x its kernel time, "
-             f"exposed; the {g - 1} other micro-step(s) go with their gradient round trip (forward "
+             f"exposed; the {g - 1} other micro-step(s) go with their gradient round trip"
+             + (" and so does the boundary's (ZeRO-1/2: the accumulated gradients fetched back and copied again)"
+                if zero12 else "") + " (forward "
              f"{per_ph['forward'] / 1e6:,.1f} ms, backward {per_ph['backward'] / 1e6:,.1f} ms saved per iteration); "
              "assumes host time per micro-step does not grow with the micro-batch and that twice the activations fit")
     return _result(pieces, "larger_micro_batch", s, basis, "low", applicable=ok and s > 0,
