@@ -6,7 +6,8 @@ run as soon as the function does) and each import of a tracekit module becomes a
 module ``sections.breakdown``, ``from tracekit.analyze.sections import Context`` one to the
 registry ``sections``). The layers, highest first::
 
-    cli       the command-line front ends (tracekit/cli.py and each command's typer module)
+    cli       the command-line front ends (tracekit/cli/: the entry point and one module per
+              command; ``python -m tracekit`` and ``python -m tracekit.capture``)
     render    tracekit/render/: terminal tables, figures, report files
     analysis  tracekit/analysis.py (the API's objects), analyze/result.py (the JSON of a
               trace), analyze/multi.py (several traces), options.py, the analyze package
@@ -42,11 +43,8 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 #: modules whose layer is not their package's (checked first, exact names)
 EXACT = {
     "tracekit": "base",  # the package: __version__ for the cache and the capture manifest
-    "tracekit.cli": "cli",
-    "tracekit.analyze.command": "cli",  # `tracekit analyze` / `trim`: typer options, then render
-    "tracekit.render.report_command": "cli",  # `tracekit report` / `compare`
-    "tracekit.capture.command": "cli",  # `tracekit capture`
-    "tracekit.capture.__main__": "cli",
+    "tracekit.__main__": "cli",  # `python -m tracekit`
+    "tracekit.capture.__main__": "cli",  # `python -m tracekit.capture`: tracekit.cli.capture alone
     "tracekit.analysis": "analysis",
     "tracekit.analyze": "analysis",
     "tracekit.analyze.result": "analysis",
@@ -60,6 +58,7 @@ EXACT = {
 }
 #: package prefixes, longest first
 PREFIXES = [
+    ("tracekit.cli", "cli"),
     ("tracekit.analyze.sections", "sections"),
     ("tracekit.analyze.model", "model"),
     ("tracekit.analyze.trace", "trace"),
