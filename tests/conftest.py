@@ -175,7 +175,7 @@ def run_cli(*args, env=None):
         for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
             warnings.simplefilter("ignore", category)
         warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
-        sys.argv = [str(Path(sys.modules["tracekit.cli"].__file__)), *args]
+        sys.argv = [str(Path(sys.modules["tracekit.cli"].__file__).with_name("__main__.py")), *args]
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 try:

@@ -1,5 +1,5 @@
 """``tracekit analyze TRACE [flags]`` without typer (issue 13): :func:`tracekit.cli._plain_analyze`
-hands :func:`tracekit.analyze.command.run_analyze` exactly the keywords typer's own parsing gives
+hands :func:`tracekit.cli.analyze.run_analyze` exactly the keywords typer's own parsing gives
 the command, leaves every other command line to typer, and the output and exit codes are
 those of the typer path."""
 
@@ -52,7 +52,7 @@ def test_plain_forms_get_what_typer_passes(args):
     assert mine is not None
     import inspect
 
-    from tracekit.analyze.command import run_analyze
+    from tracekit.cli.analyze import run_analyze
 
     defaults = {k: p.default for k, p in inspect.signature(run_analyze).parameters.items() if k != "traces"}
     assert {**defaults, **mine} == _typer_kwargs(args)
@@ -114,7 +114,7 @@ def test_plain_run_imports_no_typer():
 def test_end_of_input_and_interrupt_same_both_ways(monkeypatch, capsys, raised, rc_want, err_want):
     """The command body raising EOFError (input closed) or KeyboardInterrupt: the plain path
     ends as typer's main does (typer: a newline, then Abort, which main reports as an interrupt)."""
-    from tracekit.analyze import command
+    from tracekit.cli import analyze as command
 
     def boom(*args, **kw):
         raise raised()

@@ -6,7 +6,8 @@ run as soon as the function does) and each import of a tracekit module becomes a
 module ``sections.breakdown``, ``from tracekit.analyze.sections import Context`` one to the
 registry ``sections``). The layers, highest first::
 
-    cli       the command-line front ends (tracekit/cli.py and each command's typer module)
+    cli       the command-line front ends (tracekit/cli/: the entry point and one module per
+              command; ``python -m tracekit`` and ``python -m tracekit.capture``)
     render    tracekit/render/: terminal tables, figures, report files
     analysis  tracekit/analysis.py (the API's objects), analyze/result.py (the JSON of a
               trace), analyze/multi.py (several traces), options.py, the analyze package
@@ -42,16 +43,14 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 #: modules whose layer is not their package's (checked first, exact names)
 EXACT = {
     "tracekit": "base",  # the package: __version__ for the cache and the capture manifest
-    "tracekit.cli": "cli",
-    "tracekit.analyze.command": "cli",  # `tracekit analyze` / `trim`: typer options, then render
-    "tracekit.render.report_command": "cli",  # `tracekit report` / `compare`
-    "tracekit.capture.command": "cli",  # `tracekit capture`
-    "tracekit.capture.__main__": "cli",
+    "tracekit.__main__": "cli",  # `python -m tracekit`
+    "tracekit.capture.__main__": "cli",  # `python -m tracekit.capture`: tracekit.cli.capture alone
     "tracekit.analysis": "analysis",
     "tracekit.analyze": "analysis",
     "tracekit.analyze.result": "analysis",
     "tracekit.analyze.multi": "analysis",
     "tracekit.analyze.run_groups": "analysis",  # which traces of a folder are one run (multi.py's)
+    "tracekit.analyze.section_data": "analysis",  # the sections' frames render draws, behind one door
     "tracekit.analyze.run_advice": "sections",  # the advice once per run (the advice section's)
     "tracekit.analyze.run_parts": "analysis",  # what each export of a run sends to the join (multi.py's)
     "tracekit.analyze.run_clock": "analysis",  # one clock for a run's exports (run_join's)
@@ -64,6 +63,7 @@ EXACT = {
 }
 #: package prefixes, longest first
 PREFIXES = [
+    ("tracekit.cli", "cli"),
     ("tracekit.analyze.sections", "sections"),
     ("tracekit.analyze.model", "model"),
     ("tracekit.analyze.trace", "trace"),
@@ -76,21 +76,6 @@ BASE = {"tracekit.errors", "tracekit.vocab", "tracekit.textsafe", "tracekit.user
 #: Edges (importer, imported) that break the layer order or close a cycle today, each with why
 #: it is there and what removes it. Keep it short: fix an edge rather than add one.
 ALLOWED: dict[tuple[str, str], str] = {
-    # -- upward: render reads the sections' constants and helpers (issue 20 item 4, the output
-    # rewrite, moves what it needs into the analysis result or render/; render/ is theirs)
-    ("tracekit.render.data", "tracekit.analyze.sections.breakdown"): "render: output rewrite",
-    ("tracekit.render.data", "tracekit.analyze.sections.contention"): "render: output rewrite",
-    ("tracekit.render.data", "tracekit.analyze.sections.copy_sizes"): "render: output rewrite",
-    ("tracekit.render.data", "tracekit.analyze.sections.memory"): "render: output rewrite",
-    ("tracekit.render.data", "tracekit.analyze.sections.overlap"): "render: output rewrite",
-    ("tracekit.render.data", "tracekit.analyze.sections.pageable"): "render: output rewrite",
-    ("tracekit.render.data", "tracekit.analyze.sections.pcie_metrics"): "render: output rewrite",
-    ("tracekit.render.compare", "tracekit.analyze.sections.advice"): "render: output rewrite",
-    ("tracekit.render.compare", "tracekit.analyze.sections.whatif"): "render: output rewrite",
-    ("tracekit.render.html", "tracekit.analyze.sections.advice"): "render: output rewrite",
-    ("tracekit.render.figures", "tracekit.analyze.sections.breakdown"): "render: output rewrite",
-    ("tracekit.render.perfetto", "tracekit.analyze.sections.breakdown"): "render: output rewrite",
-    ("tracekit.render.files", "tracekit.analyze.sections"): "render: output rewrite",
     # -- upward: `tracekit trim` cuts a trace at the iterations the phase model finds and keeps the
     # CPU optimizer step's ranges whole; it is an analysis-level job filed under trace/ (moving it
     # to tracekit/analyze/trim.py, with its importers in tests, is issue 20's follow-up)
@@ -100,13 +85,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # -- cycle: render/transfer_tables.py and render/idle_tables.py share table helpers both ways
     # (render: the output rewrite, issue 20 item 4)
     ("tracekit.render.idle_tables", "tracekit.render.transfer_tables"): "cycle in render: output rewrite",
-    # -- cycle: sections/transfers.py is both the registry's driver (analyze_transfers and
-    # findings_frames run its loop, and it re-exports Context, REGISTRY, run, ...) and a helper of
-    # sections the registry dispatches to (multi_gpu uses its _rows, findings its _findings_frames),
-    # so registry -> findings/multi_gpu -> transfers -> registry. Removed by moving the drivers into
-    # the registry (or analysis layer) and the row helpers into transfer_common (issue 20 item 3
-    # follow-up; sections/ is being edited by the registry's owner this round)
-    ("tracekit.analyze.sections.transfers", "tracekit.analyze.sections"): "cycle: transfers drives the registry",
     # -- cycle: analysis.py's ManyAnalysis runs multi.py, whose workers build an Analysis per trace;
     # multi.py is another engineer's this round (issue 20 item 1 splits it; the per-trace half
     # then imports nothing of analysis.py)
@@ -254,6 +232,15 @@ def test_no_import_cycle():
     found = cycles(edges)
     assert not found, "import cycles (each a set of modules that import each other):\n" + \
         "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_render_reads_no_section():
+    """render/ gets the sections' frames through the analysis layer (:class:`tracekit.analysis.Analysis`,
+    :mod:`tracekit.analyze.section_data`), never from a section module or the registry itself."""
+    edges = graph()
+    bad = sorted(f"{a} imports {b}" for a, targets in edges.items() if layer(a) == "render" for b in targets
+                 if layer(b) == "sections" and (a, b) not in ALLOWED)
+    assert not bad, "render imports sections (go through tracekit.analysis):\n" + "\n".join(bad)
 
 
 def test_allow_list_is_current():

@@ -35,6 +35,8 @@ from tracekit.vocab import PHASES, TID_MASK
 if TYPE_CHECKING:  # pragma: no cover
     import polars as pl
 
+    from tracekit.analyze.section_data import SectionData
+
 __all__ = ["Analysis", "ManyAnalysis", "analyze", "analyze_many", "Options"]
 
 
@@ -145,6 +147,22 @@ class Analysis:
             else:
                 raise KeyError(name)
         return self._parts[name]
+
+    def section_data(self, export) -> "SectionData":
+        """The section frames the figures draw (memory timeline, PCIe samples, overlap, idle time,
+        what-if pieces: :class:`tracekit.analyze.section_data.SectionData`) over ``export``, the
+        open export of this trace, on this analysis's phase model."""
+        from tracekit.analyze.section_data import SectionData
+
+        return SectionData(self.path, export, self.model)
+
+    def out_frame_names(self) -> set[str]:
+        """The names of the frames of the ``sections`` option's sections (every section's without
+        it): what ``--out`` writes beside the phase tables (the registry's
+        :data:`tracekit.analyze.sections.SECTION_FRAMES`)."""
+        from tracekit.analyze.sections import SECTION_FRAMES
+
+        return {n for s in (self.options.sections or SECTIONS) for n in SECTION_FRAMES[s]}
 
     def advice_result(self) -> dict:
         """``config``, ``advice``, ``one_time_costs`` and ``predictions`` of the result

@@ -15,7 +15,7 @@ from tracekit.errors import TracekitError, click_exit_code
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``capture`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
-    from tracekit.capture.command import register
+    from tracekit.cli.capture import register
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     register(app)

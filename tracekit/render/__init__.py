@@ -8,5 +8,5 @@
 - figures and reports: :mod:`.data` (:class:`ReportData` and the frames the figures plot),
   :mod:`.figures`, :mod:`.style`, :mod:`.summary`, :mod:`.report` (``report.md``), :mod:`.html`,
   :mod:`.perfetto`, :mod:`.config`;
-- :mod:`.compare`: ``tracekit compare``; :mod:`.report_command`: the ``report``/``compare`` CLI commands.
+- :mod:`.compare`: ``tracekit compare`` (its command line: :mod:`tracekit.cli.compare`).
 """

@@ -108,26 +108,16 @@ SUB_PHASE_LABELS = {"overflow_check": "fp16 overflow check (has_overflow)",
 
 
 def _pieces(d: ReportData, rk: dict) -> dict | None:
-    from tracekit.analyze.sections import whatif
-
-    for p in whatif.measure(d.export, d.model):
+    for p in d.sections.update_pieces():
         if p["global_pid"] == rk["global_pid"] and p["device"] == rk["device"]:
             return p
     return None
 
 
 def _settings(d: ReportData, pieces: dict | None, ds_config) -> tuple[list[dict], dict]:
-    from tracekit.analyze.sections import advice, whatif
-    from tracekit.analyze.trace import dsconfig
+    from tracekit.analyze.section_data import run_settings
 
-    loaded = dsconfig.load(d.path, ds_config)
-    inferred = dsconfig.infer_settings(whatif.trace_facts(pieces)) if pieces else {}
-    rows = dsconfig.settings(loaded, inferred)
-    have = {r["key"] for r in rows if r["value"] is not None}
-    for k, (v, how) in inferred.items():  # what the config leaves unknown but the trace shows
-        if k not in have and loaded.get("deepspeed_config") is not None:
-            rows.append({"key": k, "value": v, "source": "trace", "how": how})
-    return rows, advice.settings_map(rows)
+    return run_settings(d.path, pieces, ds_config)
 
 
 def config_and_advice(a: ReportData, b: ReportData, ra: dict, rb: dict, ds_config_a=None, ds_config_b=None,
@@ -150,11 +140,11 @@ def config_and_advice(a: ReportData, b: ReportData, ra: dict, rb: dict, ds_confi
     (default: the manifest beside each trace). Raises :class:`TracekitError` for a bad
     ``--ds-config`` file.
     """
-    from tracekit.analyze.sections import advice, whatif
+    from tracekit.analyze.section_data import advice_items, gpu_optimizer, update_roles, what_if
 
     pa, pb = _pieces(a, ra), _pieces(b, rb)
     subs = []
-    for role in whatif.ROLES:
+    for role in update_roles():
         label = SUB_PHASE_LABELS.get(role, role)
         va = (pa["roles"].get(role) or {}) if pa else {}
         vb = (pb["roles"].get(role) or {}) if pb else {}
@@ -198,10 +188,10 @@ def config_and_advice(a: ReportData, b: ReportData, ra: dict, rb: dict, ds_confi
             continue
         changes = targets(c["b" if on_a else "a"]) if targets else {}
         if scenario == "no_offload":  # the no-offload side's own GPU optimizer (torch_adam or FusedAdam)
-            changes["gpu_optimizer"] = whatif.gpu_step_bytes(other_s)[0]
-        scen = whatif.predict(side_p, side_s, changes)
+            changes["gpu_optimizer"] = gpu_optimizer(other_s)
+        scen = what_if(side_p, side_s, changes)
         s = {x["scenario"]: x for x in scen}[scenario]
-        item = next((i for i in advice.build_advice(side_p, scen, side_s) if i["scenario"] == scenario), None)
+        item = next((i for i in advice_items(side_p, scen, side_s) if i["scenario"] == scenario), None)
         ph = {}
         for phase, dns in (s.get("phase_delta_ns") or {}).items():
             m = measured.get(phase) or {}

@@ -25,15 +25,8 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from tracekit.analyze.sections import breakdown
 from tracekit.analyze.model import phases
 from tracekit.analyze.trace.export import Export
-from tracekit.analyze.sections import contention as _contention
-from tracekit.analyze.sections import copy_sizes as _copy_sizes
-from tracekit.analyze.sections import memory as _memory
-from tracekit.analyze.sections import overlap as _overlap
-from tracekit.analyze.sections import pageable as _pageable
-from tracekit.analyze.sections import pcie_metrics as _pcie
 from tracekit.analyze.model.intervals import spread_cumulative
 from tracekit.errors import MissingDataError, TracekitError
 from tracekit.userfiles import shown
@@ -63,6 +56,9 @@ class ReportData:
     #: the :class:`tracekit.analysis.Analysis` of the trace (findings, advice, JSON): the one
     #: pipeline every command's numbers come from
     analysis: object = None
+    #: its :meth:`~tracekit.analysis.Analysis.section_data` over :attr:`export`: the section
+    #: frames the figures draw (render reads the sections only through it)
+    sections: object = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     def cached(self, key: str, compute: Callable[[], pl.DataFrame]) -> pl.DataFrame:
@@ -110,7 +106,9 @@ class ReportData:
         except BaseException:
             export.close()
             raise
-        return cls(Path(path), export, model, a.part("table"), a.part("totals"), breakdown.ranks(model), analysis=a)
+        sections = a.section_data(export)
+        return cls(Path(path), export, model, a.part("table"), a.part("totals"), sections.ranks(), analysis=a,
+                   sections=sections)
 
     def close(self) -> None:
         """Close the export."""
@@ -203,7 +201,7 @@ def memory_timeline(data: ReportData, rank: dict) -> pl.DataFrame:
     ``nsys profile --cuda-memory-usage=true``)."""
     def whole():
         try:
-            return _memory.memory_timeline(data.export)
+            return data.sections.memory_timeline()
         except MissingDataError:
             return pl.DataFrame(schema={"global_pid": pl.Int64, "device": pl.Int64, "time": pl.Int64,
                                         "bytes_in_use": pl.Int64})
@@ -215,7 +213,7 @@ def memory_peaks(data: ReportData, by=("iteration", "phase")) -> pl.DataFrame:
     """:func:`tracekit.analyze.sections.memory.memory_peaks` (all ranks; ``peak_bytes`` per group ``by``),
     or an empty frame when the trace has no memory events."""
     try:
-        return _memory.memory_peaks(data.export, data.model, by=by)
+        return data.sections.memory_peaks(by)
     except MissingDataError:
         return pl.DataFrame(schema={"global_pid": pl.Int64, "device": pl.Int64,
                                     **{b: data.model.windows.schema[b] for b in by}, "peak_bytes": pl.Int64})
@@ -274,7 +272,7 @@ def pcie_metrics(data: ReportData, rank: dict, t0: int, t1: int) -> pl.DataFrame
     GPU cannot be mapped to a device is used only when it is the trace's only one."""
     def whole():
         try:
-            return _pcie.pcie_series(data.export)
+            return data.sections.pcie_series()
         except MissingDataError:
             return pl.DataFrame(schema={"device": pl.Int64, "type_id": pl.Int64, "direction": pl.String,
                                         "start": pl.Int64, "time": pl.Int64, "value_pct": pl.Float64})
@@ -301,7 +299,7 @@ def overlap_by_phase(data: ReportData, rank: dict, by: tuple[str, ...] = ("itera
     ``exposed_ns``, ``overlap_ratio`` (hidden / copy; null without copies).
     """
     key = f"overlap:{','.join(('iteration', *[b for b in by if b != 'iteration']))}"
-    full = data.cached(key, lambda: _overlap.overlap(data.model, by=("iteration", *[b for b in by if b != "iteration"])))
+    full = data.cached(key, lambda: data.sections.overlap(("iteration", *[b for b in by if b != "iteration"])))
     o = data.of_rank(full, rank)
     if iterations is not None:
         o = o.filter(pl.col("iteration").is_in(iterations))
@@ -323,7 +321,7 @@ def contention_windows(data: ReportData, rank: dict) -> pl.DataFrame:
     :func:`tracekit.analyze.sections.contention.contention_windows`: ``start_ns, end_ns,
     duration_ns, kind`` (same-direction | bidirectional), ``direction`` (H2D | D2H | both),
     ``h2d_bytes, d2h_bytes, gbps, slowdown, iteration, phase``."""
-    w = data.of_rank(data.cached("contention", lambda: _contention.contention_windows(data.model)), rank)
+    w = data.of_rank(data.cached("contention", lambda: data.sections.contention_windows()), rank)
     return w.select(start_ns="start", end_ns="end", duration_ns="duration_ns", kind="kind", direction="direction",
                     h2d_bytes="h2d_bytes", d2h_bytes="d2h_bytes", gbps="gbps", slowdown="slowdown",
                     iteration="iteration", phase="phase")
@@ -345,8 +343,7 @@ def copy_sizes(data: ReportData, rank: dict, iterations_only: bool = True,
     copy durations); with ``by_phase`` also ``phase`` (of the launching call; null outside
     phase windows). Totals over the copies, not per iteration. Zero-byte copies are left out.
     """
-    full = data.cached("copy_sizes:phase", lambda: _copy_sizes.copy_sizes(data.model, by=("iteration", "phase"),
-                                                                          directions=COPY_DIRECTIONS))
+    full = data.cached("copy_sizes:phase", lambda: data.sections.copy_sizes(("iteration", "phase"), COPY_DIRECTIONS))
     c = data.of_rank(full, rank).filter(pl.col("bucket") >= 0)
     if iterations_only:
         c = c.filter(pl.col("iteration").is_not_null())
@@ -365,7 +362,7 @@ def pageable_by_phase(data: ReportData, rank: dict, by: tuple[str, ...] = ("iter
     ``pageable_bytes``, ``pageable_ns`` (summed durations), ``saving_ns`` (what pinning would
     save)."""
     key = "pageable:" + ",".join(by)
-    full = data.cached(key, lambda: _pageable.pageable_summary(data.model, by=by, export=data.export))
+    full = data.cached(key, lambda: data.sections.pageable_summary(by))
     p = data.of_rank(full, rank)
     return p.group_by(list(by)).agg(
         pageable_count=pl.col("count").sum(), pageable_bytes=pl.col("bytes").sum(),

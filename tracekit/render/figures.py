@@ -23,7 +23,6 @@ import numpy as np
 import polars as pl
 from matplotlib.patches import Patch
 
-from tracekit.analyze.sections import breakdown
 from tracekit.analyze.model.intervals import busy_in_windows
 from tracekit.render import data as D
 from tracekit.render import style as S
@@ -241,13 +240,13 @@ def _sub_phase_names(names) -> dict:
 
 def _sub_phase_segments(data: ReportData, rk: dict, iteration: int, phase: str = "update") -> pl.DataFrame:
     """Self-time segments of ``phase``'s sub-phases in one iteration: ``sub_phase, s, e``."""
-    wm = breakdown.rank_windows(data.model).filter(
+    wm = data.sections.rank_windows().filter(
         (pl.col("phase") == phase) & (pl.col("global_pid") == rk["global_pid"])
         & (pl.col("device") == rk["device"]) & (pl.col("iteration") == iteration)
     )
     if wm.height == 0:
         return pl.DataFrame(schema={"sub_phase": pl.String, "s": pl.Int64, "e": pl.Int64})
-    seg = breakdown.self_segments(data.model, wm)
+    seg = data.sections.self_segments(wm)
     return seg.select("sub_phase", "s", "e").sort("s")
 
 
@@ -587,7 +586,7 @@ def sub_phase_breakdown(data: ReportData, rank: int = 0, phase: str = "update", 
     copies), from :func:`tracekit.analyze.sections.breakdown.sub_phase_table`.
     """
     rk = data.rank(rank)
-    st = breakdown.sub_phase_table(data.model, phase)
+    st = data.sections.sub_phase_table(phase)
     complete = data.steady_iterations(rk)
     if st.height:
         st = st.filter((pl.col("global_pid") == rk["global_pid"]) & (pl.col("device") == rk["device"])
@@ -930,7 +929,6 @@ def idle_breakdown(data: ReportData, rank: int = 0):
     ``CATEGORY:PHASE``. From :func:`tracekit.analyze.sections.idle.idle_windows`, the numbers of
     ``--json``'s ``idle_breakdown``.
     """
-    from tracekit.analyze.sections import idle
     from tracekit.vocab import IDLE_CATEGORIES, phase_rank
 
     rk = data.rank(rank)
@@ -938,7 +936,7 @@ def idle_breakdown(data: ReportData, rank: int = 0):
     n = max(len(steady), 1)
     cats = list(IDLE_CATEGORIES)
     schema = {"phase": pl.String, "iterations": pl.Int64, "wall_ns": pl.Float64, **{c: pl.Float64 for c in cats}}
-    w, _api = idle.idle_windows(data.model, data.export)
+    w, _api = data.sections.idle_windows()
     w = w.filter((pl.col("global_pid") == rk["global_pid"]) & (pl.col("device") == rk["device"])
                  & pl.col("iteration").is_in(steady))
     if w.height:

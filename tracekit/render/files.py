@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tracekit.analyze.sections import SECTION_FRAMES, SECTIONS
 from tracekit.errors import TracekitError
 
 
@@ -99,7 +98,7 @@ def write_analysis(analysis, out_dir: str | Path, fmt: str = "csv", output=None)
     Returns the paths written; the sections skipped for
     missing data are in ``analysis.notes`` (the caller prints them, on stderr). ``output``: the
     :class:`tracekit.output.OutputSet` the files join (see :func:`write_frames`)."""
-    wanted = {n for s in (analysis.options.sections or SECTIONS) for n in SECTION_FRAMES[s]}
+    wanted = analysis.out_frame_names()
     frames = {"phases": analysis.phases, "totals": analysis.totals, "sub_phases": analysis.sub_phases}
     frames.update({k: v for k, v in analysis.section_frames().items() if k in wanted})
     if fmt == "csv":  # text cells that a spreadsheet would run as a formula: quoted (textsafe.csv_frame)

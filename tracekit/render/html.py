@@ -281,8 +281,6 @@ def _idle_bins(data: ReportData, rk: dict, t0: int, t1: int) -> pl.DataFrame:
     each with its wall time split into the idle categories of
     :func:`tracekit.analyze.sections.idle.breakdown_of`: ``bin, start, end, wall_ns`` and
     :data:`tracekit.vocab.IDLE_CATEGORIES` (ns); empty when the analysis cannot say."""
-    from tracekit.analyze.sections import idle
-
     if t1 <= t0:
         return pl.DataFrame()
     step = max(int(D.nice_bin(t1 - t0)), 1)
@@ -292,7 +290,7 @@ def _idle_bins(data: ReportData, rk: dict, t0: int, t1: int) -> pl.DataFrame:
                        "end": np.minimum(starts + step, t1)})
     iv = iv.cast({"global_pid": data.model.ops.schema.get("global_pid", pl.Int64),
                   "device": data.model.ops.schema.get("device", pl.Int64)})
-    got = idle.breakdown_of(data.model, data.export, iv, ("bin",))
+    got = data.sections.idle_breakdown_of(iv, ("bin",))
     return iv.select("bin", "start", "end").join(got.drop("global_pid", "device"), on="bin", how="left").sort("bin")
 
 
@@ -459,15 +457,12 @@ def write_advice(data: ReportData, notes: list[str]) -> dict | None:
     """The advice of :func:`tracekit.analyze.sections.advice.advise` for the page (config from the
     capture manifest beside the trace, else inferred), or None when it cannot be had (a note
     says why)."""
-    try:
-        from tracekit.analyze.sections import advice
-        from tracekit.analyze.trace import dsconfig
-    except ImportError:  # pragma: no cover - analysis layer without advice
-        return None
+    from tracekit.analyze.trace import dsconfig
+
     try:  # the advice of the trace's analysis (the one pipeline; --ds-config honoured)
         if getattr(data, "analysis", None) is not None:
             return data.analysis.advice_result()
-        return advice.advise(data.export, data.model, dsconfig.load(data.path))
+        return data.sections.advise(dsconfig.load(data.path))
     except Exception as exc:  # noqa: BLE001 - the page is written without advice, and says so
         notes.append(f"advice skipped: {type(exc).__name__}: {exc}")
         return None

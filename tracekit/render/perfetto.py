@@ -80,7 +80,6 @@ class _Tracks:
 
 def trace_events(data: ReportData, findings: list[dict] | None = None) -> dict:
     """The trace-event document (a dict, see the module doc) of every rank of ``data``."""
-    from tracekit.analyze.sections import breakdown
     from tracekit.render.figures import _segment_label
 
     events: list[dict] = []
@@ -108,11 +107,11 @@ def trace_events(data: ReportData, findings: list[dict] | None = None) -> dict:
                            "args": {"iteration": r["iteration"], "micro_step": r["micro_step"],
                                     "boundary": bool(r["boundary"]), "label": label}})
             first.setdefault((r["iteration"], r["phase"]), r["start"])
-        wm = breakdown.rank_windows(data.model).filter(
+        wm = data.sections.rank_windows().filter(
             (pl.col("global_pid") == rk["global_pid"]) & (pl.col("device") == rk["device"])
             & (pl.col("phase") == "update"))
         if wm.height:
-            seg = breakdown.self_segments(data.model, wm).sort("s")
+            seg = data.sections.self_segments(wm).sort("s")
             for s, e, name, it in seg.select("s", "e", "sub_phase", "iteration").iter_rows():
                 events.append({"ph": "X", "cat": "sub_phase", "name": name, "pid": pid,
                                "tid": tracks.tid(pid, "sub-phases", s, e), "ts": _us(s), "dur": _us(e - s),

@@ -52,7 +52,7 @@ def iteration_metrics(data: ReportData, rank: dict) -> pl.DataFrame:
         complete=pl.col("complete").all(),
     )
     keys = ["iteration", "phase"]
-    full = data.cached("overlap:iteration,phase", lambda: D._overlap.overlap(data.model, by=("iteration", "phase")))
+    full = data.cached("overlap:iteration,phase", lambda: data.sections.overlap(("iteration", "phase")))
     ov = data.of_rank(full, rank).select(
         *keys, "h2d_busy_ns", "h2d_exposed_ns", "d2h_busy_ns", "d2h_exposed_ns", "copy_busy_ns", "copy_overlap_ns",
     )

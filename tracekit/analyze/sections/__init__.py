@@ -399,6 +399,23 @@ def _advice_findings(ctx: Context, findings: list) -> list:
     return name_cpu_steps(findings, ctx.out["advice"]["_cpu_steps"])
 
 
+def findings_frames(ctx: Context) -> dict:
+    """The frames :func:`tracekit.analyze.sections.findings.build_findings` reads, computed again
+    on ``ctx.steady_model()`` (the model without its unclosed iterations,
+    :func:`tracekit.analyze.model.phases.steady_model`): each section's ``findings_frames``, in
+    registry order."""
+    ff: dict = {}
+    for s in order():
+        if s.findings_frames is not None:
+            ff.update(s.findings_frames(ctx))
+    return ff
+
+
+def _findings_frames(export, model, steady, frames: dict, pcie_threshold: float) -> dict:
+    """:func:`findings_frames` of ``steady``, ``frames`` the frames computed on ``model``."""
+    return findings_frames(Context(export, model, pcie_threshold=pcie_threshold, out=dict(frames), steady=steady))
+
+
 def _findings(ctx: Context) -> dict:
     """``transfer_findings``: :func:`tracekit.analyze.sections.findings.build_findings` over the
     frames of the steady model (the frames of the run when no iteration is unclosed) and the
@@ -407,7 +424,6 @@ def _findings(ctx: Context) -> dict:
     import polars as pl
 
     from tracekit.analyze.sections import findings as fd
-    from tracekit.analyze.sections.transfers import findings_frames
 
     model = ctx.model
     steady = ctx.steady_model()
@@ -420,8 +436,9 @@ def _findings(ctx: Context) -> dict:
         iters[(gpid, dev)] = {p: int(g["iteration"].n_unique()) for (p,), g in w.group_by(["phase"])}
     mg = {k: ctx.out[k] for k in ctx.produced["multi_gpu"]}
     whole = fd.build_findings({**ff, **mg}, iters, ctx.pcie_threshold)
-    out = whole if ctx.iteration is None else fd.iteration_findings(ctx.export, model, ctx.iteration,
-                                                                     ctx.pcie_threshold)
+    out = whole if ctx.iteration is None else fd.iteration_findings(
+        ctx.export, model, ctx.iteration, ctx.pcie_threshold,
+        frames_of=lambda one: _findings_frames(ctx.export, one, one, {}, ctx.pcie_threshold))
     for name in REGISTERED["findings"].after:
         if name in ctx.ran and REGISTERED[name].add_findings is not None:
             out = REGISTERED[name].add_findings(ctx, out)

@@ -246,20 +246,20 @@ def name_cpu_steps(findings: list[dict], steps: dict[tuple[int, int], dict[str, 
     return findings
 
 
-def iteration_findings(export, model, iteration: int, pcie_threshold: float = 80.0) -> list[dict]:
+def iteration_findings(export, model, iteration: int, pcie_threshold: float = 80.0, *, frames_of) -> list[dict]:
     """The findings of one iteration only (``--iteration N``): the model narrowed to that
     iteration's windows and the GPU operations attributed to them, then the same frames and
-    sentences as for the whole trace (per-iteration figures divide by 1)."""
+    sentences as for the whole trace (per-iteration figures divide by 1). ``frames_of(model)``:
+    the frames :func:`build_findings` reads, computed on a model (the registry's, which this
+    module does not import: it runs this one)."""
     import dataclasses
-
-    from tracekit.analyze.sections import transfers
 
     windows = model.windows.filter(pl.col("iteration") == iteration)
     ops = model.ops.filter(pl.col("iteration") == iteration)
     one = dataclasses.replace(model, windows=windows, ops=ops)
     if hasattr(one, "cache"):
         one.cache = {}
-    ff = transfers._findings_frames(export, one, one, {}, pcie_threshold)
+    ff = frames_of(one)
     iters = {}
     for (gpid, dev) in ops.select("global_pid", "device").unique().drop_nulls().iter_rows():
         w = windows.filter(pl.col("global_pid") == gpid)

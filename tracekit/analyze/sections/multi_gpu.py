@@ -25,7 +25,7 @@ import polars as pl
 from tracekit.analyze.model import rank_ids
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections import breakdown, host_contention, waiting_ranks
-from tracekit.analyze.sections.transfer_common import model_kernel_frames
+from tracekit.analyze.sections.transfer_common import json_rows, model_kernel_frames
 from tracekit.analyze.significance import differs
 from tracekit.analyze.trace.export import Export
 
@@ -70,9 +70,7 @@ def analyze_multi_gpu(export: Export, model: PhaseModel) -> dict[str, pl.DataFra
 
 
 def _rows(f: pl.DataFrame, drop: tuple[str, ...] = ()) -> list[dict]:
-    from tracekit.analyze.sections.transfers import _rows as rows
-
-    return rows(f.drop([c for c in drop if c in f.columns]))
+    return json_rows(f.drop([c for c in drop if c in f.columns]))
 
 
 def rank_order(frames: dict[str, pl.DataFrame]) -> dict:

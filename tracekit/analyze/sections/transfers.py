@@ -37,6 +37,8 @@ from tracekit.analyze.model.phases import PhaseModel
 # the registry (tracekit.analyze.sections) imports no polars, so that the CLI can parse --section
 # and answer from the result cache without importing the analysis stack
 from tracekit.analyze.sections import FILE_ONLY, PER_WINDOW, REGISTRY, SECTION_FRAMES, Context, order, run, throughput  # noqa: E402,F401
+from tracekit.analyze.sections.transfer_common import _INF
+from tracekit.analyze.sections.transfer_common import json_rows as _rows
 from tracekit.analyze.trace.export import Export
 from tracekit.vocab import INTEGRAL_SUFFIXES, json_number
 
@@ -136,25 +138,6 @@ class TransferResult:
         if iteration is not None and "iteration" in f.columns:
             f = f.filter(pl.col("iteration") == iteration)
         return f
-
-
-_INF = (float("inf"), float("-inf"))
-
-
-def _rows(f: pl.DataFrame) -> list[dict]:
-    """The rows of ``f`` as dicts, numbers as :func:`tracekit.vocab.json_number` writes them,
-    built column by column (the 1 ms throughput timeline of a long trace has ~100k rows)."""
-    cols = []
-    for name, dtype in f.schema.items():
-        vals = f[name].to_list()
-        if dtype.is_float():
-            if name.endswith(INTEGRAL_SUFFIXES):
-                vals = [None if v is None else json_number(name, v) for v in vals]
-            else:
-                vals = [None if v is None or v != v or v in _INF else round(v, 6) for v in vals]
-        cols.append(vals)
-    names = f.columns
-    return [dict(zip(names, r)) for r in zip(*cols)]
 
 
 class JsonRows(list):
@@ -280,20 +263,3 @@ def transfer_result(ctx: Context) -> TransferResult:
                           findings=ctx.out.get("transfer_findings", []),
                           multi_gpu={k: ctx.out[k] for k in ctx.produced["multi_gpu"]},
                           kept_samples=ctx.keep_samples, timeline=timeline)
-
-
-def findings_frames(ctx: Context) -> dict[str, pl.DataFrame]:
-    """The frames :func:`build_findings` reads, computed again on ``ctx.steady_model()`` (the
-    model without its unclosed iterations, :func:`tracekit.analyze.model.phases.steady_model`):
-    each section's ``findings_frames``, in registry order."""
-    ff: dict[str, pl.DataFrame] = {}
-    for s in order():
-        if s.findings_frames is not None:
-            ff.update(s.findings_frames(ctx))
-    return ff
-
-
-def _findings_frames(export: Export, model: PhaseModel, steady: PhaseModel, frames: dict[str, pl.DataFrame],
-                     pcie_threshold: float) -> dict[str, pl.DataFrame]:
-    """:func:`findings_frames` of ``steady``, ``frames`` the frames computed on ``model``."""
-    return findings_frames(Context(export, model, pcie_threshold=pcie_threshold, out=dict(frames), steady=steady))

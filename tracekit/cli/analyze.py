@@ -1,4 +1,4 @@
-"""``tracekit analyze`` and ``tracekit trim``: the analysis layer's commands."""
+"""``tracekit analyze``: one trace, several (a folder, a glob, Dask), tables, CSV, JSON or ``--out`` files."""
 
 from __future__ import annotations
 
@@ -159,9 +159,9 @@ def run_analyze(traces: list[Path], phase: str | None = None, iteration: int | N
     """``tracekit analyze`` with its options as :func:`register`'s command receives them from
     the command line (typer's coercion done: paths as :class:`~pathlib.Path`, numbers as int or
     float); the command calls it, and so does :func:`tracekit.cli.main` for the plain forms it
-    parses without typer (``analyze TRACE`` with flags only, issue 13). ``explain`` (with
-    ``explain_item``: only that advice item, 1-based) prints the advice's evidence and basis
-    instead of the tables (``--explain [N]``)."""
+    parses without typer (``analyze TRACE`` with flags only, :mod:`tracekit.cli.plain`).
+    ``explain`` (with ``explain_item``: only that advice item, 1-based) prints the advice's
+    evidence and basis instead of the tables (``--explain [N]``)."""
     from tracekit.analyze import sections as transfer_sections  # no polars: a cached result needs none
     from tracekit.options import Options, load_ds_config
 
@@ -215,7 +215,7 @@ def run_analyze(traces: list[Path], phase: str | None = None, iteration: int | N
 
 
 def register(app: "typer.Typer") -> None:
-    """Add ``analyze`` and ``trim`` to ``app``."""
+    """Add ``analyze`` to ``app``."""
     global typer  # module-level for typer, which evaluates the annotations below in this module's globals
     import typer
 
@@ -296,30 +296,3 @@ def register(app: "typer.Typer") -> None:
                     jobs=jobs, dask=dask, cache=cache, ranks=ranks, section=section, all_sections=all_sections,
                     pcie_threshold=pcie_threshold, bin_ms=bin_ms, out=out, out_format=out_format, wide=wide,
                     ds_config=ds_config, explain=explain, explain_item=explain_item)
-
-    @app.command("trim")
-    def trim_cmd(
-        src: Annotated[Path, typer.Argument(help="input nsys SQLite export (only read)")],
-        dst: Annotated[Path, typer.Argument(help="output SQLite file")],
-        iterations: Annotated[Optional[str], typer.Option(help="iterations to keep, A-B (inclusive)")] = None,
-        time_range: Annotated[
-            Optional[str],
-            typer.Option("--time-range", help="keep a time window instead: A:B in seconds (41.5:82) "
-                         "or percent of the capture (50%:100%)"),
-        ] = None,
-        drop: Annotated[Optional[list[str]], typer.Option(help="table to leave empty (repeatable)")] = None,
-        keep_metrics: Annotated[
-            Optional[str], typer.Option(help="keep only GPU_METRICS whose metric name matches this regex")
-        ] = None,
-        force: Annotated[bool, typer.Option(help="overwrite DST")] = False,
-    ) -> None:
-        """Write a smaller valid export holding only the given iterations (for fixtures)."""
-        from tracekit.analyze.trace.trim import trim
-
-        out = trim(src, dst, iterations, drop=drop, keep_metrics=keep_metrics, force=force, time_range=time_range)
-        t0, t1 = out["window_ns"]
-        kept = sum(out["rows"].values())
-        size = dst.stat().st_size
-        print(f"wrote {dst} ({size / 1e6:.1f} MB, {kept} rows): "
-              f"{f'iterations {iterations}' if iterations else f'time range {time_range}'}, "
-              f"window {t0}..{t1} ns ({(t1 - t0) / 1e6:.1f} ms)")
