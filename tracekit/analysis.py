@@ -40,6 +40,24 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Analysis", "ManyAnalysis", "analyze", "analyze_many", "Options"]
 
 
+def finding_line(finding: dict) -> str:
+    """The one-line summary of a finding dict (``--json``'s ``findings`` rows): its ``summary``
+    when the analysis set one, else computed now
+    (:func:`tracekit.analyze.sections.finding_summary.summary`, for results kept from before)."""
+    if finding.get("summary"):
+        return finding["summary"]
+    from tracekit.analyze.sections.finding_summary import summary
+
+    return summary(finding)
+
+
+def finding_basis_note() -> str:
+    """What ``ms/it`` and ``in all`` mean in :func:`finding_line`'s lines (one line of text)."""
+    from tracekit.analyze.sections.finding_summary import BASIS_NOTE
+
+    return BASIS_NOTE
+
+
 def _trace_cache(path: Path, options: Options):
     """The trace's :class:`tracekit.analyze.trace.cache.TraceCache` when caching is on and usable, else None."""
     if not (options.cache and path.is_file()):

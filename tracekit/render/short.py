@@ -199,18 +199,16 @@ def render_short(result: dict, console: Console) -> None:
 
 def _summary(f: dict) -> str:
     """A finding's one line (``summary``, computed by the analysis; older results: computed here)."""
-    if f.get("summary"):
-        return f["summary"]
-    from tracekit.analyze.sections.finding_summary import summary
+    from tracekit.analysis import finding_line
 
-    return summary(f)
+    return finding_line(f)
 
 
 def _findings_head(console: Console) -> None:
-    from tracekit.analyze.sections.finding_summary import BASIS_NOTE
+    from tracekit.analysis import finding_basis_note
 
     console.print(_t("findings, one line each (--explain: the whole text)", "bold"), highlight=False)
-    console.print(_t(BASIS_NOTE), highlight=False)
+    console.print(_t(finding_basis_note()), highlight=False)
 
 
 def _print_finding(console: Console, line: str) -> int:
