@@ -306,7 +306,7 @@ def test_unclosed_worker_range_is_left_out(tmp_path):
 def test_trim_keeps_a_kept_iterations_worker_range_whole(tmp_path):
     """ZenFlow steps iteration N on the CPU during N+1's forward: the cut of N keeps that range
     and the kernels beside it."""
-    from tracekit.analyze.trace.trim import trim
+    from tracekit.analyze.trim import trim
 
     t = SyntheticTrace()
     tid = gtid(100, 100)

@@ -50,6 +50,7 @@ EXACT = {
     "tracekit.analyze.result": "analysis",
     "tracekit.analyze.multi": "analysis",
     "tracekit.analyze.run_groups": "analysis",  # which traces of a folder are one run (multi.py's)
+    "tracekit.analyze.trim": "analysis",  # cuts a trace at the phase model's iterations (tracekit trim)
     "tracekit.analyze.section_data": "analysis",  # the sections' frames render draws, behind one door
     "tracekit.analyze.run_advice": "sections",  # the advice once per run (the advice section's)
     "tracekit.analyze.run_parts": "analysis",  # what each export of a run sends to the join (multi.py's)
@@ -76,12 +77,6 @@ BASE = {"tracekit.errors", "tracekit.vocab", "tracekit.textsafe", "tracekit.user
 #: Edges (importer, imported) that break the layer order or close a cycle today, each with why
 #: it is there and what removes it. Keep it short: fix an edge rather than add one.
 ALLOWED: dict[tuple[str, str], str] = {
-    # -- upward: `tracekit trim` cuts a trace at the iterations the phase model finds and keeps the
-    # CPU optimizer step's ranges whole; it is an analysis-level job filed under trace/ (moving it
-    # to tracekit/analyze/trim.py, with its importers in tests, is issue 20's follow-up)
-    ("tracekit.analyze.trace.trim", "tracekit.analyze.model.phases"): "trim: move to analyze/",
-    ("tracekit.analyze.trace.trim", "tracekit.analyze.model.nvtx"): "trim: move to analyze/",
-    ("tracekit.analyze.trace.trim", "tracekit.analyze.sections.cpu_update"): "trim: move to analyze/",
     # -- cycle: render/transfer_tables.py and render/idle_tables.py share table helpers both ways
     # (render: the output rewrite, issue 20 item 4)
     ("tracekit.render.idle_tables", "tracekit.render.transfer_tables"): "cycle in render: output rewrite",

@@ -14,7 +14,7 @@ import pytest
 from tracekit.analyze import multi
 from tracekit.analyze.multi import analyze_many, analyze_one, analyze_part
 from tracekit.analyze.trace.cache import format_json
-from tracekit.analyze.trace.trim import trim
+from tracekit.analyze.trim import trim
 from tracekit.cli import main
 from tracekit.options import Options
 

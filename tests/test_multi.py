@@ -9,7 +9,7 @@ import pytest
 
 from tracekit.analyze.multi import analyze_many, expand_inputs, rank_numbers, summarize_ranks, write_json
 from tracekit.analyze.result import analyze_path
-from tracekit.analyze.trace.trim import trim
+from tracekit.analyze.trim import trim
 from tracekit.cli import main
 from tracekit.errors import TracekitError
 

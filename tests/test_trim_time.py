@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from tracekit.analyze.trace.export import Export
-from tracekit.analyze.trace.trim import capture_span, parse_time_range, trim
+from tracekit.analyze.trim import capture_span, parse_time_range, trim
 from tracekit.cli import main
 from tracekit.errors import TracekitError
 

@@ -28,7 +28,7 @@ def register(app: "typer.Typer") -> None:
         force: Annotated[bool, typer.Option(help="overwrite DST")] = False,
     ) -> None:
         """Write a smaller valid export holding only the given iterations (for fixtures)."""
-        from tracekit.analyze.trace.trim import trim
+        from tracekit.analyze.trim import trim
 
         out = trim(src, dst, iterations, drop=drop, keep_metrics=keep_metrics, force=force, time_range=time_range)
         t0, t1 = out["window_ns"]
