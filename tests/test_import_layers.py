@@ -77,9 +77,6 @@ BASE = {"tracekit.errors", "tracekit.vocab", "tracekit.textsafe", "tracekit.user
 #: Edges (importer, imported) that break the layer order or close a cycle today, each with why
 #: it is there and what removes it. Keep it short: fix an edge rather than add one.
 ALLOWED: dict[tuple[str, str], str] = {
-    # -- cycle: render/transfer_tables.py and render/idle_tables.py share table helpers both ways
-    # (render: the output rewrite, issue 20 item 4)
-    ("tracekit.render.idle_tables", "tracekit.render.transfer_tables"): "cycle in render: output rewrite",
     # -- cycle: analysis.py's ManyAnalysis runs multi.py, whose workers build an Analysis per trace;
     # multi.py is another engineer's this round (issue 20 item 1 splits it; the per-trace half
     # then imports nothing of analysis.py)

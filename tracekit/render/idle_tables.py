@@ -31,8 +31,11 @@ def idle_rows(section: dict) -> list[dict]:
 
 def render_idle(console: Console, head: str, section: dict, wide: bool = True) -> None:
     """The one table of the section: ``head`` names the rank; ``wide`` False leaves out the
-    columns of :data:`tracekit.render.transfer_tables.NARROW_DROP`."""
-    from tracekit.render.transfer_tables import _it, _phase, _table, _txt
+    columns of :data:`tracekit.render.section_table.NARROW_DROP`."""
+    from tracekit.render.section_table import cell_text as _txt
+    from tracekit.render.section_table import iteration_cell as _it
+    from tracekit.render.section_table import phase_cell as _phase
+    from tracekit.render.section_table import section_table as _table
 
     cols = [
         ("iter", _it, _txt), ("phase", _phase, _txt), ("wall ms", "wall_ns", fmt_ms),

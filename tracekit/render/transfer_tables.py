@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from tracekit.render.terminal import add_num_column, new_table
 from tracekit.textsafe import text as _t
 from tracekit.vocab import fmt_gb as _gb
 from tracekit.vocab import fmt_gbps as _rate
@@ -18,49 +17,12 @@ from tracekit.vocab import fmt_ms as _ms
 from tracekit.vocab import fmt_number as _num
 from tracekit.vocab import fmt_pct as _pct
 from tracekit.vocab import fmt_size as _size
-from tracekit.vocab import phase_label
 
 
-def _txt(v):
-    return "" if v is None else str(v)
-
-
-def _phase(r):
-    return phase_label(r, inferred=False)
-
-
-def _it(r):
-    return "" if r.get("iteration") is None else str(r["iteration"])
-
-
-#: columns left out of the default (80-column) section tables; ``--wide`` shows them
-NARROW_DROP = {"H2D exposed ms", "D2H exposed ms", "both dirs ms", "windows", "same-dir ms", "bidir ms",
-               "host ms", "blocking", "min GB", "device GB", "samples", "idle %", "implied peak GB/s",
-               "size to", "copy ms", "start ms", "H2D MB", "D2H MB",
-               "launch p99 us", "queue p50 us", "kernel p50 us", "waiting ms"}
-_TEXT_COLUMNS = ("phase", "sub-phase", "kind", "dir", "host", "iter")
-
-
-def _table(console: Console, title: str, rows: list[dict], cols: list[tuple], limit: int | None = None,
-           wide: bool = True) -> None:
-    if not rows:
-        console.print(_t(f"{title}: none"))
-        return
-    if not wide:
-        kept = [c for c in cols if c[0] not in NARROW_DROP]
-        cols = kept if len(kept) >= 3 else cols
-    t = new_table(title, wide)
-    for name, _, _ in cols:
-        if name in _TEXT_COLUMNS:
-            t.add_column(name, overflow="fold")
-        else:
-            add_num_column(t, name)
-    shown = rows if limit is None else rows[:limit]
-    for r in shown:
-        t.add_row(*[_t(fmt(key(r) if callable(key) else r.get(key))) for _, key, fmt in cols])
-    console.print(t)
-    if limit is not None and len(rows) > limit:
-        console.print(_t(f"  ... {len(rows) - limit} more rows (--json or --out for all)"))
+from tracekit.render.section_table import cell_text as _txt
+from tracekit.render.section_table import iteration_cell as _it
+from tracekit.render.section_table import phase_cell as _phase
+from tracekit.render.section_table import section_table as _table
 
 
 OVERLAP = [
@@ -115,7 +77,7 @@ def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | 
                           wide: bool = True) -> None:
     """Tables of the transfer sections present in ``rank["transfers"]`` (with ``phase``, the
     overlap of that phase's sub-phases too); without ``wide``, the columns of
-    :data:`NARROW_DROP` are left out."""
+    :data:`tracekit.render.section_table.NARROW_DROP` are left out."""
     tr = rank.get("transfers") or {}
     if "overlap" in tr:
         _table(console, f"{head}: copy/compute overlap per phase window (hidden = share of copy time under kernels)",
