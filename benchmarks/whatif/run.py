@@ -272,6 +272,17 @@ def rows(traces: Path | None = None) -> dict:
         rho[base] = spearman([bm] + [r["predicted_ms"] for r in rs], [bm] + [r["measured_ms"] for r in rs])
         rho[base] = None if rho[base] is None else round(rho[base], 2)
     stats["rank_correlation"] = rho
+    # the model's pick among a baseline's recorded changes (lowest predicted time) against the
+    # measured best (lowest measured time), for baselines with >= 2 modelled changes
+    picks = {}
+    for base in sorted({r["baseline"] for r in modelled}):
+        rs = [r for r in modelled if r["baseline"] == base]
+        if len(rs) < 2:
+            continue
+        pred = min(rs, key=lambda r: r["predicted_ms"])["pair"]
+        meas = min(rs, key=lambda r: r["measured_ms"])["pair"]
+        picks[base] = {"predicted_best": pred, "measured_best": meas, "same": pred == meas}
+    stats["best_change"] = picks
     return {"rows": out, "stats": stats, "from_cuts": traces is None}
 
 
@@ -317,7 +328,10 @@ def render(res: dict) -> str:
           f"- measured run inside the prediction's interval: {s['inside_interval']} of {s['with_interval']} pairs with "
           f"an interval" + (" (the model gives no interval yet)" if not s["with_interval"] else ""),
           "- rank correlation (Spearman) of predicted vs measured per baseline (baseline + its modelled changes): "
-          + ", ".join(f"{b}: {'n/a (< 2 modelled changes)' if v is None else v}" for b, v in s["rank_correlation"].items())]
+          + ", ".join(f"{b}: {'n/a (< 2 modelled changes)' if v is None else v}" for b, v in s["rank_correlation"].items()),
+          "- the best recorded change per baseline (>= 2 modelled changes; lowest predicted vs lowest measured ms): "
+          + ", ".join(f"{b}: predicted {v['predicted_best']}, measured {v['measured_best']} "
+                      f"({'same' if v['same'] else 'different'})" for b, v in s["best_change"].items())]
     return "\n".join(L) + "\n"
 
 
