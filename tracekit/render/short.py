@@ -59,6 +59,25 @@ FINDINGS_SHOWN = 8
 ITERATIONS_SHOWN = 8
 
 
+def advice_text(item: dict) -> str:
+    """An advice item's "knob: change" cell text: the change up to its first parenthesis or
+    "when" clause (the rest: ``--explain N``), after its knob -- the config keys without the
+    implied ``zero_optimization.`` -- unless the change already names one of them
+    (``micro-batch x 2, gradient_accumulation_steps 2 -> 1``); :data:`SHORT_KEYS` abbreviated."""
+    change = item["change"].split(" (")[0].split(" when ")[0]
+    keys = [k.strip() for k in re.sub(r" \([^)]*\)", "", item["knob"]).split(" / ")]
+    text = change if any(k.rsplit(".", 1)[-1] in change for k in keys if k) else (
+        " / ".join(k.removeprefix("zero_optimization.") for k in keys) + ": " + change)
+    for key, short in SHORT_KEYS:
+        text = text.replace(key, short)
+    return text
+
+
+#: config keys the default screen's advice cells abbreviate as the header line does ("gas 2");
+#: ``--explain N`` and the reports keep the keys whole
+SHORT_KEYS = (("gradient_accumulation_steps", "gas"), ("train_micro_batch_size_per_gpu", "micro-batch"))
+
+
 def _lines_fit(folded: str, n: int, width: int) -> str:
     """The first ``n`` lines of ``folded``; `` …`` ends the last one, within ``width``, when
     lines were left out (its last words make room)."""
@@ -95,19 +114,17 @@ def advice_table(result: dict, width: int):
     base = items[0]["baseline_iteration_ms"]
     t = new_table(f"advice: ms per steady iteration (now {base:,.1f}); --explain N: evidence")
     t.show_edge = False  # no blank lines above and below: one screen
-    t.add_column("#", justify="right")
+    t.add_column("#", justify="right", no_wrap=True, min_width=1)
     if multi:
         t.add_column("rank")
     # fixed parts: # 2, rank 7, ms 8, interval 11, save 6, conf 6, padding 2 per column gap
-    kw = max(20, width - 1 - (9 if multi else 0) - 7 - 12 - 6 - 6 - 3 * (6 if multi else 5))
+    kw = max(16, width - 1 - (9 if multi else 0) - 7 - 12 - 6 - 6 - 3 * (6 if multi else 5))
     t.add_column("knob: change", width=kw)
     for c in ("ms", "95 % int.", "save", "conf."):
         t.add_column(c, justify="right", no_wrap=True)
     for i, a in enumerate(items, 1):
-        change = a["change"].split(" (")[0].split(" when ")[0]
-        knob = re.sub(r" \([^)]*\)", "", a["knob"])
         row = [str(i)] + ([f"{a['pid']}/{a['device']}"] if multi else [])
-        row += [_lines(fold_text(knob + ": " + change, kw), ADVICE_LINES), f"{a['predicted_iteration_ms']:,.1f}",
+        row += [_lines(fold_text(advice_text(a), kw), ADVICE_LINES), f"{a['predicted_iteration_ms']:,.1f}",
                 _interval(a.get("predicted_interval_ms")),
                 f"{a['saving_pct']:.1f}%" if a.get("saving_pct") is not None else "", a["confidence"]]
         t.add_row(*map(_cell, row))
@@ -307,7 +324,7 @@ def run_advice_table(result: dict, width: int):
                       f"{pct['mean']:.1f}%" if pct else "", a.get("confidence") or ""])
     fixed = len(str(len(items))) + sum(max(len(h), *(len(c[j]) for c in cells)) for j, h in enumerate(heads))
     kw = max(20, width - 4 - fixed - 3 * len(heads))
-    t.add_column("#", justify="right")
+    t.add_column("#", justify="right", no_wrap=True, min_width=1)
     t.add_column("knob: change", width=kw)
     for c in heads:
         t.add_column(c, justify="right", no_wrap=True)
