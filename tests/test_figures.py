@@ -440,7 +440,8 @@ def test_warmup_iteration_drawn_apart(tmp_path):
     warm_ax, steady_ax = fig.axes
     assert [tk.get_text() for tk in warm_ax.get_xticklabels()] == ["0", "1"]
     assert [tk.get_text() for tk in steady_ax.get_xticklabels()] == ["2", "3"]
-    steady_max = frame.filter(pl.col("iteration") > 1).group_by("iteration").agg(pl.col("wall_ns").sum())["wall_ns"].max()
+    steady_max = (frame.filter(pl.col("iteration") > 1).group_by("iteration").agg(pl.col("wall_ns").sum())
+                  ["wall_ns"].max())
     assert steady_ax.get_ylim()[1] == pytest.approx(steady_max / 1e6 * 1.08)
     assert warm_ax.get_ylim()[1] == pytest.approx(frame.filter(pl.col("iteration") == 0)["wall_ns"].sum() / 1e6 * 1.08)
     S.close(fig)

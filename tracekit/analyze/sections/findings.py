@@ -188,7 +188,8 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
             wall = up["wall_ns"].sum()
             h2d = up["h2d_bytes"].sum()
             span = f"{steady_its[0]}-{steady_its[-1]}" if len(steady_its) > 1 else f"{steady_its[0]}" if steady_its else "?"
-            warm_its = ", ".join(f"{i}: {_ms(w)}" for i, w in warm.sort("iteration").select("iteration", "wall_ns").iter_rows())
+            warm_its = ", ".join(f"{i}: {_ms(w)}"
+                                 for i, w in warm.sort("iteration").select("iteration", "wall_ns").iter_rows())
             text = (f"update: the GPU is idle {_ms(idle / n)} of {_ms(wall / n)} per iteration "
                     f"({100 * idle / wall if wall else 0:.0f}%; mean over steady iterations {span}"
                     + (f"; warm-up iteration{'s' if warm.height > 1 else ''} {warm_its} update" if warm.height else "")
@@ -296,7 +297,8 @@ def cpu_update_findings(findings: list[dict], cu, iteration: int | None = None) 
             its = s["iterations"]
             basis = (f"mean over steady iterations {its[0]}-{its[-1]}" if len(its) > 1 else f"iteration {its[0]}")
             if s["warmup"]:
-                basis += f", warm-up iteration{'s' if len(s['warmup']) > 1 else ''} {', '.join(map(str, s['warmup']))} apart"
+                plural = "s" if len(s["warmup"]) > 1 else ""
+                basis += f", warm-up iteration{plural} {', '.join(map(str, s['warmup']))} apart"
         else:
             t = cu.table.filter((_pl.col("global_pid") == gpid) & (_pl.col("device") == dev)
                                 & (_pl.col("iteration") == iteration))
