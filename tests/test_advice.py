@@ -52,12 +52,14 @@ def test_iteration_scopes_findings(synthetic_advice):
 
 
 def test_update_finding_one_basis_and_named_cpu_step(tmp_path):
-    trace = build(tmp_path / "synthetic_update.sqlite")
+    # one micro-step per iteration: iterations 0 and 1 are the warm-up (the run's first two micro-steps)
+    trace = build(tmp_path / "synthetic_update.sqlite", iterations=4)
     rc, out, err = run_cli("analyze", trace, "--json", "--no-cache")
     up = [f for f in json.loads(out)["findings"] if f["topic"] == "update"]
     assert up, out
     text = up[0]["text"]
-    assert "mean over steady iterations 1-2" in text and "median" not in text
+    assert "mean over steady iterations 2-3; warm-up iterations 0: 30.0 ms, 1: 30.0 ms update" in text
+    assert "median" not in text
     # 15 ms of unmarked CPU Adam, 10 - 4 ms of copy-back and 5 ms of overflow check, GPU idle, by construction
     assert "unmarked CPU optimizer step 15.0 ms, parameter copy-back 6.0 ms" in text
     assert "fp16 overflow check (has_overflow) 5.0 ms" in text

@@ -61,7 +61,9 @@ def build(path, iterations=3, fp16=True, extra_pageable_in_last=0, grad_pageable
 
 @pytest.fixture
 def synthetic_whatif(tmp_path):
-    return build(tmp_path / "synthetic_whatif.sqlite")
+    # one micro-step per iteration: iterations 0 and 1 hold the run's first two, the warm-up
+    # (tracekit/analyze/model/steady.py); 4 iterations leave two steady ones
+    return build(tmp_path / "synthetic_whatif.sqlite", iterations=4)
 
 
 def pieces_of(path):
@@ -72,7 +74,7 @@ def pieces_of(path):
 
 def test_measured_pieces_match_construction(synthetic_whatif):
     (p,) = pieces_of(synthetic_whatif)
-    assert p["iterations"] == [1, 2] and p["warmup"] == [0]
+    assert p["iterations"] == [2, 3] and p["warmup"] == [0, 1]
     # a steady iteration: 40 ms gap (other) + 10 + 20 + 30 ms
     assert p["iteration_ns"] == pytest.approx(100 * MS)
     assert p["update_ns"] == pytest.approx(30 * MS)
@@ -143,7 +145,7 @@ def test_advice_sorted_and_json_shape(synthetic_whatif, tmp_path):
         assert a["confidence"] in ("high", "medium", "low")
         assert a["predicted_iteration_ms"] == pytest.approx(a["baseline_iteration_ms"] - a["saving_ms_per_iteration"],
                                                             abs=1e-3)
-        assert "steady iterations 1-2" in a["problem"]
+        assert "steady iterations 2-3" in a["problem"]
     by = {a["scenario"]: a for a in items}
     assert by["bf16"]["saving_ms_per_iteration"] == pytest.approx(5.0)
     assert by["bf16"]["knob"].startswith("fp16.enabled")

@@ -55,7 +55,8 @@ def render_cpu_update(console: Console, head: str, rank: dict, notes: list[str] 
         rng = steady["iterations"]
         basis = f"mean over steady iterations {rng[0]}-{rng[-1]}" if len(rng) > 1 else f"iteration {rng[0]}"
         if steady.get("warmup"):
-            basis += f", warm-up iteration {', '.join(map(str, steady['warmup']))} apart"
+            plural = "s" if len(steady["warmup"]) > 1 else ""
+            basis += f", warm-up iteration{plural} {', '.join(map(str, steady['warmup']))} apart"
         b = steady["busy_ns"]
         line = (f"per iteration ({basis}): CPU optimizer step {_ms(b)} ms, hidden behind GPU compute "
                 f"{_ms(steady['hidden_ns'])} ms ({_share(steady['hidden_ns'], b) or '0%'}), exposed "

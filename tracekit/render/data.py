@@ -28,6 +28,7 @@ import polars as pl
 from tracekit.analyze.model import phases
 from tracekit.analyze.trace.export import Export
 from tracekit.analyze.model.intervals import spread_cumulative
+from tracekit.analyze.model.steady import forward_counts, split_warmup
 from tracekit.errors import MissingDataError, TracekitError
 from tracekit.userfiles import shown
 
@@ -169,14 +170,21 @@ class ReportData:
 
     def steady_iterations(self, rank: dict) -> list[int]:
         """Iterations averaged over by the figures: the complete iterations of ``rank`` (those
-        with an update), leaving out iteration 0 (the warm-up step: allocator growth, first
-        offload of the optimizer state) when another complete iteration exists. Falls back to
-        all iterations when none is complete."""
+        with an update), the warm-up left out by the one warm-up rule
+        (:func:`tracekit.analyze.model.steady.split_warmup`: iteration 0, and iteration 1 too
+        when iteration 0 holds a single micro-step, as long as one complete iteration remains).
+        Falls back to all iterations when none is complete."""
+        return self._split_warmup(rank)[0]
+
+    def warmup_iterations(self, rank: dict) -> list[int]:
+        """The iterations :meth:`steady_iterations` leaves out by the warm-up rule (sorted; from
+        the same candidates: the complete iterations, or all when none is complete)."""
+        return self._split_warmup(rank)[1]
+
+    def _split_warmup(self, rank: dict) -> tuple[list[int], list[int]]:
         spans = self.iteration_spans(rank)
         full = spans.filter(pl.col("complete"))["iteration"].to_list() or spans["iteration"].to_list()
-        if len(full) > 1 and 0 in full:
-            full = [i for i in full if i != 0]
-        return sorted(full)
+        return split_warmup(full, forward_counts(self.model.windows, rank["global_pid"]))
 
     def rank_ops(self, rank: dict) -> pl.DataFrame:
         """GPU operations of ``rank`` (its process, on its device)."""
@@ -425,7 +433,7 @@ def reference_bandwidths(data: ReportData, rank: dict, iterations: list[int] | N
 
 def warmup_iterations(data: ReportData, rank: dict) -> list[int]:
     """Iterations of ``rank`` that :meth:`ReportData.steady_iterations` leaves out although
-    they are complete: the warm-up step (iteration 0), drawn apart by the figures."""
-    spans = data.iteration_spans(rank)
-    steady = set(data.steady_iterations(rank))
-    return [i for i in spans.filter(pl.col("complete"))["iteration"].to_list() if i not in steady]
+    they are complete: the warm-up (:meth:`ReportData.warmup_iterations`), drawn apart by the
+    figures."""
+    done = set(data.iteration_spans(rank).filter(pl.col("complete"))["iteration"].to_list())
+    return [i for i in data.warmup_iterations(rank) if i in done]

@@ -868,8 +868,8 @@ def rank_summary(data: ReportData):
     frame = frame.sort("rank", pl.col("phase").replace_strict({p: i for i, p in enumerate(S.PHASES)}, default=9))
     nr = frame["rank"].n_unique()
     fig, (ax_w, ax_b) = S.new_figure(1, 2, width=13, height=max(3.4, 1.8 + 0.45 * nr))
-    fig.suptitle(f"Per rank — mean per iteration ({nr} rank(s); iteration 0 warm-up left out when others "
-                 "are complete)", x=0.01, ha="left")
+    fig.suptitle(f"Per rank — mean per steady iteration ({nr} rank(s); warm-up left out: the iterations of the "
+                 "run's first two micro-steps, when others are complete)", x=0.01, ha="left")
     if frame.height == 0:
         ax_w.text(0.5, 0.5, "no complete iteration", ha="center", va="center", transform=ax_w.transAxes)
         return fig, frame

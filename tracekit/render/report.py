@@ -327,6 +327,16 @@ def advice_markdown(res: dict, rk: dict) -> list[str]:
     return L
 
 
+def _warmup_note(warm: list[int]) -> str:
+    """The report's note on the warm-up iterations left out of the means (empty for none)."""
+    if not warm:
+        return ""
+    if len(warm) == 1:
+        return f" (iteration {warm[0]}, the warm-up step, is left out)"
+    return (f" (iterations {', '.join(map(str, warm))}, the warm-up, are left out: they hold the run's first two "
+            "micro-steps)")
+
+
 def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, frames: dict[str, pl.DataFrame],
                     findings: list[dict], fmt: str = "svg") -> str:
     """The text of ``report.md`` (see module doc)."""
@@ -346,7 +356,7 @@ def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, 
         its = spans["iteration"].to_list()
         L.append(f"- iterations in the trace: {its[0]}–{its[-1]} ({spans.filter(pl.col('complete')).height} complete); "
                  f"means below are per iteration over {F.iterations_note(steady)}"
-                 + (" (iteration 0, the warm-up step, is left out)" if 0 in its and 0 not in steady else ""))
+                 + _warmup_note(data.warmup_iterations(rk)))
         L.append(f"- iteration shown in time (figures 2 and 5): {it}")
     for u in data.model.unclosed.filter(pl.col("global_pid") == rk["global_pid"]).iter_rows(named=True):
         L.append(f"- iteration {u['iteration']} is incomplete and left out of the means: its {u['phase']} range "

@@ -423,6 +423,7 @@ def _findings(ctx: Context) -> dict:
     iteration), then the ``add_findings`` of the sections of its ``after`` that ran, in that order."""
     import polars as pl
 
+    from tracekit.analyze.model.steady import forward_counts
     from tracekit.analyze.sections import findings as fd
 
     model = ctx.model
@@ -435,7 +436,7 @@ def _findings(ctx: Context) -> dict:
         w = win.filter(pl.col("global_pid") == gpid)
         iters[(gpid, dev)] = {p: int(g["iteration"].n_unique()) for (p,), g in w.group_by(["phase"])}
     mg = {k: ctx.out[k] for k in ctx.produced["multi_gpu"]}
-    whole = fd.build_findings({**ff, **mg}, iters, ctx.pcie_threshold)
+    whole = fd.build_findings({**ff, **mg}, iters, ctx.pcie_threshold, forwards=forward_counts(model.windows))
     out = whole if ctx.iteration is None else fd.iteration_findings(
         ctx.export, model, ctx.iteration, ctx.pcie_threshold,
         frames_of=lambda one: _findings_frames(ctx.export, one, one, {}, ctx.pcie_threshold))

@@ -45,7 +45,8 @@ def _basis(pieces: dict) -> str:
     w = ""
     if warm:
         ns = pieces["one_time"]["warmup_ns"]
-        w = "; warm-up iteration " + ", ".join(f"{i} ({ns[i] / 1e6:,.0f} ms)" for i in warm) + " apart"
+        w = (f"; warm-up iteration{'s' if len(warm) > 1 else ''} "
+             + ", ".join(f"{i} ({ns[i] / 1e6:,.0f} ms)" for i in warm) + " apart")
     return f"mean over steady iterations {rng} ({len(its)}){w}"
 
 

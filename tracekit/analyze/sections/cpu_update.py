@@ -51,6 +51,7 @@ import polars as pl
 
 from tracekit.analyze.model.intervals import intersect, subtract, union
 from tracekit.analyze.model.phases import TRACEKIT_DOMAIN, PhaseModel
+from tracekit.analyze.model.steady import forward_counts, split_warmup
 from tracekit.analyze.sections import breakdown
 from tracekit.analyze.sections.transfer_common import model_compute_ops, model_kernel_frames
 from tracekit.vocab import os_pid
@@ -76,11 +77,15 @@ class CpuUpdate:
         ranks: ``(global_pid, device)`` of the ranks with any CPU optimizer range (their
             iterations without one have no row: zero CPU optimizer time).
         notes: sentences about ranges left out (never closed, no rank, no such iteration).
+        forwards: ``{global_pid: {iteration: forward windows}}`` of the model
+            (:func:`tracekit.analyze.model.steady.forward_counts`), for the warm-up rule of
+            :func:`steady`; empty: only iteration 0 is warm-up.
     """
 
     table: pl.DataFrame
     ranks: set = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
+    forwards: dict = field(default_factory=dict)
 
 
 def worker_parents(trace: str | Path | None) -> dict[int, int]:
@@ -231,7 +236,8 @@ def cpu_update(model: PhaseModel, parents: dict[int, int] | None = None) -> CpuU
                 "by_name": bool(g["by_name"].all()),
             })
     table = pl.DataFrame(rows, schema=empty.schema) if rows else empty
-    return CpuUpdate(table.sort("global_pid", "device", "iteration"), ranks_with, notes)
+    return CpuUpdate(table.sort("global_pid", "device", "iteration"), ranks_with, notes,
+                     forward_counts(model.windows))
 
 
 def iteration_json(cu: CpuUpdate, global_pid: int, device: int, iteration: int) -> dict | None:
@@ -257,16 +263,16 @@ def iteration_json(cu: CpuUpdate, global_pid: int, device: int, iteration: int) 
 
 
 def steady(cu: CpuUpdate, global_pid: int, device: int) -> dict | None:
-    """Means per steady iteration of one rank (complete iterations; iteration 0, the warm-up,
-    apart when another one exists): ``{"iterations": [int], "warmup": [int], "busy_ns",
+    """Means per steady iteration of one rank (its complete iterations with CPU optimizer
+    ranges, the warm-up apart by :func:`tracekit.analyze.model.steady.split_warmup` on
+    :attr:`CpuUpdate.forwards`): ``{"iterations": [int], "warmup": [int], "busy_ns",
     "hidden_ns", "exposed_ns", "overlapped_ns", "wait_ns" (floats, ns per iteration),
     "hidden_by_phase", "overlapped_by_phase": {phase: ns per iteration}, "exposed_basis", "worker_ranges", "workers": [OS pid]}``; None when the
     rank has no complete iteration with CPU optimizer ranges."""
     t = cu.table.filter((pl.col("global_pid") == global_pid) & (pl.col("device") == device) & pl.col("complete"))
     if t.height == 0:
         return None
-    its = sorted(t["iteration"].to_list())
-    keep = [i for i in its if i != 0] if len(its) > 1 and 0 in its else its
+    keep, warm = split_warmup(t["iteration"].to_list(), cu.forwards.get(global_pid))
     s = t.filter(pl.col("iteration").is_in(keep))
     n = len(keep)
     by_phase: dict[str, dict[str, float]] = {"hidden_by_phase": {}, "overlapped_by_phase": {}}
@@ -274,7 +280,7 @@ def steady(cu: CpuUpdate, global_pid: int, device: int) -> dict | None:
         for h in s[col].to_list():
             for p, v in json.loads(h).items():
                 acc[p] = acc.get(p, 0.0) + v / n
-    return {"iterations": keep, "warmup": [i for i in its if i not in keep],
+    return {"iterations": keep, "warmup": warm,
             **{k: float(s[k].sum()) / n for k in ("busy_ns", "hidden_ns", "exposed_ns", "overlapped_ns", "wait_ns")},
             **by_phase, "exposed_basis": s["exposed_basis"][0],
             "worker_ranges": int(s["worker_ranges"].sum()),

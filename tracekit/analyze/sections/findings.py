@@ -34,6 +34,7 @@ import re
 
 import polars as pl
 
+from tracekit.analyze.model.steady import split_warmup
 from tracekit.analyze.significance import differs
 from tracekit.vocab import B_PER_MB, fmt_gb, fmt_mb, fmt_ms, os_pid
 
@@ -67,11 +68,14 @@ def _rank_filter(frame: pl.DataFrame | None, gpid: int, dev: int) -> pl.DataFram
 
 
 def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, int], dict[str, int]],
-                   pcie_threshold: float = 80.0) -> list[dict]:
+                   pcie_threshold: float = 80.0, forwards: dict[int, dict[int, int]] | None = None) -> list[dict]:
     """Findings from ``frames`` (keys as in :func:`tracekit.analyze.sections.transfers.analyze_transfers`).
 
     ``iterations[(global_pid, device)][phase]`` is the number of iterations with that phase
-    (for per-iteration figures). Returns the list of finding dicts, most costly first per rank.
+    (for per-iteration figures). ``forwards``: ``{global_pid: {iteration: forward windows}}``
+    (:func:`tracekit.analyze.model.steady.forward_counts`) for the warm-up rule of the update
+    finding's steady mean; None: only iteration 0 is warm-up. Returns the list of finding dicts,
+    most costly first per rank.
     """
     ranks = set(iterations)
     for name in ("overlap_phase", "pageable_phase", "contention_phase"):
@@ -178,9 +182,8 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
 
         up = _rank_filter(frames.get("update_opportunity"), gpid, dev)
         if up is not None and up.height:
-            # one basis: the mean over steady iterations (iteration 0, the warm-up, apart)
-            its = sorted(up["iteration"].drop_nulls().unique().to_list())
-            steady_its = [i for i in its if i != 0] if len(its) > 1 and 0 in its else its
+            # one basis: the mean over steady iterations, the warm-up apart (the one warm-up rule)
+            steady_its, _ = split_warmup(up["iteration"].drop_nulls().to_list(), (forwards or {}).get(gpid))
             warm = up.filter(~pl.col("iteration").is_in(steady_its)) if steady_its else up.head(0)
             up = up.filter(pl.col("iteration").is_in(steady_its)) if steady_its else up
             n = up.height
@@ -188,9 +191,11 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
             wall = up["wall_ns"].sum()
             h2d = up["h2d_bytes"].sum()
             span = f"{steady_its[0]}-{steady_its[-1]}" if len(steady_its) > 1 else f"{steady_its[0]}" if steady_its else "?"
+            warm_its = ", ".join(f"{i}: {_ms(w)}"
+                                 for i, w in warm.sort("iteration").select("iteration", "wall_ns").iter_rows())
             text = (f"update: the GPU is idle {_ms(idle / n)} of {_ms(wall / n)} per iteration "
                     f"({100 * idle / wall if wall else 0:.0f}%; mean over steady iterations {span}"
-                    + (f"; warm-up iteration {warm['iteration'][0]}: {_ms(warm['wall_ns'][0])} update" if warm.height else "")
+                    + (f"; warm-up iteration{'s' if warm.height > 1 else ''} {warm_its} update" if warm.height else "")
                     + ") while the CPU works")
             free = up["free_bytes"].min() if up["free_bytes"].null_count() < n else None
             if free is not None:
@@ -295,7 +300,8 @@ def cpu_update_findings(findings: list[dict], cu, iteration: int | None = None) 
             its = s["iterations"]
             basis = (f"mean over steady iterations {its[0]}-{its[-1]}" if len(its) > 1 else f"iteration {its[0]}")
             if s["warmup"]:
-                basis += f", warm-up iteration {', '.join(map(str, s['warmup']))} apart"
+                plural = "s" if len(s["warmup"]) > 1 else ""
+                basis += f", warm-up iteration{plural} {', '.join(map(str, s['warmup']))} apart"
         else:
             t = cu.table.filter((_pl.col("global_pid") == gpid) & (_pl.col("device") == dev)
                                 & (_pl.col("iteration") == iteration))

@@ -4,8 +4,8 @@ config change at a time (equations and assumptions: docs/advice.md).
 Two steps, kept apart so that the prediction is a pure function of numbers:
 
 - :func:`measure` reads the pieces from one trace, per rank, as means per **steady
-  iteration** (complete iterations, iteration 0 — the warm-up step — left out when another
-  complete one exists): phase walls, kernel busy time, every host copy (direction, host memory
+  iteration** (complete iterations, the warm-up apart: :func:`tracekit.analyze.model.steady.split_warmup`):
+  phase walls, kernel busy time, every host copy (direction, host memory
   kind, bytes, duration, the part of it no kernel hides = *exposed*), the update split into
   DeepSpeed's steps (:data:`ROLES`: overflow check, unscale, gradient norm, parameter
   copy-back, and the CPU Adam step), pinned and pageable bandwidth per copy-size bucket,
@@ -115,13 +115,6 @@ SCENARIOS = ("pageable_to_pinned", "pin_memory", "bf16", "no_offload", "grads_on
              "ratio", "sub_group_size", "superoffload_no_clipping", "larger_micro_batch")
 
 
-def _steady(its: list[int]) -> list[int]:
-    its = sorted(its)
-    if len(its) > 1 and 0 in its:
-        its = [i for i in its if i != 0]
-    return its
-
-
 def _role_of(name: str) -> str | None:
     for role, pat in ROLES.items():
         if re.search(pat, name):
@@ -188,7 +181,9 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         complete = sorted(t.filter(pl.col("complete"))["iteration"].unique().to_list())
         if not complete:
             continue
-        steady = _steady(complete)
+        from tracekit.analyze.model.steady import forward_counts, split_warmup
+
+        steady, _ = split_warmup(complete, forward_counts(model.windows, gp))  # the one warm-up rule
         n = len(steady)
         ts = t.filter(pl.col("iteration").is_in(steady))
         sums = ts.group_by("phase").agg(pl.col("wall_ns").sum(), pl.col("kernel_busy_ns").sum())
