@@ -75,3 +75,17 @@ def forward_counts(windows: pl.DataFrame, global_pid: int | None = None) -> dict
     for gp, i, n in w.group_by("global_pid", "iteration").len().iter_rows():
         out.setdefault(int(gp), {})[int(i)] = int(n)
     return out
+
+
+def warmup_keys(windows: pl.DataFrame) -> pl.DataFrame:
+    """The warm-up iterations of every process by :func:`split_warmup`, over each process's
+    iterations that have phase windows: a frame ``global_pid, iteration`` (the dtypes of
+    ``windows``), empty when no process has one."""
+    w = windows.filter(pl.col("iteration").is_not_null())
+    schema = {"global_pid": w.schema["global_pid"], "iteration": w.schema["iteration"]}
+    fw = forward_counts(w)
+    rows = []
+    for gp in sorted(w["global_pid"].unique().to_list()):
+        its = w.filter(pl.col("global_pid") == gp)["iteration"].unique().to_list()
+        rows += [(gp, i) for i in split_warmup(its, fw.get(int(gp), {}))[1]]
+    return pl.DataFrame(rows, schema=schema, orient="row")

@@ -354,8 +354,9 @@ def phase_json(model: PhaseModel, export: Export) -> dict[tuple, dict]:
 
 def idle_findings(model: PhaseModel, export: Export, iteration: int | None = None) -> list[dict]:
     """One finding per rank and phase that names where its idle GPU time goes (topic ``idle``),
-    over the steady iterations (:func:`tracekit.analyze.model.phases.steady_model`; only
-    ``iteration`` when given). The rule (docs/idle.md): the phase's mean wall time per iteration
+    over the steady iterations (complete ones, :func:`tracekit.analyze.model.phases.steady_model`,
+    the warm-up apart: :func:`tracekit.analyze.model.steady.warmup_keys`; only ``iteration`` when
+    given). The rule (docs/idle.md): the phase's mean wall time per iteration
     is at least :data:`FINDING_MIN_WALL_NS` and its GPU idle share (1 - busy / wall) at least
     :data:`FINDING_MIN_IDLE_SHARE`; the cause is the largest of ``between_api_ns`` (host-bound),
     ``in_api_ns`` (held in CUDA API calls, the largest call group named) and ``waiting_ns``
@@ -370,6 +371,17 @@ def idle_findings(model: PhaseModel, export: Export, iteration: int | None = Non
     api = api.filter(pl.col("iteration").is_not_null())
     if iteration is not None:
         w, api = w.filter(pl.col("iteration") == iteration), api.filter(pl.col("iteration") == iteration)
+    else:  # the warm-up apart (tracekit.analyze.model.steady), as every "per steady iteration"
+        from tracekit.analyze.model.phases import PhaseModel
+        from tracekit.analyze.model.steady import warmup_keys
+
+        drop = warmup_keys(steady.windows)
+        if drop.height:
+            keys = ["global_pid", "iteration"]
+            w, api = w.join(drop, on=keys, how="anti"), api.join(drop, on=keys, how="anti")
+            steady = PhaseModel(windows=steady.windows.join(drop, on=keys, how="anti"),
+                                ops=steady.ops.join(drop, on=keys, how="anti"), ranges=steady.ranges,
+                                source=steady.source, anomalies=steady.anomalies, unclosed=steady.unclosed)
     if w.height == 0:
         return []
     per = w.group_by("global_pid", "device", "phase").agg(
