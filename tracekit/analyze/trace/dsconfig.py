@@ -360,7 +360,8 @@ def infer_settings(facts: dict) -> dict:
     if share is not None and facts.get("copy_back_bytes") and share > 0.3:
         out["zero_optimization.offload_optimizer.device"] = (
             "cpu", f"the update copies {facts['copy_back_bytes'] / 1e6:,.0f} MB of parameters to the GPU per "
-                   f"iteration and the GPU is idle {100 * share:.0f}% of it")
+                   f"iteration, and {100 * share:.0f}% of the update is the optimizer step's ranges with the GPU idle "
+                   "(steady iterations; the tables' 'update idle' counts the whole update window)")
     elif share is not None and share > 0.3 and upd and cpu_step >= 0.1 * upd:
         out["zero_optimization.offload_optimizer.device"] = (
             "cpu", f"the update's CPU optimizer step takes {cpu_step / 1e6:,.1f} ms per iteration with the GPU idle "
