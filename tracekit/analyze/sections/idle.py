@@ -468,13 +468,17 @@ def microbatch_advice(model: PhaseModel, export: Export, adv: dict) -> tuple[lis
     base = {(p["pid"], p["device"]): (p["baseline_ns"], p.get("iterations") or []) for p in adv.get("predictions", [])}
     whatif_rows = {(p["pid"], p["device"]): p for p in adv.get("predictions", [])
                    if p.get("scenario") == "larger_micro_batch" and p.get("applicable")}
+    # ZenFlow: an iteration's backward passes are update_interval training steps, not accumulation
+    # micro-steps (the what-if row says so); its forwards are no micro-batch to merge
+    zenflow = {(p["pid"], p["device"]) for p in adv.get("predictions", [])
+               if p.get("scenario") == "larger_micro_batch" and str(p.get("why_not") or "").startswith("ZenFlow")}
     w, _ = idle_windows(model, export)
     rows = phase_table(model).select(*ROW_KEYS, "wall_ns", "kernel_busy_ns").join(
         w.select(*ROW_KEYS, "gpu_busy_ns"), on=list(ROW_KEYS), nulls_equal=True)
     items, preds = [], []
     for gpid, dev in rows.select("global_pid", "device").unique().sort("global_pid", "device").iter_rows():
         pid = os_pid(gpid)
-        if (pid, dev) not in base:
+        if (pid, dev) not in base or (pid, dev) in zenflow:
             continue
         b, its = base[(pid, dev)]
         m = rows.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev)
