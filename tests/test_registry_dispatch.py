@@ -25,6 +25,7 @@ HELPERS = {
     "host_contention": "part of the multi_gpu section (analyze_multi_gpu runs it)",
     "waiting_ranks": "part of the multi_gpu section (analyze_multi_gpu runs it)",
     "finding_summary": "part of the findings section (the one-line summary of each finding)",
+    "whatif_pieces": "part of the whatif section (measure: the measured pieces the scenarios replay)",
 }
 
 
