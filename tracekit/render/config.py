@@ -8,12 +8,14 @@ Sources, first found wins per field:
    ``PREFIX_capture.json``), the same one the advice reads:
    its ``deepspeed_config`` (stage, offload, precision, gradient accumulation) and the
    training command line;
-2. the trace's file name: ``134m``, ``1.3b`` (model size), ``bf16`` / ``fp16`` / ``fp32``,
-   ``zero3``, ``gas2``, ``offload``;
-3. the trace's NVTX range names (``DeepSpeedZeroOptimizer_Stage3`` means ZeRO stage 3).
+2. the analysis's config table (``--json``'s ``config.settings``: what the trace shows when no
+   config was found), so the figures' titles say what ``analyze`` says;
+3. the trace's file name: ``134m``, ``1.3b`` (model size), ``bf16`` / ``fp16`` / ``fp32``,
+   ``zero3``, ``gas2``, ``offload``: only for fields nothing above gave;
+4. the trace's NVTX range names (``DeepSpeedZeroOptimizer_Stage3`` means ZeRO stage 3).
 
-Nothing here reads more than the manifest and the file name: the range names come from the
-already built phase model.
+Nothing here reads more than the manifest, the file name and the finished analysis: the range
+names come from the already built phase model.
 """
 
 from __future__ import annotations
@@ -141,10 +143,31 @@ def _from_ds_config(cfg: dict, out: RunConfig) -> None:
 _SIZE = re.compile(r"(?:^|[-_.])(\d+(?:\.\d+)?)([mMbB])(?=$|[-_.])")
 
 
-def run_config(trace: str | Path, range_names: list[str] | None = None) -> RunConfig:
+def _from_settings(settings: list[dict], out: RunConfig) -> None:
+    """Fill the fields still unknown from the analysis's config table (``--json``'s
+    ``config.settings``: ``{"key", "value", "source", "how"}``, the config's values or what the
+    trace shows), so the figures say what ``analyze`` says before any guess from the file name."""
+    v = {s.get("key"): s.get("value") for s in settings or [] if isinstance(s, dict)}
+    if out.stage is None and v.get("zero_optimization.stage") is not None:
+        out.stage = v["zero_optimization.stage"]
+    dev = v.get("zero_optimization.offload_optimizer.device")
+    if out.offload is None and dev is not None:
+        pin = v.get("zero_optimization.offload_optimizer.pin_memory")
+        out.offload = "none" if dev == "none" else (
+            f"optimizer → {dev}" + (" (pinned)" if pin is True else " (pageable)" if pin is False else ""))
+    if out.precision is None and v.get("precision") in ("bf16", "fp16", "fp32"):
+        out.precision = v["precision"]
+    if out.gas is None and isinstance(v.get("gradient_accumulation_steps"), int):
+        out.gas = v["gradient_accumulation_steps"]
+
+
+def run_config(trace: str | Path, range_names: list[str] | None = None,
+               settings: list[dict] | None = None) -> RunConfig:
     """The :class:`RunConfig` of ``trace`` (see the module doc for the sources).
     ``range_names``: NVTX range names of the trace (for the ZeRO stage when nothing else says
-    it). Never raises for a missing or unreadable manifest (the fields stay unknown)."""
+    it); ``settings``: the analysis's config table (:func:`_from_settings`), read after the
+    manifest and before the file name. Never raises for a missing or unreadable manifest (the
+    fields stay unknown)."""
     trace = Path(trace)
     out = RunConfig(trace=trace.name)
     out.manifest, doc = _read_manifest(trace)
@@ -169,6 +192,7 @@ def run_config(trace: str | Path, range_names: list[str] | None = None) -> RunCo
         if isinstance(nsys, dict) and nsys.get("version"):
             out.versions["nsys"] = nsys["version"]
         out.gpus = [str(g.get("name", "?")) for g in doc.get("gpus") or [] if isinstance(g, dict)]
+    _from_settings(settings or [], out)
     name = trace.stem.lower()
     if out.model_size is None:
         m = _SIZE.search(trace.stem)
@@ -207,7 +231,10 @@ def trace_config(data) -> RunConfig:
             if hasattr(r, "columns") and col in r.columns:
                 names = [n for n in r[col].unique().to_list()[:5000] if n]
                 break
-        data._cache["run_config"] = run_config(data.path, names)
+        settings = None
+        if data.analysis is not None:  # what analyze says: the config's values or the trace's
+            settings = ((data.analysis.to_json() or {}).get("config") or {}).get("settings")
+        data._cache["run_config"] = run_config(data.path, names, settings)
     return data._cache["run_config"]
 
 
