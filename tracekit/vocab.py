@@ -24,6 +24,11 @@ NO_SUB_PHASE = "(none)"
 #: Phase source of a process in a trace without NVTX ranges, and the note printed for it: the
 #: whole trace is reported, all of its GPU work as ``other``.
 NO_NVTX = "no NVTX"
+#: The note of a trace whose kernel table is empty or missing although it has copies
+#: (``transfer_notes``; the short screen prints it): its GPU busy time is the copies' only.
+NO_KERNELS_NOTE = ("no CUDA kernels in this trace (CUPTI_ACTIVITY_KIND_KERNEL empty or missing): GPU busy and "
+                   "idle count copies only, compute-based numbers are 0 and the advice rests on the copies; "
+                   "record with `nsys profile -t cuda` over a window where the GPU computes")
 NO_NVTX_NOTE = ("no NVTX ranges in this trace: phases cannot be told apart, so the report covers the whole "
                 "trace and all its GPU work is 'other'; record with `nsys profile -t cuda,nvtx` and "
                 "`tracekit capture` for forward, backward and update")

@@ -148,6 +148,10 @@ def render_short(result: dict, console: Console) -> None:
     cfg_note = (result.get("config") or {}).get("note")
     if cfg_note:  # why the config is what it is (a manifest ignored, a key unreadable): in full
         console.print(_t(f"note: {cfg_note}"), highlight=False)
+    from tracekit.vocab import NO_KERNELS_NOTE
+
+    if NO_KERNELS_NOTE in (result.get("transfer_notes") or []):  # every number below rests on it
+        console.print(_t(f"note: {NO_KERNELS_NOTE}"), highlight=False)
     from tracekit.vocab import NO_NVTX, NO_NVTX_NOTE
 
     for pid, src in result["phase_source"].items():  # why there are no phases: in full

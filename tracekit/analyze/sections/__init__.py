@@ -136,6 +136,10 @@ def _breakdown(ctx: Context) -> dict:
 
     from tracekit.analyze.sections import breakdown
 
+    if not ctx.export.has("CUPTI_ACTIVITY_KIND_KERNEL", 1):  # copies only (phases.build refuses neither)
+        from tracekit.vocab import NO_KERNELS_NOTE
+
+        ctx.notes.append(NO_KERNELS_NOTE)
     table = breakdown.phase_table(ctx.model)
     tot = breakdown.totals(ctx.model)
     sub = breakdown.sub_phase_table(ctx.model, ctx.phase) if ctx.phase else pl.DataFrame()
