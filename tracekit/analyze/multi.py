@@ -15,6 +15,10 @@ export holds one, a per-node export one per GPU process.
 Dask workers must see the traces at the same absolute paths as the client (a shared file
 system); each worker opens its traces read-only and keeps their Parquet caches beside them
 like a local run (:mod:`tracekit.analyze.trace.cache`).
+
+This module holds the inputs, the per-trace work and :func:`analyze_many`; the runners (worker
+processes, Dask, the workers' resources) are :mod:`tracekit.analyze.multi_runners` and the
+summary across ranks :mod:`tracekit.analyze.multi_summary`, their names importable from here.
 """
 
 from __future__ import annotations
