@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyze import multi
+from tracekit.analyze import multi, multi_runners
 
 
 def report_threads(path, opts, cache):
@@ -36,7 +36,7 @@ def test_worker_threads_split_the_cores(monkeypatch):
 def test_spawned_workers_get_the_budget_and_the_parent_keeps_its_environment(tmp_path, monkeypatch):
     monkeypatch.delenv("POLARS_MAX_THREADS", raising=False)
     monkeypatch.delenv("TRACEKIT_READ_THREADS", raising=False)
-    monkeypatch.setattr(multi, "usable_cores", lambda: 4)
+    monkeypatch.setattr(multi_runners, "usable_cores", lambda: 4)  # looked up there
     paths = [tmp_path / f"t{i}.sqlite" for i in range(4)]
     out = list(multi._iter_processes(paths, None, False, 2, work=report_threads))
     assert [o["path"] for o in out] == [str(p) for p in paths]
