@@ -96,6 +96,8 @@ def _headline(f: dict) -> tuple[str, tuple[float, str] | None]:
     if topic == "pageable":
         key, txt = _per_it(v["saving_ns"], n if phase != "other" else None)
         where = phase if phase != "other" else "outside the phases"
+        if v["pinned_gbps"] <= v["gbps"]:  # the saving is the host's stall, not bandwidth
+            return f"{where}: pageable {v.get('direction', '')} stalls the host; pinning saves ~{txt}", key
         return (f"{where}: pageable {v.get('direction', '')} {v['gbps']:.1f} GB/s vs {v['pinned_gbps']:.1f} "
                 f"pinned; pinning saves ~{txt}"), key
     if topic == "contention":

@@ -131,9 +131,16 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
                 where = r["phase"] if r["phase"] != "other" else "outside the training phases (start-up/other)"
                 sub = _short(r.get("sub_phase"))
                 sub = f" in {sub}" if sub else ""
+                faster = r["pinned_gbps"] > r["gbps"]
                 text = (f"{where}: {_mb(r['bytes'])} of pageable {r['direction']}{sub} in {copies(r['count'])} at "
-                        f"{r['gbps']:.1f} GB/s vs {r['pinned_gbps']:.1f} GB/s for pinned copies of that size in this trace; "
-                        f"pinning would save ~{_ms(r['saving_ns'])}{per_it(r['saving_ns'], r['phase']) if r['phase'] != 'other' else ''}")
+                        + (f"{r['gbps']:.1f} GB/s vs {r['pinned_gbps']:.1f} GB/s for pinned copies of that size in this "
+                           "trace; " if faster else
+                           f"{r['gbps']:.1f} GB/s (pinned copies of that size run no faster here: "
+                           f"{r['pinned_gbps']:.1f} GB/s); ")
+                        + f"pinning would save ~{_ms(r['saving_ns'])}"
+                        f"{per_it(r['saving_ns'], r['phase']) if r['phase'] != 'other' else ''}"
+                        + ("" if faster else ", the launching thread's stall in the copy calls, which asynchronous "
+                           "pinned copies do not have"))
                 if r["direction"] == "H2D" and r.get("sub_phase") and _COPY_BACK.search(r["sub_phase"]):
                     text += ("; this is DeepSpeed's fp32 -> 16-bit temporary of the parameter copy-back, which "
                              "offload_optimizer.pin_memory does not pin (see the advice)")
