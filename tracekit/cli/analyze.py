@@ -170,6 +170,10 @@ def run_analyze(traces: list[Path], phase: str | None = None, iteration: int | N
         raise TracekitError("--explain-item N: give it as --explain N")
     explain_arg = (explain_item if explain_item is not None else True) if explain else None
     if explain_arg is not None and (fmt != "table" or len(traces) != 1):
+        odd = [t for t in traces[1:] if not Path(t).exists()] if len(traces) > 1 else []
+        if fmt == "table" and explain_item is None and len(odd) == 1 and len(traces) == 2:  # `--explain abc`
+            raise TracekitError(f"--explain takes an advice item number (1, 2, ...) or nothing; "
+                                f"{str(odd[0])!r} is neither a number nor a trace")
         raise TracekitError("--explain: one trace, table output (not with --json, --format or several traces)")
     if out is not None:  # before any analysis (issue 9, item 22)
         from tracekit.render.files import check_out
