@@ -22,19 +22,24 @@ from tracekit.textsafe import text as _t
 #: terminal's default (issue 23); ``--wide`` output gets :data:`WIDE_WIDTH`.
 PIPE_WIDTH = 80
 WIDE_WIDTH = 240
+#: The narrowest layout: below it the tables would cut numbers (at 40 columns "626.9" broke over
+#: two lines and the advice's "#" column vanished), so a narrower terminal gets lines this wide
+#: (its own wrapping keeps every number whole).
+MIN_WIDTH = 72
 
 
 def terminal_width(wide: bool = False, stream=None) -> int:
     """The width every terminal table of tracekit is laid out for (``analyze`` of one trace
     and of many, ``compare``): ``$COLUMNS`` when set, else the terminal's width, else (not a
-    terminal) :data:`PIPE_WIDTH`, or :data:`WIDE_WIDTH` with ``wide``."""
+    terminal) :data:`PIPE_WIDTH`, or :data:`WIDE_WIDTH` with ``wide``; never below
+    :data:`MIN_WIDTH`."""
     cols = os.environ.get("COLUMNS", "")
     if cols.isdigit() and int(cols) > 0:
-        return int(cols)
+        return max(int(cols), MIN_WIDTH)
     stream = stream or sys.stdout
     try:
         if stream.isatty():
-            return os.get_terminal_size(stream.fileno()).columns
+            return max(os.get_terminal_size(stream.fileno()).columns, MIN_WIDTH)
     except (AttributeError, OSError, ValueError):
         pass
     return WIDE_WIDTH if wide else PIPE_WIDTH
