@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tracekit.analyze.model.steady import split_warmup
 from tracekit.errors import TracekitError
 from tracekit.vocab import PHASES
 
@@ -46,7 +47,10 @@ def rank_rows(results: list[dict], paths: list[Path] | None = None) -> list[dict
     iterations of that phase's wall time}, "per_iteration": [{"index", "wall_ns"}],
     "unclosed_iterations": [index]}`` (ns). Iterations with a phase range that never closed
     (``unclosed`` in the result; their wall time stops at the capture's last activity) are
-    listed in ``unclosed_iterations`` and left out of every other field."""
+    listed in ``unclosed_iterations`` and left out of every other field. ``steady_iterations``
+    (complete iterations, the warm-up apart: :func:`tracekit.analyze.model.steady.split_warmup`;
+    all closed ones when none is complete), ``steady_mean_iteration_ns`` and
+    ``steady_phase_ns`` ``{phase: ns}``: means per steady iteration."""
     paths = paths or [Path(r["trace"]) for r in results]
     numbers = rank_numbers(list(paths))
     rows = []
@@ -68,6 +72,16 @@ def rank_rows(results: list[dict], paths: list[Path] | None = None) -> list[dict
                 per_it[int(it["index"])] = wall
                 complete += bool(it.get("complete"))
             total = sum(per_it.values())
+            # per steady iteration (the one warm-up rule): what the terminal table shows
+            full = [int(it["index"]) for it in r.get("iterations", []) if it.get("complete") and not it.get("unclosed")]
+            fwd = {int(it["index"]): sum(1 for ph in it["phases"] if ph["phase"] == "forward")
+                   for it in r.get("iterations", [])}
+            steady = split_warmup(full, fwd)[0] if full else sorted(per_it)
+            st = [it for it in r.get("iterations", []) if int(it["index"]) in steady and not it.get("unclosed")]
+            st_phase = {p: 0 for p in PHASES}
+            for it in st:
+                for ph in it["phases"]:
+                    st_phase[ph["phase"]] = st_phase.get(ph["phase"], 0) + int(ph["wall_ns"])
             rows.append(
                 {
                     "trace": result.get("trace"),
@@ -82,6 +96,9 @@ def rank_rows(results: list[dict], paths: list[Path] | None = None) -> list[dict
                     "phase_ns": phase_ns,
                     "per_iteration": [{"index": i, "wall_ns": w} for i, w in sorted(per_it.items())],
                     "unclosed_iterations": unclosed,
+                    "steady_iterations": [int(it["index"]) for it in st],
+                    "steady_mean_iteration_ns": sum(st_phase.values()) / len(st) if st else None,
+                    "steady_phase_ns": {p: v / len(st) for p, v in st_phase.items()} if st else {},
                 }
             )
     return rows

@@ -28,10 +28,17 @@ def missing_text(summary: dict) -> str:
     count = summary.get("missing_ranks_count", 0)
     return ", ".join(parts) + (f" ({count:,} ranks)" if any(b >= a + 2 for a, b in ranges) else "")
 
+#: the narrowest the per-rank table's trace column gets (names fold after "." / "_" to fit the
+#: width the number columns leave, never below this)
+NAME_WIDTH = 16
+
+
 def render_many(out: dict, console=None, wide: bool = False) -> None:
     """Print the per-rank table and the summary across ranks of :func:`analyze_many`'s dict
     (rich tables of :func:`tracekit.render.terminal.terminal_width`; ms = 1e6 ns)."""
-    from tracekit.render.terminal import add_num_column, make_console, new_table
+    from rich.text import Text
+
+    from tracekit.render.terminal import add_num_column, fold_identifier, make_console, new_table
     from tracekit.textsafe import markup, text
     from tracekit.vocab import fmt_ms
 
@@ -48,19 +55,27 @@ def render_many(out: dict, console=None, wide: bool = False) -> None:
     rows = []
     for r in s["rank_rows"]:
         label = r["rank"] if r["rank"] is not None else r["node"]
+        steady = r.get("steady_iterations")
+        mean = r.get("steady_mean_iteration_ns") if steady else r["mean_iteration_ns"]
+        per_phase = r.get("steady_phase_ns") if steady else {}
         nums = {"rank": "" if label is None else str(label), "pid": str(r["pid"]), "dev": str(r["device"]),
-                "iters": str(r["iterations"]), "mean iter": ms(r["mean_iteration_ns"])}
+                "iters": str(len(steady) if steady else r["iterations"]), "mean iter": ms(mean)}
         nums["iter ms"] = nums["mean iter"]
         for p, short in zip(PHASES, ("fwd", "bwd", "update", "other")):
-            nums[p] = nums[short] = ms(r["phase_ns"].get(p))
-        rows.append((text(Path(r["trace"]).name), [nums[h] for h in heads]))  # file names are never markup
-    t = new_table(f"{s['ranks']} ranks in {s['traces']} traces (phase times summed over iterations, ms)", wide)
-    t.add_column("trace", overflow="fold", min_width=8)
+            nums[p] = nums[short] = ms(per_phase.get(p))
+        # file names are never markup, and fold only after a "." or "_"
+        rows.append((Path(r["trace"]).name, [nums[h] for h in heads]))
+    widths = [max([len(col) if wide else len(col.split()[-1])] + [len(v[i]) for _, v in rows])
+              for i, col in enumerate(heads)]
+    name_w = max(NAME_WIDTH, console.width - sum(widths) - 3 * len(heads) - 4)  # 3: a column's padding and rule
+    t = new_table(f"{s['ranks']} ranks in {s['traces']} traces (ms per steady iteration, warm-up apart; "
+                  "iters: steady ones)", wide)
+    t.add_column("trace", overflow="fold", min_width=min(name_w, max(len(n) for n, _ in rows) if rows else name_w))
     for i, col in enumerate(heads):
         add_num_column(t, col)
-        t.columns[-1].min_width = max([len(col) if wide else len(col.split()[-1])] + [len(v[i]) for _, v in rows])
-    for name, cells in rows:
-        t.add_row(name, *cells)
+        t.columns[-1].min_width = widths[i]
+    for name, cells in rows:  # file names are never markup, and fold only after a "." or "_"
+        t.add_row(Text("\n").join(text(x) for x in fold_identifier(name, name_w).split("\n")), *cells)
     console.print(t)
     if s["per_phase"]:
         t = new_table("Across ranks (ms)", wide)
