@@ -285,13 +285,47 @@ def pytest_unconfigure(config):
         os.environ["TRACEKIT_CACHE_DIR"] = saved
 
 
+def _module_fixture_user(item) -> bool:
+    """Whether ``item`` uses (directly or through other fixtures) a module- or class-scoped
+    fixture that is not autouse."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    for name in info.names_closure:
+        defs = info.name2fixturedefs.get(name) or ()
+        if defs and defs[-1].scope in ("module", "class") and not getattr(defs[-1], "_autouse", False):
+            return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups to name the tests
 def pytest_collection_modifyitems(config, items):
     """A test of the full shared trace (the ``full_trace`` fixture) is ``slow`` without saying so,
-    and all of them run on one xdist worker (``xdist_group``), which decompresses the trace once."""
+    and all of them run on one xdist worker (``xdist_group``), which decompresses the trace once.
+
+    The tests of one file that use a module- or class-scoped fixture of it (a report, a cut, a
+    Dask cluster) form one ``xdist_group`` too: ``--dist loadgroup`` sends every other test on
+    its own to whichever worker is free, so such a fixture was computed once per worker (a
+    report with ``--perfetto`` twice, ~30 s each on the loaded 2-core machine). An autouse
+    module fixture (cheap set-up, as in test_mutations.py) does not group its file's tests."""
     for item in items:
         if "full_trace" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-            item.add_marker(pytest.mark.xdist_group("full_trace"))
+            _xdist_group(config, item, "full_trace")
+        elif _module_fixture_user(item):
+            _xdist_group(config, item, f"module:{item.path.name}")
+
+
+def _xdist_group(config, item, name: str) -> None:
+    """``item`` marked ``xdist_group(name)``. pytest-xdist's workers tell the scheduler a test's
+    group as a ``@name`` suffix of its node id, which xdist 3.8 writes into ``item._nodeid``;
+    pytest 9.2 keeps the id in ``item._id`` (a ``NodeId``), so that write is lost and every
+    group ran spread over the workers: on such a pytest the suffix is written here."""
+    item.add_marker(pytest.mark.xdist_group(name))
+    if getattr(config.option, "loadgroup", False) and hasattr(item, "_id") and not item.nodeid.endswith(f"@{name}"):
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(f"{item.nodeid}@{name}")
 
 
 @pytest.fixture(autouse=True)
