@@ -321,6 +321,8 @@ def _xdist_group(config, item, name: str) -> None:
     group as a ``@name`` suffix of its node id, which xdist 3.8 writes into ``item._nodeid``;
     pytest 9.2 keeps the id in ``item._id`` (a ``NodeId``), so that write is lost and every
     group ran spread over the workers: on such a pytest the suffix is written here."""
+    if not config.pluginmanager.has_plugin("xdist"):  # -p no:xdist: no such mark, no groups
+        return
     item.add_marker(pytest.mark.xdist_group(name))
     if getattr(config.option, "loadgroup", False) and hasattr(item, "_id") and not item.nodeid.endswith(f"@{name}"):
         from _pytest.nodeid import coerce_node_id
