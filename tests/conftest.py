@@ -330,6 +330,10 @@ def pytest_collection_modifyitems(config, items):
     its own to whichever worker is free, so such a fixture was computed once per worker (a
     report with ``--perfetto`` twice, ~30 s each on the loaded 2-core machine). An autouse
     module fixture (cheap set-up, as in test_mutations.py) does not group its file's tests."""
+    # DeepSpeed's trainings (~30-70 s each on the loaded machine) first: the workers then end
+    # on short tests together, not one on a training while the other waits (xdist sends the
+    # groups, largest first, then the other tests in this order)
+    items.sort(key=lambda item: item.get_closest_marker("deepspeed") is None)
     for item in items:
         if "full_trace" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
