@@ -3,6 +3,7 @@ import io
 import locale
 import os
 import signal
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -209,6 +210,27 @@ def run_cli(*args, env=None):
     return rc, _decoded(raw_out.getvalue()), _decoded(raw_err.getvalue())
 
 
+def sql_indexed(path) -> sqlite3.Connection:
+    """An in-memory copy of the export ``path`` (the file only read), with indexes on
+    ``CUPTI_ACTIVITY_KIND_RUNTIME``'s ``correlationId`` and ``start``, for the tests' plain-SQL
+    references: an nsys export has no index, so SQLite runs a copy's lookup of its API call
+    (a correlated subquery, or a join on a range of ``start``) as a scan of the runtime table
+    per copy, ~15 s of CPU on the zero-3 cut instead of ~0.05 s. The rows a query gives are
+    the same; an index only changes how SQLite finds them, which for some queries (a self-join
+    of NVTX_EVENTS first) is slower: use it where it is measured to help."""
+    src = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    con = sqlite3.connect(":memory:")
+    try:
+        src.backup(con)
+    finally:
+        src.close()
+    names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" in names:
+        con.execute("CREATE INDEX test_runtime_correlation ON CUPTI_ACTIVITY_KIND_RUNTIME(correlationId)")
+        con.execute("CREATE INDEX test_runtime_start ON CUPTI_ACTIVITY_KIND_RUNTIME(start)")
+    return con
+
+
 def assert_one_line_error(rc, out, err, pattern):
     """Exit code 2, no traceback, exactly one ``tracekit: error:`` line containing ``pattern``."""
     assert rc == 2, (rc, out, err)
@@ -285,13 +307,53 @@ def pytest_unconfigure(config):
         os.environ["TRACEKIT_CACHE_DIR"] = saved
 
 
+def _module_fixture_user(item) -> bool:
+    """Whether ``item`` uses (directly or through other fixtures) a module- or class-scoped
+    fixture that is not autouse."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    for name in info.names_closure:
+        defs = info.name2fixturedefs.get(name) or ()
+        if defs and defs[-1].scope in ("module", "class") and not getattr(defs[-1], "_autouse", False):
+            return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups to name the tests
 def pytest_collection_modifyitems(config, items):
     """A test of the full shared trace (the ``full_trace`` fixture) is ``slow`` without saying so,
-    and all of them run on one xdist worker (``xdist_group``), which decompresses the trace once."""
+    and all of them run on one xdist worker (``xdist_group``), which decompresses the trace once.
+
+    The tests of one file that use a module- or class-scoped fixture of it (a report, a cut, a
+    Dask cluster) form one ``xdist_group`` too: ``--dist loadgroup`` sends every other test on
+    its own to whichever worker is free, so such a fixture was computed once per worker (a
+    report with ``--perfetto`` twice, ~30 s each on the loaded 2-core machine). An autouse
+    module fixture (cheap set-up, as in test_mutations.py) does not group its file's tests."""
+    # DeepSpeed's trainings (~30-70 s each on the loaded machine) first: the workers then end
+    # on short tests together, not one on a training while the other waits (xdist sends the
+    # groups, largest first, then the other tests in this order)
+    items.sort(key=lambda item: item.get_closest_marker("deepspeed") is None)
     for item in items:
         if "full_trace" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-            item.add_marker(pytest.mark.xdist_group("full_trace"))
+            _xdist_group(config, item, "full_trace")
+        elif _module_fixture_user(item):
+            _xdist_group(config, item, f"module:{item.path.name}")
+
+
+def _xdist_group(config, item, name: str) -> None:
+    """``item`` marked ``xdist_group(name)``. pytest-xdist's workers tell the scheduler a test's
+    group as a ``@name`` suffix of its node id, which xdist 3.8 writes into ``item._nodeid``;
+    pytest 9.2 keeps the id in ``item._id`` (a ``NodeId``), so that write is lost and every
+    group ran spread over the workers: on such a pytest the suffix is written here."""
+    if not config.pluginmanager.has_plugin("xdist"):  # -p no:xdist: no such mark, no groups
+        return
+    item.add_marker(pytest.mark.xdist_group(name))
+    if getattr(config.option, "loadgroup", False) and hasattr(item, "_id") and not item.nodeid.endswith(f"@{name}"):
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(f"{item.nodeid}@{name}")
 
 
 @pytest.fixture(autouse=True)

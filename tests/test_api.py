@@ -10,7 +10,7 @@ import sqlite3
 
 import polars as pl
 import pytest
-from conftest import ZERO3_CUT
+from conftest import ZERO3_CUT, sql_indexed
 from conftest import run_cli as run
 
 import tracekit
@@ -43,7 +43,7 @@ def test_phases_equal_the_json_numbers(fixture_analysis):
 
 
 def test_copies_per_phase_equal_plain_sql(fixture_analysis):
-    con = sqlite3.connect(f"file:{ZERO3_CUT}?mode=ro", uri=True)
+    con = sql_indexed(ZERO3_CUT)
     marks = ",".join("?" * len(DS_PHASES))
     rows = con.execute(
         f"""WITH w AS (SELECT s.value AS name, n.start AS ws, n."end" AS we FROM NVTX_EVENTS n

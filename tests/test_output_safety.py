@@ -151,8 +151,8 @@ def test_signal_during_commit_waits_for_the_whole_set(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------- analyze --out
 def test_out_file_size_limit_keeps_every_earlier_file_whole(trace, tmp_path):
     out = tmp_path / "o"
-    p = _cli("analyze", trace, "--section", "timeline", "--out", out)
-    assert p.returncode == 0, p.stderr
+    rc, _, err = run_cli("analyze", trace, "--section", "timeline", "--out", out)  # the earlier files
+    assert rc == 0, err
     before = _snapshot(out)
     sizes = {k: len(v) for k, v in before.items()}
     assert len(sizes) >= 4 and sizes["throughput_timeline.csv"] > 100_000, sizes
@@ -237,8 +237,8 @@ def _wait_for(mark: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
 
 def test_report_stopped_mid_write_leaves_the_old_report_whole(trace, tmp_path):
     rep = tmp_path / "rep"
-    p = _cli("report", trace, "-o", rep, "--iteration", "1")
-    assert p.returncode == 0, p.stderr
+    rc, _, err = run_cli("report", trace, "-o", rep, "--iteration", "1")  # the old report
+    assert rc == 0, err
     before = _snapshot(rep)
     env, mark = _paused_env(tmp_path)
     child = subprocess.Popen([sys.executable, "-m", "tracekit.cli", "report", str(trace), "-o", str(rep),
@@ -303,7 +303,9 @@ def test_json_to_a_full_device_is_one_line(trace):
 
 @pytest.mark.parametrize("unbuffered", ["1", ""])
 def test_json_cut_mid_write_is_never_exit_0(trace, tmp_path, unbuffered):
-    full = _cli("analyze", trace, "--all", "--json").stdout.encode()  # (and the result cached)
+    rc, full, err = run_cli("analyze", trace, "--all", "--json")  # (and the result cached)
+    assert rc == 0, err
+    full = full.encode()
     assert len(full) > 300_000
     out = tmp_path / "out.json"
     with open(out, "w") as fh:
