@@ -60,15 +60,9 @@ def finding_basis_note() -> str:
 
 def _trace_cache(path: Path, options: Options):
     """The trace's :class:`tracekit.analyze.trace.cache.TraceCache` when caching is on and usable, else None."""
-    if not (options.cache and path.is_file()):
-        return None
-    from tracekit.analyze.trace.cache import TraceCache
+    from tracekit.analyze.trace.cache import open_trace_cache
 
-    try:
-        tc = TraceCache(path)
-    except OSError:
-        return None
-    return tc if tc.enabled else None
+    return open_trace_cache(path, options.cache)
 
 
 def result_key(path: Path, options: Options, tc) -> str:

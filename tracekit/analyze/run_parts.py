@@ -64,19 +64,6 @@ def _cache_key(result_key: str, name: str) -> str:
     return hashlib.sha1(f"run-part\0{name}\0{result_key}".encode()).hexdigest()
 
 
-def _trace_cache(path: Path, options):
-    """The export's cache when caching is on and usable, else None (as the result's)."""
-    if not (options.cache and Path(path).is_file()):
-        return None
-    from tracekit.analyze.trace.cache import TraceCache
-
-    try:
-        tc = TraceCache(path)
-    except OSError:
-        return None
-    return tc if tc.enabled else None
-
-
 def _compute(analysis) -> dict:
     """The frames of the run part from the analysis (its model, built when it was read from
     the cache)."""
@@ -107,7 +94,9 @@ def run_part(analysis) -> dict:
     "ranks", "collectives", "copies", "table": polars frames}``. ``analysis``: a
     :class:`tracekit.analysis.Analysis`. Read from (and stored in) the export's cache when
     caching is on."""
-    tc = _trace_cache(analysis.path, analysis.options)
+    from tracekit.analyze.trace.cache import open_trace_cache
+
+    tc = open_trace_cache(analysis.path, analysis.options.cache)
     frames = None
     if tc is not None:
         rkey = tc.result_key(analysis.options.key(), str(analysis.path))  # the result's key

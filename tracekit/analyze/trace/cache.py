@@ -753,6 +753,19 @@ class TraceCache:
             self.errors += 1
 
 
+def open_trace_cache(path: str | Path, enabled: bool = True) -> TraceCache | None:
+    """The :class:`TraceCache` of the trace at ``path`` when ``enabled`` (``Options.cache``),
+    the path is a regular file and the cache is usable; else None. Raises nothing: a cache that
+    cannot be opened (OSError) is no cache."""
+    if not (enabled and Path(path).is_file()):
+        return None
+    try:
+        tc = TraceCache(Path(path))
+    except OSError:
+        return None
+    return tc if tc.enabled else None
+
+
 def _has_control(obj) -> bool:
     """True when a string anywhere in ``obj`` (keys included) holds a control character."""
     if isinstance(obj, str):
