@@ -44,6 +44,19 @@ SHARED = HERE.parent.parent / "shared" / "traces"
 PUBLIC = SHARED / "public"
 
 
+#: the what-if benchmark's committed cut traces (benchmarks/whatif/traces/NAME.sqlite.xz)
+BENCH_TRACES = Path(__file__).resolve().parent.parent / "benchmarks" / "whatif" / "traces"
+
+
+def bench_cut(run: str, folder: Path) -> Path:
+    """The what-if benchmark's cut trace of ``run`` decompressed to ``folder/RUN.sqlite``."""
+    import lzma
+
+    db = Path(folder) / f"{run}.sqlite"
+    db.write_bytes(lzma.decompress((BENCH_TRACES / f"{run}.sqlite.xz").read_bytes()))
+    return db
+
+
 @pytest.fixture
 def zero3_cut() -> Path:
     return ZERO3_CUT

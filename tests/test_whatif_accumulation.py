@@ -6,13 +6,11 @@ The boundary backward of a ZeRO-2 offload run at gas 2 fetches the accumulated g
 
 from __future__ import annotations
 
-import lzma
 import sqlite3
-from pathlib import Path
 
 import pytest
+from conftest import bench_cut
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "whatif"
 RANGE = ("SELECT coalesce(n.text, s.value), n.start, n.end FROM NVTX_EVENTS n "
          "LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType = 59")
 
@@ -22,9 +20,7 @@ def traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("whatif_accum")
     out = {}
     for run in ("z2s_base3", "z2s_mb2", "z3s_base4"):
-        p = d / f"{run}.sqlite"
-        p.write_bytes(lzma.decompress((BENCH / "traces" / f"{run}.sqlite.xz").read_bytes()))
-        out[run] = p
+        out[run] = bench_cut(run, d)
     return out
 
 

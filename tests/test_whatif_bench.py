@@ -10,13 +10,13 @@ every iteration the cut holds, and results.md's measured columns must be the sum
 from __future__ import annotations
 
 import json
-import lzma
 import re
 import sqlite3
 import statistics
 from pathlib import Path
 
 import pytest
+from conftest import bench_cut
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "whatif"
 SUMMARIES = json.loads((BENCH / "summaries.json").read_text())
@@ -49,8 +49,7 @@ def test_every_run_has_a_cut_trace_and_eight_steady_iterations():
 
 @pytest.mark.parametrize("run", RUNS)
 def test_summary_matches_plain_sql_on_the_cut_trace(run, tmp_path):
-    db = tmp_path / f"{run}.sqlite"
-    db.write_bytes(lzma.decompress((BENCH / "traces" / f"{run}.sqlite.xz").read_bytes()))
+    db = bench_cut(run, tmp_path)
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     its = con.execute("SELECT s.value, e.start, e.end FROM NVTX_EVENTS e JOIN StringIds s ON s.id = e.textId "
                       "WHERE s.value LIKE 'iteration %' AND e.end IS NOT NULL").fetchall()

@@ -10,14 +10,13 @@ on the benchmark's committed cut traces (benchmarks/whatif/traces) with plain SQ
 
 from __future__ import annotations
 
-import lzma
 import sqlite3
 import statistics
 from pathlib import Path
 
 import pytest
+from conftest import bench_cut
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "whatif"
 RANGE = ("SELECT coalesce(n.text, s.value) AS name, n.start, n.end, n.globalTid AS tid FROM NVTX_EVENTS n "
          "LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType = 59")
 
@@ -27,9 +26,7 @@ def traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("whatif_loops")
     out = {}
     for run in ("z2s_base", "z2s_nooffload", "z3s_nooffload", "z3s_sg1e8", "z3s_sg2e7", "z3s_base2", "z3s_bf16"):
-        p = d / f"{run}.sqlite"
-        p.write_bytes(lzma.decompress((BENCH / "traces" / f"{run}.sqlite.xz").read_bytes()))
-        out[run] = p
+        out[run] = bench_cut(run, d)
     return out
 
 
@@ -45,6 +42,17 @@ def _launches_in(con, a, b):
     m = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
                     "ON r.correlationId = k.correlationId WHERE r.start >= ? AND r.start <= ?", (a, b)).fetchone()[0]
     return k, m
+
+
+def _launches(con) -> list[tuple[int, int, str]]:
+    """Every kernel, memset ('k') and copy ('c') launch as (thread, launch start), in that order."""
+    return con.execute(
+        "SELECT r.globalTid, r.start, 'k' FROM CUPTI_ACTIVITY_KIND_KERNEL x JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "ON r.correlationId = x.correlationId UNION ALL "
+        "SELECT r.globalTid, r.start, 'k' FROM CUPTI_ACTIVITY_KIND_MEMSET x JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "ON r.correlationId = x.correlationId UNION ALL "
+        "SELECT r.globalTid, r.start, 'c' FROM CUPTI_ACTIVITY_KIND_MEMCPY x JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
+        "ON r.correlationId = x.correlationId ORDER BY 1, 2").fetchall()
 
 
 def _pieces(path):
@@ -85,13 +93,7 @@ def test_gradient_tensors_and_launch_gap_by_sql(traces):
     gc = _ranges(con, "grad_copy_to_host")
     per = [sum(1 for r in gc if a <= r[1] and r[2] <= b) for _, a, b, _ in _ranges(con, "backward boundary")]
     assert per == [111, 111, 111, 111]
-    ops = con.execute(
-        "SELECT r.globalTid, r.start, 'k' FROM CUPTI_ACTIVITY_KIND_KERNEL x JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
-        "ON r.correlationId = x.correlationId UNION ALL "
-        "SELECT r.globalTid, r.start, 'k' FROM CUPTI_ACTIVITY_KIND_MEMSET x JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
-        "ON r.correlationId = x.correlationId UNION ALL "
-        "SELECT r.globalTid, r.start, 'c' FROM CUPTI_ACTIVITY_KIND_MEMCPY x JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
-        "ON r.correlationId = x.correlationId ORDER BY 1, 2").fetchall()
+    ops = _launches(con)
     wins = sorted((a, b) for _, a, b, _ in _ranges(con, "update") + gc)
 
     def win(t):
@@ -199,13 +201,7 @@ def test_norm_fixed_part_per_sub_group_by_sql(traces):
     con = sqlite3.connect(traces["z3s_sg1e8"])
     norms = sorted((a, b) for _, a, b, _ in _ranges(con, "grad_norm"))
     assert len(norms) == 4
-    ops = con.execute(
-        "SELECT r.globalTid, r.start, 'k' FROM CUPTI_ACTIVITY_KIND_KERNEL x JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
-        "ON r.correlationId = x.correlationId UNION ALL "
-        "SELECT r.globalTid, r.start, 'k' FROM CUPTI_ACTIVITY_KIND_MEMSET x JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
-        "ON r.correlationId = x.correlationId UNION ALL "
-        "SELECT r.globalTid, r.start, 'c' FROM CUPTI_ACTIVITY_KIND_MEMCPY x JOIN CUPTI_ACTIVITY_KIND_RUNTIME r "
-        "ON r.correlationId = x.correlationId ORDER BY 1, 2").fetchall()
+    ops = _launches(con)
 
     def win(t):
         return next((i for i, (a, b) in enumerate(norms) if a <= t < b), None)

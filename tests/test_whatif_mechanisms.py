@@ -11,12 +11,12 @@
 
 from __future__ import annotations
 
-import lzma
 import sqlite3
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import bench_cut
 from synthetic import SyntheticTrace, gtid
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "whatif"
@@ -25,9 +25,7 @@ MAIN = 1
 
 
 def _cut(run: str, tmp_path: Path) -> Path:
-    db = tmp_path / f"{run}.sqlite"
-    db.write_bytes(lzma.decompress((BENCH / "traces" / f"{run}.sqlite.xz").read_bytes()))
-    return db
+    return bench_cut(run, tmp_path)
 
 
 def _ranges(con, names) -> list[tuple[str, int, int]]:
