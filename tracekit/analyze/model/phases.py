@@ -430,11 +430,20 @@ def steady_model(model: PhaseModel) -> PhaseModel:
     u = model.unclosed
     if u is None or u.height == 0 or "unclosed" not in model.windows.columns:
         return model
-    drop = u.select("global_pid", "iteration").unique()
-    windows = model.windows.join(drop, on=["global_pid", "iteration"], how="anti")
-    ops = model.ops.join(drop, on=["global_pid", "iteration"], how="anti")
-    return PhaseModel(windows=windows, ops=ops, ranges=model.ranges, source=model.source,
-                      anomalies=model.anomalies, unclosed=u.head(0))
+    return drop_iterations(model, u.select("global_pid", "iteration").unique(), unclosed=u.head(0))
+
+
+def drop_iterations(model: PhaseModel, drop: pl.DataFrame, unclosed: pl.DataFrame | None = None) -> PhaseModel:
+    """``model`` without the iterations in ``drop`` (a frame ``global_pid, iteration``): their
+    windows and the GPU operations attributed to them; ``unclosed`` replaces the model's table of
+    unclosed windows (default: kept). Returns ``model`` itself when ``drop`` is empty."""
+    if drop.height == 0:
+        return model
+    keys = ["global_pid", "iteration"]
+    return PhaseModel(windows=model.windows.join(drop, on=keys, how="anti"),
+                      ops=model.ops.join(drop, on=keys, how="anti"), ranges=model.ranges, source=model.source,
+                      anomalies=model.anomalies,
+                      unclosed=model.unclosed if unclosed is None else unclosed)
 
 
 def _phase_windows(c: pl.DataFrame, last_gpu: int, gas: int | None) -> tuple[pl.DataFrame, bool]:

@@ -372,16 +372,13 @@ def idle_findings(model: PhaseModel, export: Export, iteration: int | None = Non
     if iteration is not None:
         w, api = w.filter(pl.col("iteration") == iteration), api.filter(pl.col("iteration") == iteration)
     else:  # the warm-up apart (tracekit.analyze.model.steady), as every "per steady iteration"
-        from tracekit.analyze.model.phases import PhaseModel
+        from tracekit.analyze.model.phases import drop_iterations
         from tracekit.analyze.model.steady import warmup_keys
 
         drop = warmup_keys(steady.windows)
-        if drop.height:
-            keys = ["global_pid", "iteration"]
-            w, api = w.join(drop, on=keys, how="anti"), api.join(drop, on=keys, how="anti")
-            steady = PhaseModel(windows=steady.windows.join(drop, on=keys, how="anti"),
-                                ops=steady.ops.join(drop, on=keys, how="anti"), ranges=steady.ranges,
-                                source=steady.source, anomalies=steady.anomalies, unclosed=steady.unclosed)
+        keys = ["global_pid", "iteration"]
+        w, api = w.join(drop, on=keys, how="anti"), api.join(drop, on=keys, how="anti")
+        steady = drop_iterations(steady, drop)
     if w.height == 0:
         return []
     per = w.group_by("global_pid", "device", "phase").agg(
