@@ -57,31 +57,34 @@ def rank_rows(results: list[dict], paths: list[Path] | None = None) -> list[dict
     for result, number in zip(results, numbers):
         ranks = result.get("ranks", [])
         for r in ranks:
-            phase_ns = {p: 0 for p in PHASES}
-            per_it = {}
-            complete = 0
-            unclosed = []
+            per_phase: dict[int, dict[str, int]] = {}  # closed iterations: {index: {phase: wall ns}}
+            forwards, full, unclosed = {}, [], []
             for it in r.get("iterations", []):
+                i = int(it["index"])
+                forwards[i] = sum(1 for ph in it["phases"] if ph["phase"] == "forward")
                 if it.get("unclosed"):
-                    unclosed.append(int(it["index"]))
+                    unclosed.append(i)
                     continue
-                wall = 0
+                ph_ns = per_phase.setdefault(i, {})
                 for ph in it["phases"]:
-                    phase_ns[ph["phase"]] = phase_ns.get(ph["phase"], 0) + int(ph["wall_ns"])
-                    wall += int(ph["wall_ns"])
-                per_it[int(it["index"])] = wall
-                complete += bool(it.get("complete"))
+                    ph_ns[ph["phase"]] = ph_ns.get(ph["phase"], 0) + int(ph["wall_ns"])
+                if it.get("complete"):
+                    full.append(i)
+            per_it = {i: sum(v.values()) for i, v in per_phase.items()}
             total = sum(per_it.values())
+            complete = len(full)
+
+            def phase_sums(its):
+                out = {p: 0 for p in PHASES}
+                for i in its:
+                    for p, v in per_phase[i].items():
+                        out[p] = out.get(p, 0) + v
+                return out
+
+            phase_ns = phase_sums(per_phase)
             # per steady iteration (the one warm-up rule): what the terminal table shows
-            full = [int(it["index"]) for it in r.get("iterations", []) if it.get("complete") and not it.get("unclosed")]
-            fwd = {int(it["index"]): sum(1 for ph in it["phases"] if ph["phase"] == "forward")
-                   for it in r.get("iterations", [])}
-            steady = split_warmup(full, fwd)[0] if full else sorted(per_it)
-            st = [it for it in r.get("iterations", []) if int(it["index"]) in steady and not it.get("unclosed")]
-            st_phase = {p: 0 for p in PHASES}
-            for it in st:
-                for ph in it["phases"]:
-                    st_phase[ph["phase"]] = st_phase.get(ph["phase"], 0) + int(ph["wall_ns"])
+            st = split_warmup(full, forwards)[0] if full else sorted(per_phase)
+            st_phase = phase_sums(st)
             rows.append(
                 {
                     "trace": result.get("trace"),
@@ -96,7 +99,7 @@ def rank_rows(results: list[dict], paths: list[Path] | None = None) -> list[dict
                     "phase_ns": phase_ns,
                     "per_iteration": [{"index": i, "wall_ns": w} for i, w in sorted(per_it.items())],
                     "unclosed_iterations": unclosed,
-                    "steady_iterations": [int(it["index"]) for it in st],
+                    "steady_iterations": st,
                     "steady_mean_iteration_ns": sum(st_phase.values()) / len(st) if st else None,
                     "steady_phase_ns": {p: v / len(st) for p, v in st_phase.items()} if st else {},
                 }
