@@ -20,15 +20,21 @@ export PYTHONPATH=$TK:/tmp/site PATH=/tmp/site/bin:$PWD/.device/bin:$PATH LD_LIB
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; uptime
 python3 -c "import torch, deepspeed, transformers; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)"
 time python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
+# FusedAdam's JIT build reads the arch list; torch 2.11 reports sm_90 as '9.0a', which DeepSpeed's
+# builder cannot parse, so name the H200's arch plainly (and build it before the captures)
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+case " ${RUNS:-} " in *_fused*) time python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()";; esac
 numactl --hardware | head -3 || echo "numactl does not run: the bind variants will fail"
 python3 -c "import psutil; print('cores: physical', psutil.cpu_count(logical=False), 'logical', psutil.cpu_count())"
 SMALL="--hidden 768 --layers 12 --heads 12 --intermediate 2048 --seq 512"          # 134 M
 LARGE="--hidden 2048 --layers 24 --heads 16 --intermediate 5504 --seq ${LARGE_SEQ:-1024}"  # 1.3 B
+XL="--hidden 2560 --layers 32 --heads 32 --intermediate 6912 --seq ${XL_SEQ:-512}"  # 2.7 B
 model_of() {  # NAME -> "ESTIMATED_S TIMEOUT_S STEPS MODEL..."
   case $1 in
-    z3l_*) echo "${EST_L:-95} 200 10 $LARGE";;
+    z3l_*) echo "${EST_L:-95} 200 ${STEPS_L:-10} $LARGE";;
+    z3x_*) echo "${EST_X:-170} 300 ${STEPS_X:-9} $XL";;
     zf*) echo "${EST_ZF:-70} 170 ${ZF_STEPS:-40} $SMALL";;
-    *) echo "${EST_S:-60} 160 10 $SMALL";;
+    *) echo "${EST_S:-60} 160 ${STEPS_S:-10} $SMALL";;
   esac
 }
 launcher_of() {  # NAME -> extra options of the deepspeed launcher
@@ -43,7 +49,7 @@ import json, sys
 name, path, ex = sys.argv[1:]
 fam, var = name.split("_", 1)
 var = var.rstrip("0123456789") if var.startswith("base") else var
-if fam in ("z3s", "z2s", "z3l"):
+if fam in ("z3s", "z2s", "z3l", "z3x"):
     z = {"stage": 2 if fam == "z2s" else 3, "overlap_comm": True, "contiguous_gradients": True,
          "offload_optimizer": {"device": "cpu", "pin_memory": False}}
     cfg = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
@@ -56,6 +62,10 @@ if fam in ("z3s", "z2s", "z3l"):
         del cfg["fp16"]; cfg["bf16"] = {"enabled": True}
     elif var == "nooffload":  # optimizer on the GPU: torch.optim.AdamW (as the earlier validated pair)
         del z["offload_optimizer"]; cfg["optimizer"]["params"]["torch_adam"] = True
+    elif var.startswith("sg") and "r" in var:  # sg2e7r05: sub_group_size 2e7, offload_optimizer.ratio 0.5
+        sg, ratio = var[2:].split("r")
+        z["sub_group_size"] = int(float(sg))
+        z["offload_optimizer"]["ratio"] = float("0." + ratio[1:]) if ratio.startswith("0") else float(ratio)
     elif var.startswith("sg"):  # sg1e8, sg2e7: sub_group_size
         z["sub_group_size"] = int(float(var[2:]))
     elif var == "fused":  # optimizer on the GPU: DeepSpeed's FusedAdam (the default without offload)
