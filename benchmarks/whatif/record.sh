@@ -22,7 +22,7 @@ python3 -c "import torch, deepspeed, transformers; print('torch', torch.__versio
 time python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
 # FusedAdam's JIT build reads the arch list; torch 2.11 reports sm_90 as '9.0a', which DeepSpeed's
 # builder cannot parse, so name the H200's arch plainly (and build it before the captures)
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export TORCH_CUDA_ARCH_LIST=${FUSED_ARCH:-9.0}  # the machine sets it to 9.0a itself
 case " ${RUNS:-} " in *_fused*) time python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()";; esac
 numactl --hardware | head -3 || echo "numactl does not run: the bind variants will fail"
 python3 -c "import psutil; print('cores: physical', psutil.cpu_count(logical=False), 'logical', psutil.cpu_count())"
