@@ -100,6 +100,8 @@ else:
 json.dump(cfg, open(path, "w"), indent=1)
 PY
 }
+dup=$(printf '%s\n' ${RUNS:?RUNS: the run names} | sort | uniq -d | tr '\n' ' ')
+[ -n "$dup" ] && { echo "RUNS names a run twice ($dup): give each run its own name (z3l_base, z3l_base2)"; exit 2; }
 DONE=""; ND=0
 for name in ${RUNS:?RUNS: the run names}; do
   read -r est t steps model <<<"$(model_of "$name")"
