@@ -45,6 +45,16 @@ def header_line(result: dict) -> str:
     return f"{PurePath(result['trace']).name}: GPU{gpus}; {ds or 'DeepSpeed config unknown'} ({where})"
 
 
+def filled_note(source: str) -> str | None:
+    """The note for a process whose phases came partly from ``--phase-map`` and partly from the
+    built-in names (``phase_source`` ``phase-map+tracekit`` or ``phase-map+DeepSpeed``, with
+    ``+inferred-update`` when the update was inferred); None for any other source."""
+    parts = source.split("+")
+    if len(parts) < 2 or parts[0] != "phase-map" or parts[1] not in ("tracekit", "DeepSpeed"):
+        return None
+    return f"phases not in --phase-map keep the built-in names ({parts[1]} NVTX)"
+
+
 def _cell(s: str):
     """A cell of pre-folded lines (each printed as data)."""
     from rich.text import Text
@@ -160,6 +170,8 @@ def render_short(result: dict, console: Console) -> None:
                              "its GPU work is 'other'; map your own NVTX ranges with --phase-map PHASE=REGEX"))
         elif src == NO_NVTX:
             console.print(_t(f"pid {pid}: {NO_NVTX_NOTE}"))
+        elif filled_note(src):
+            console.print(_t(f"pid {pid}: {filled_note(src)}"), highlight=False)
     t = advice_table(result, console.width)
     if t is not None:
         console.print(t)
@@ -422,6 +434,8 @@ def render_short_multi(result: dict, console: Console) -> None:
                                       "is 'other'; --phase-map PHASE=REGEX maps your own NVTX ranges"))
         elif src == NO_NVTX:
             used += _emit(console, _t(f"{who}: {NO_NVTX_NOTE}"))
+        elif filled_note(src):
+            used += _emit(console, _t(f"{who}: {filled_note(src)}"))
     ro = result.get("rank_order")
     if ro:
         used += _emit(console, _t(f"rank numbers: {ro['source']} (--wide: how)"))
