@@ -135,3 +135,114 @@ def test_report_input_is_one_line(suffix, tmp_path):
             f"tracekit: error: {rep}: this is an Nsight Systems report, not its SQLite export; run "
             f"`nsys export --type sqlite {rep}` and analyze the .sqlite it writes (`tracekit capture` records "
             "and exports in one go)")
+
+
+# ---------------------------------------------------------------- 2. compare A A, rows zero on both sides
+ZERO2 = FIXTURES / "zero2_offload_gas2_cut.sqlite"
+SAME_FILE = "A and B are the same trace (the same file): every difference is 0"
+
+
+def _deltas(res: dict) -> list:
+    return [d["delta"] for sec in ("per_phase", "per_iteration") for r in res[sec] for d in r["metrics"].values()]
+
+
+def test_compare_same_file_says_so():
+    rc, out, err = run_cli("compare", ZERO2, ZERO2, "--no-cache")
+    assert rc == 0, err
+    lines = out.splitlines()
+    b = next(i for i, line in enumerate(lines) if line.startswith("B "))
+    assert lines.index(SAME_FILE) in (b + 1, b + 2)  # under the B line (which may wrap once)
+    assert out.count("same trace") == 1
+    rc, out, err = run_cli("compare", ZERO2, ZERO2, "--no-cache", "--json")
+    res = json.loads(out)
+    assert res["same_trace"] == "the same file"
+    assert set(_deltas(res)) <= {0, 0.0, None} and len(_deltas(res)) == (4 + 2 * 4) * 10  # 4 phases, 2 iterations
+
+
+def test_compare_byte_identical_copy_says_so(tmp_path):
+    copy = tmp_path / "copy.sqlite"
+    shutil.copyfile(ZERO2, copy)
+    rc, out, err = run_cli("compare", ZERO2, copy, "--no-cache")
+    assert rc == 0, err
+    assert "A and B are the same trace (byte-identical files): every difference is 0" in out.splitlines()
+    copy.write_bytes(copy.read_bytes()[:-1] + b"\x01")  # one byte changed in the last page: not the same
+    rc, out, err = run_cli("compare", ZERO2, copy, "--no-cache", "--json")
+    assert rc == 0, err
+    assert "same_trace" not in json.loads(out)
+
+
+def test_compare_different_traces_no_same_line():
+    rc, out, err = run_cli("compare", ZERO2, ZERO3, "--no-cache")
+    assert rc == 0, err
+    assert "same trace" not in out
+
+
+def _console():
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    return buf, Console(file=buf, width=100, color_system=None)
+
+
+def test_compare_rows_zero_on_both_sides_are_folded():
+    """A hand-made comparison: H2D 12 kB in both (shows 0.0 MB), D2H 0 in both, wall 100 ms vs
+    110 ms, pageable copies 1 vs 1, one sub-phase of 0.02 ms in both (shows 0.0 ms)."""
+    from tracekit.render import compare as C
+
+    def diff(a, b):
+        return {"a": a, "b": b, "delta": b - a, "pct": 100.0 * (b - a) / a if a else None}
+
+    metrics = {m: diff(0, 0) for m in C.METRICS}
+    metrics.update(wall_ns=diff(100_000_000, 110_000_000), h2d_bytes=diff(12_000, 12_000),
+                   pageable_count=diff(1, 1))
+    sub = {"phase": "update", "sub_phase": "gradient norm (grad_norm)", "role": "grad_norm",
+           "metrics": {"wall_ns": diff(20_000, 20_000), "cpu_ns": diff(0, 0)}}
+    result = {"a": {"trace": "a.sqlite", "pid": 1, "device": 0, "iterations": [1]},
+              "b": {"trace": "b.sqlite", "pid": 1, "device": 0, "iterations": [1]},
+              "per_phase": [{"phase": "update", "metrics": metrics}],
+              "per_iteration": [], "iteration_total": {"wall_ns": diff(100_000_000, 110_000_000)},
+              "per_sub_phase": [sub], "config": [], "explanations": []}
+    buf, console = _console()
+    C.render(result, console=console)
+    out = buf.getvalue()
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("update", "pageable", "H2D"))]
+    assert rows == [["update", "wall", "ms", "100.0", "110.0", "+10.0", "+10%"],
+                    ["pageable", "copies", "count", "1", "1", "0", "±0%"]]
+    assert "gradient norm" not in out and "update sub-phases" not in out
+    assert "2 rows showing 0 on both sides not listed; --json has every value" in out.splitlines()
+    assert "same trace" not in out
+
+
+def test_compare_folded_rows_stay_in_json():
+    """zenflow_cut's update copies a few kB H2D per iteration: not in the table, in --json."""
+    zen = FIXTURES / "zenflow_cut.sqlite"
+    if not zen.exists():
+        pytest.skip("zenflow_cut.sqlite is decompressed by tests/conftest.py")
+    rc, out, err = run_cli("compare", zen, zen, "--no-cache", "--json")
+    res = json.loads(out)
+    upd = next(r for r in res["per_phase"] if r["phase"] == "update")["metrics"]
+    assert 0 < upd["h2d_bytes"]["a"] < 50_000 and upd["h2d_bytes"]["a"] == upd["h2d_bytes"]["b"]
+    rc, out, err = run_cli("compare", zen, zen, "--no-cache")
+    table = out.split("per phase, mean per iteration")[1].split("update sub-phases")[0]
+    listed, phase = set(), None
+    for line in table.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) >= 6 and cells[0] in ("forward", "backward", "update", "other"):
+            phase, cells = cells[0], cells[1:]
+        if phase and len(cells) >= 6:
+            listed.add((phase, cells[0], cells[1]))
+    assert ("update", "wall", "ms") in listed and ("update", "H2D", "MB") not in listed
+    n = int(re.search(r"^(\d+) rows showing 0 on both sides not listed", out, re.M).group(1))
+    want = sum(1 for r in res["per_phase"] for m, d in r["metrics"].items()
+               if (d["a"] or d["b"]) and all(abs((d[k] or 0) / C_DIV[m]) < C_HALF[m] for k in "ab"))
+    want += sum(1 for r in res["per_sub_phase"] if abs(r["metrics"]["wall_ns"]["a"] or 0) < 50_000
+                and abs(r["metrics"]["wall_ns"]["b"] or 0) < 50_000)
+    assert n == want > 0
+
+
+#: display unit (divisor) and half of the last digit shown, per metric (ms 0.1, MB 0.1, GB 0.01, count 1, % 0.1)
+C_DIV = {"wall_ns": 1e6, "gpu_idle_ns": 1e6, "h2d_bytes": 1e6, "d2h_bytes": 1e6, "h2d_exposed_ns": 1e6,
+         "d2h_exposed_ns": 1e6, "overlap_ratio": 0.01, "pageable_count": 1, "pageable_bytes": 1e6, "peak_bytes": 1e9}
+C_HALF = {m: 0.05 for m in C_DIV} | {"peak_bytes": 0.005, "pageable_count": 1e-9}
