@@ -246,3 +246,37 @@ def test_compare_folded_rows_stay_in_json():
 C_DIV = {"wall_ns": 1e6, "gpu_idle_ns": 1e6, "h2d_bytes": 1e6, "d2h_bytes": 1e6, "h2d_exposed_ns": 1e6,
          "d2h_exposed_ns": 1e6, "overlap_ratio": 0.01, "pageable_count": 1, "pageable_bytes": 1e6, "peak_bytes": 1e9}
 C_HALF = {m: 0.05 for m in C_DIV} | {"peak_bytes": 0.005, "pageable_count": 1e-9}
+
+
+# ---------------------------------------------------------------- 3. --iteration N and the advice
+WARM = FIXTURES / "ds_zero3_offload_iter0-3.sqlite"  # iteration 0 is the warm-up (3,159 ms vs 628-674)
+
+
+@pytest.mark.parametrize("extra", [[], ["--wide"], ["--explain"]])
+@pytest.mark.parametrize("n", [0, 2])
+def test_iteration_says_the_advice_is_over_the_steady_iterations(n, extra):
+    """The tables narrow to iteration N; the advice stays over the steady iterations 1-3 (the
+    what-if model needs two or more for its interval), and one line says so."""
+    rc, out, err = run_cli("analyze", WARM, "--no-cache", "--iteration", str(n), *extra)
+    assert rc == 0, err
+    note = f"note: the advice is over steady iterations 1-3, not --iteration {n} alone"
+    assert out.splitlines().count(note) == 1
+    if not extra:  # the per-iteration table holds iteration N only
+        rows = out.split("per iteration (--wide: phases)")[1].split("findings")[0].splitlines()[3:]
+        assert [r.split()[0] for r in rows if r.strip()] == [str(n)]
+
+
+def test_iteration_advice_basis_in_json_and_no_note_without_it():
+    con = sqlite3.connect(f"file:{WARM}?mode=ro", uri=True)
+    try:  # four optimizer steps: DeepSpeed's step ranges, one per iteration 0-3
+        steps = con.execute("select count(*) from NVTX_EVENTS n join StringIds s on s.id = n.textId "
+                            "where s.value = 'DeepSpeedZeroOptimizer_Stage3.step'").fetchone()[0]
+    finally:
+        con.close()
+    assert steps == 4
+    rc, out, err = run_cli("analyze", WARM, "--no-cache", "--iteration", "2", "--json")
+    res = json.loads(out)
+    assert [it["index"] for it in res["ranks"][0]["iterations"]] == [2]
+    assert {tuple(p["iterations"]) for p in res["predictions"]} == {(1, 2, 3)}  # warm-up 0 left out
+    rc, out, err = run_cli("analyze", WARM, "--no-cache")
+    assert rc == 0 and "note: the advice is over" not in out
