@@ -280,3 +280,40 @@ def test_iteration_advice_basis_in_json_and_no_note_without_it():
     assert {tuple(p["iterations"]) for p in res["predictions"]} == {(1, 2, 3)}  # warm-up 0 left out
     rc, out, err = run_cli("analyze", WARM, "--no-cache")
     assert rc == 0 and "note: the advice is over" not in out
+
+
+# ---------------------------------------------------------------- 5. report on several ranks
+def test_report_of_two_ranks_says_which_rank_it_shows(tmp_path):
+    """No fixture holds two GPUs (tests/fixtures/README.md): the two-process trace of
+    test_report.py (rank 1, pid 20, 10 % slower). Both report.md and report.html name the rank
+    shown in the headline and say what is only that rank's; figure 6 compares both."""
+    from test_report import two_rank_trace
+
+    path = two_rank_trace(tmp_path / "two.sqlite", iteration_s=0.5)
+    note = ("the advice, key numbers, findings and every figure but the per-rank summary (all 2 ranks) are "
+            "this rank's")
+    for rank, pid, wall in ((0, 10, "500.0"), (1, 20, "550.0")):
+        out_dir = tmp_path / f"r{rank}"
+        rc, out, err = run_cli("report", path, "-o", out_dir, "--rank", str(rank), "--no-cache")
+        assert rc == 0, err
+        md = (out_dir / "report.md").read_text()
+        lines = md.splitlines()
+        assert lines[2].startswith(rf"**two.sqlite · rank {rank} of 2 (pid {pid}) · GPU 0 · ")
+        assert (f"- ranks: 0: pid 10 GPU 0, 1: pid 20 GPU 0; shown: rank {rank} (pid {pid} GPU 0): {note}; "
+                "`--rank N` for another") in lines
+        # the key numbers are the shown rank's: its iteration (3 x 0.5 s, x 1.1 for pid 20)
+        assert f"| **iteration** | **{wall}** | 100% |" in md
+        html = (out_dir / "report.html").read_text()
+        assert f'id="headline"><b>two.sqlite · rank {rank} of 2 (pid {pid}) · GPU 0 · ' in html
+        assert (f"<th class='l'>shown</th><td>rank {rank} (pid {pid} GPU 0): "
+                + note.replace("'", "&#x27;") + "; --rank N for another; iteration ") in html
+        assert (out_dir / "6_ranks.png").exists()
+
+
+def test_report_of_one_rank_names_no_rank(tmp_path):
+    rc, out, err = run_cli("report", ZERO2, "-o", tmp_path / "r", "--no-cache")
+    assert rc == 0, err
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert md.splitlines()[2].startswith(r"**zero2\_offload\_gas2\_cut.sqlite · GPU 0")
+    assert "- ranks: 0: pid 999 GPU 0; shown: rank 0 (pid 999 GPU 0)" in md.splitlines()
+    assert "of 1 (pid" not in md and "every figure but" not in md
