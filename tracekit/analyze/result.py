@@ -3,7 +3,8 @@
 Shape (times in ns, sizes in bytes, rates in GB/s = 1e9 B/s)::
 
     {"trace": str, "schema_version": str, "nsys_version": str|null,
-     "phase_source": {pid: "tracekit"|"DeepSpeed"|"phase-map"|"none"|"no NVTX"[+"+inferred-update"]},
+     "phase_source": {pid: "tracekit"|"DeepSpeed"|"phase-map"[+"+tracekit"|"+DeepSpeed"]|"none"|"no NVTX"
+                      [+"+inferred-update"]},
      "nvtx_anomalies": {"unclosed_ranges": int, "start_end_ranges": int, "marks": int,
                         "cross_thread_ranges": int},
      "gpu_op_anomalies": {KIND_REASON: int},  # rows set aside (tracekit.analyze.model.gpu_ops.SET_ASIDE_REASONS)

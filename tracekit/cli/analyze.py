@@ -241,7 +241,8 @@ def register(app: "typer.Typer") -> None:
         as_json: Annotated[bool, typer.Option("--json", help="print the numbers as JSON")] = False,
         phase_map: Annotated[
             Optional[list[str]],
-            typer.Option("--phase-map", help="PHASE=REGEX on NVTX range names (repeatable); overrides built-in names"),
+            typer.Option("--phase-map", help="PHASE=REGEX on NVTX range names (repeatable); overrides the "
+                         "built-in names of the phases it names"),
         ] = None,
         gas: Annotated[
             Optional[int],

@@ -28,7 +28,8 @@ def register(app: typer.Typer) -> None:
         fmt: Annotated[str, typer.Option("--format", help="vector format written beside each PNG: svg or pdf")] = "svg",
         phase_map: Annotated[
             Optional[list[str]],
-            typer.Option("--phase-map", help="PHASE=REGEX on NVTX range names (repeatable); overrides built-in names"),
+            typer.Option("--phase-map", help="PHASE=REGEX on NVTX range names (repeatable); overrides the "
+                         "built-in names of the phases it names"),
         ] = None,
         gas: Annotated[
             Optional[int], typer.Option(help="gradient accumulation steps, used only when updates must be inferred")

@@ -263,7 +263,9 @@ def compare_data(a: ReportData, b: ReportData, rank: int = 0, ds_config_a=None, 
 def compare_paths(a: str | Path, b: str | Path, rank: int = 0, phase_map: list[str] | None = None,
                   gas: int | None = None, step: Callable[[str], None] | None = None,
                   ds_config_a=None, ds_config_b=None, cache: bool = False) -> dict:
-    """Open, analyse and compare two traces (:func:`compare_data`).
+    """Open, analyse and compare two traces (:func:`compare_data`); when A and B are one file or
+    byte-identical files (:func:`same_trace`) and one config serves both, the result also holds
+    ``"same_trace": "the same file" | "byte-identical files"`` (every B - A is then 0).
 
     ``cache``: read and keep the comparison in A's cache and each trace's analysis in its own
     (what ``tracekit compare`` does; :mod:`tracekit.render.report_cache`): the same comparison
@@ -295,9 +297,27 @@ def compare_paths(a: str | Path, b: str | Path, rank: int = 0, phase_map: list[s
             db.close()
     finally:
         da.close()
+    same = same_trace(a, b)
+    if same is not None and ds_config_a == ds_config_b:  # (one config for both: nothing differs)
+        result["same_trace"] = same
     if tc is not None:
         report_cache.store_compare(tc, key, b, check, result)
     return result
+
+
+def same_trace(a: str | Path, b: str | Path) -> str | None:
+    """``"the same file"`` when ``a`` and ``b`` name one file, ``"byte-identical files"`` when
+    their bytes are equal, else None (also when either cannot be read): then every B - A of
+    the comparison is 0 (``same_trace`` in its result)."""
+    import filecmp
+    import os
+
+    try:
+        if os.path.samefile(a, b):
+            return "the same file"
+        return "byte-identical files" if filecmp.cmp(a, b, shallow=False) else None
+    except OSError:
+        return None
 
 
 def frame(result: dict, section: str = "per_phase") -> pl.DataFrame:
@@ -407,6 +427,9 @@ def render(result: dict, console=None, wide: bool = False) -> None:
         line = _t(key, "bold")  # wraps at the console's width (a long path)
         line.append(_t(f" {side['trace']}  (pid {side['pid']} GPU {side['device']}, iterations {side['iterations']})"))
         console.print(line)
+    if result.get("same_trace"):
+        console.print(_t(f"A and B are the same trace ({result['same_trace']}): every difference is 0"))
+    hidden = 0  # rows that show 0 on both sides
     t = new_table("per phase, mean per iteration (B - A)", wide)
     for c in ("phase", "metric", "unit"):
         t.add_column(c, overflow="fold")
@@ -415,8 +438,9 @@ def render(result: dict, console=None, wide: bool = False) -> None:
     for r in result["per_phase"]:
         first = True
         for m, d in r["metrics"].items():
-            if not d["a"] and not d["b"]:
-                continue  # zero (or absent) in both runs
+            if _shows_zero(m, d["a"]) and _shows_zero(m, d["b"]):
+                hidden += bool(d["a"] or d["b"])  # zero (or absent) in both runs, or shown as 0 in both
+                continue
             label, _div, unit = METRICS[m]
             delta, pct = _fmt_delta(m, d)
             style = ""  # a colour says "worse"/"better": only for a significant change of 10 % or more
@@ -425,9 +449,10 @@ def render(result: dict, console=None, wide: bool = False) -> None:
             t.add_row(*map(_t, (r["phase"] if first else "", label, unit, _fmt(m, d["a"]), _fmt(m, d["b"]), delta)),
                       _t(pct, style))
             first = False
-        t.add_section()
+        if not first:
+            t.add_section()
     console.print(t)
-    _render_sub_phases(result, console)
+    hidden += _render_sub_phases(result, console)
     it = new_table("per iteration (k-th steady iteration of A vs of B; B - A)", wide)
     cols = (["wall_ns", "h2d_bytes", "d2h_bytes", "h2d_exposed_ns", "d2h_exposed_ns", "pageable_bytes", "peak_bytes"]
             if wide else ["wall_ns", "h2d_bytes", "d2h_bytes"])
@@ -452,6 +477,9 @@ def render(result: dict, console=None, wide: bool = False) -> None:
     console.print(it)
     console.print(_t("Δ = B - A; change = Δ / A; exposed = copy busy time with no kernel running; metrics that "
                      "are 0 in both runs are not listed; MB = 1e6 B, GB = 1e9 B"))
+    if hidden:
+        console.print(_t(f"{hidden} row{'s' if hidden != 1 else ''} showing 0 on both sides not listed; --json "
+                         "has every value"))
     _render_config(result, console)
 
 
@@ -459,17 +487,27 @@ def _ms_text(ns) -> str:
     return "–" if ns is None else f"{ns / 1e6:,.1f}"
 
 
-def _render_sub_phases(result: dict, console) -> None:
+def _shows_zero(metric: str, v) -> bool:
+    """Whether the table shows ``v`` of ``metric`` as 0 (or it is missing): 0.0 MB, 0.0 ms, 0."""
+    return v is None or _fmt(metric, v).strip("0.,") == ""
+
+
+def _render_sub_phases(result: dict, console) -> int:
+    """The update's sub-phases of both runs; returns how many rows were left out because both
+    sides show 0.0 ms (the JSON keeps them)."""
     from rich.table import Table
 
     rows = result.get("per_sub_phase") or []
-    if not rows:
-        return
+    shown = [r for r in rows if not (_shows_zero("wall_ns", r["metrics"]["wall_ns"]["a"])
+                                     and _shows_zero("wall_ns", r["metrics"]["wall_ns"]["b"]))]
+    hidden = len(rows) - len(shown)
+    if not shown:
+        return hidden
     t = Table(title="update sub-phases, mean per steady iteration (B - A)", title_justify="left", header_style="bold")
     for c, j in (("sub-phase", "left"), ("A ms", "right"), ("B ms", "right"), ("B - A ms", "right"),
                  ("change", "right"), ("B - A CPU-only ms", "right")):
         t.add_column(c, justify=j)
-    for r in rows:
+    for r in shown:
         w, c = r["metrics"]["wall_ns"], r["metrics"]["cpu_ns"]
         pct = _change_text(w)
         from tracekit.analyze.significance import differs
@@ -480,6 +518,7 @@ def _render_sub_phases(result: dict, console) -> None:
         t.add_row(*map(_t, (r["sub_phase"], _ms_text(w["a"]), _ms_text(w["b"]), _ms_text(w["delta"]))),
                   _t(pct, style), _t(_ms_text(c["delta"])))
     console.print(t)
+    return hidden
 
 
 def _render_config(result: dict, console) -> None:

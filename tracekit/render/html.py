@@ -319,7 +319,7 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
     exp = data.export
     P: list[str] = []
     P.append(f"<h1>tracekit report: {_e(data.path.name)}</h1>")
-    from tracekit.render.lead import ADVICE_HEADERS, advice_rows, headline
+    from tracekit.render.lead import ADVICE_HEADERS, advice_rows, headline, only_rank_note
 
     P.append(f'<p class="lead" id="headline"><b>{_e(headline(data, rk, advice))}</b></p>')
     lead = advice_rows(advice, rk)
@@ -343,7 +343,9 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
         ("phases from", ", ".join(f"pid {os_pid(gp)}: {s}" for gp, s in sorted(data.model.source.items()))
          or "none"),
         ("ranks", ", ".join(f"{i}: pid {r['pid']} GPU {r['device']}" for i, r in enumerate(data.ranks.iter_rows(named=True)))),
-        ("shown", f"rank {rk['index']} (pid {rk['pid']} GPU {rk['device']}); iteration {it} in time"),
+        ("shown", f"rank {rk['index']} (pid {rk['pid']} GPU {rk['device']})"
+         + (only_rank_note(data.ranks.height).replace("`", "") if data.ranks.height > 1 else "")
+         + f"; iteration {it} in time"),
         ("steady iterations (means)", F.iterations_note(steady)),
         ("warm-up drawn apart", F.iterations_note(D.warmup_iterations(data, rk)) if D.warmup_iterations(data, rk) else "none"),
         ("units", UNITS_LINE),

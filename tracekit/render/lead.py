@@ -10,12 +10,15 @@ from tracekit.render.data import ReportData
 def headline(data: ReportData, rk: dict, res: dict | None) -> str:
     """The report's first line, plain text: ``trace · GPU · ZeRO-3 · offload cpu · bf16 · grad.
     accumulation 2`` (the settings of ``res``, the advice result, else what the trace's name
-    and NVTX ranges say: :func:`tracekit.render.config.trace_config`); unknown parts left out."""
+    and NVTX ranges say: :func:`tracekit.render.config.trace_config`); unknown parts left out.
+    A trace of several ranks names the one shown second: ``rank 1 of 2 (pid 20)``."""
     from tracekit.render.config import config_text, trace_config
 
     cfg = trace_config(data)
     sett = {r["key"]: r["value"] for r in ((res or {}).get("config") or {}).get("settings") or []}
     parts = [data.path.name]
+    if data.ranks.height > 1:  # the advice, numbers and figures below are this rank's
+        parts.append(f"rank {rk['index']} of {data.ranks.height} (pid {rk['pid']})")
     try:
         g = data.export.gpus()
         g = g.filter(g["device"] == rk["device"]) if g.height else g
@@ -42,6 +45,13 @@ def headline(data: ReportData, rk: dict, res: dict | None) -> str:
     if gas is not None:
         parts.append(f"gradient accumulation {config_text(gas)}")
     return " · ".join(parts)
+
+
+def only_rank_note(n_ranks: int) -> str:
+    """What a report of one rank of ``n_ranks`` (two or more) shows of the others, after the
+    shown rank: the advice, key numbers, findings and figures but the per-rank one are its."""
+    return (f": the advice, key numbers, findings and every figure but the per-rank summary (all {n_ranks} "
+            "ranks) are this rank's; `--rank N` for another")
 
 
 def advice_rows(res: dict | None, rk: dict) -> list[dict]:

@@ -29,7 +29,7 @@ from tracekit.render import figures as F
 from tracekit.render import style as S
 from tracekit.render import summary
 from tracekit.render.data import ReportData
-from tracekit.render.lead import ADVICE_HEADERS, advice_rows, headline  # noqa: F401 (also report's API)
+from tracekit.render.lead import ADVICE_HEADERS, advice_rows, headline, only_rank_note  # noqa: F401 (also report's API)
 from tracekit.render.report_cache import (  # noqa: F401 (FORMATS, ReportResult, prepare_dir: this module's API)
     FORMATS, PERFETTO_MEMBER, TIMED, ReportResult, add_perfetto, check_out, prepare_dir)
 from tracekit.textsafe import csv_frame, md, md_code
@@ -351,7 +351,8 @@ def render_markdown(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, 
              f"export schema {md(exp.schema_version)})")
     L.append(f"- phases from: {src or 'none'}")
     ranks = ", ".join(f"{i}: pid {r['pid']} GPU {r['device']}" for i, r in enumerate(data.ranks.iter_rows(named=True)))
-    L.append(f"- ranks: {ranks}; shown: rank {rk['index']} (pid {rk['pid']} GPU {rk['device']})")
+    L.append(f"- ranks: {ranks}; shown: rank {rk['index']} (pid {rk['pid']} GPU {rk['device']})"
+             + (only_rank_note(data.ranks.height) if data.ranks.height > 1 else ""))
     if spans.height:
         its = spans["iteration"].to_list()
         L.append(f"- iterations in the trace: {its[0]}–{its[-1]} ({spans.filter(pl.col('complete')).height} complete); "

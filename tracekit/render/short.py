@@ -45,6 +45,38 @@ def header_line(result: dict) -> str:
     return f"{PurePath(result['trace']).name}: GPU{gpus}; {ds or 'DeepSpeed config unknown'} ({where})"
 
 
+def filled_note(source: str) -> str | None:
+    """The note for a process whose phases came partly from ``--phase-map`` and partly from the
+    built-in names (``phase_source`` ``phase-map+tracekit`` or ``phase-map+DeepSpeed``, with
+    ``+inferred-update`` when the update was inferred); None for any other source."""
+    parts = source.split("+")
+    if len(parts) < 2 or parts[0] != "phase-map" or parts[1] not in ("tracekit", "DeepSpeed"):
+        return None
+    return f"phases not in --phase-map keep the built-in names ({parts[1]} NVTX)"
+
+
+def iteration_span(its: list[int]) -> str:
+    """``1-3`` for consecutive iterations, else ``1, 3, 5``."""
+    its = sorted(its)
+    if len(its) > 1 and its == list(range(its[0], its[-1] + 1)):
+        return f"{its[0]}-{its[-1]}"
+    return ", ".join(str(i) for i in its)
+
+
+def advice_basis_note(result: dict, iteration: int | None) -> str | None:
+    """With ``--iteration N`` the tables show iteration N, but the advice (and its 95 % interval,
+    which needs two or more iterations) is over the run's steady iterations (``predictions``'
+    ``iterations``): the one line that says which; None without ``--iteration``, without
+    predictions, or when N is the only steady iteration."""
+    if iteration is None:
+        return None
+    its = sorted({int(i) for p in result.get("predictions") or [] for i in p.get("iterations") or []})
+    if not its or its == [iteration]:
+        return None
+    what = f"iterations {iteration_span(its)}" if len(its) > 1 else f"iteration {its[0]}"
+    return f"note: the advice is over steady {what}, not --iteration {iteration} alone"
+
+
 def _cell(s: str):
     """A cell of pre-folded lines (each printed as data)."""
     from rich.text import Text
@@ -140,8 +172,9 @@ def _one_line(text: str, width: int) -> str:
     return cut.rstrip(",:(") + "…"
 
 
-def render_short(result: dict, console: Console) -> None:
-    """Print the default screen of :mod:`this module <tracekit.render.short>` on ``console``."""
+def render_short(result: dict, console: Console, iteration: int | None = None) -> None:
+    """Print the default screen of :mod:`this module <tracekit.render.short>` on ``console``;
+    ``iteration``: the ``--iteration N`` the result was narrowed to (:func:`advice_basis_note`)."""
     from tracekit.vocab import rank_title
 
     console.print(_t(header_line(result)), highlight=False)
@@ -160,11 +193,15 @@ def render_short(result: dict, console: Console) -> None:
                              "its GPU work is 'other'; map your own NVTX ranges with --phase-map PHASE=REGEX"))
         elif src == NO_NVTX:
             console.print(_t(f"pid {pid}: {NO_NVTX_NOTE}"))
+        elif filled_note(src):
+            console.print(_t(f"pid {pid}: {filled_note(src)}"), highlight=False)
     t = advice_table(result, console.width)
     if t is not None:
         console.print(t)
     elif result.get("config") is not None:
         console.print(_t("advice: none (no change of the what-if model saves 0.5% of a steady iteration)"))
+    if advice_basis_note(result, iteration):
+        console.print(_t(advice_basis_note(result, iteration)), highlight=False)
     if len(result["ranks"]) > 1:
         from tracekit.render.multi_gpu_tables import render_rank_order
 
@@ -240,10 +277,11 @@ def _print_finding(console: Console, line: str) -> int:
     return len(folded)
 
 
-def render_explain(result: dict, console: Console, item: int | None = None) -> None:
+def render_explain(result: dict, console: Console, item: int | None = None, iteration: int | None = None) -> None:
     """``--explain [N]``: each advice item's (or item N's) change, problem and basis in full, then
     (without N) every finding's whole sentence. With several ranks the items are those of the
-    default screen, once per run (``advice_per_run``), each followed by its per-rank evidence."""
+    default screen, once per run (``advice_per_run``), each followed by its per-rank evidence.
+    ``iteration``: ``--iteration N``, for :func:`advice_basis_note` (first)."""
     from tracekit.errors import TracekitError
 
     per_rank = result.get("advice") or []
@@ -251,6 +289,8 @@ def render_explain(result: dict, console: Console, item: int | None = None) -> N
     items = result["advice_per_run"] if multi else per_rank
     if item is not None and not 1 <= item <= len(items):
         raise TracekitError(f"--explain {item}: the advice has {len(items)} item(s)")
+    if advice_basis_note(result, iteration):
+        console.print(_t(advice_basis_note(result, iteration)), highlight=False)
     for i, a in enumerate(items, 1):
         if item is not None and i != item:
             continue
@@ -401,7 +441,7 @@ def rank_lines(result: dict) -> list[str]:
     return out
 
 
-def render_short_multi(result: dict, console: Console) -> None:
+def render_short_multi(result: dict, console: Console, iteration: int | None = None) -> None:
     """The default screen of a trace with several ranks (<= :data:`MULTI_LINES` lines): the
     header, the advice once per run, the phases across ranks, the ranks' differences and the
     findings once per run (``findings_per_run``), as many as fit; ``--wide`` prints every
@@ -422,6 +462,8 @@ def render_short_multi(result: dict, console: Console) -> None:
                                       "is 'other'; --phase-map PHASE=REGEX maps your own NVTX ranges"))
         elif src == NO_NVTX:
             used += _emit(console, _t(f"{who}: {NO_NVTX_NOTE}"))
+        elif filled_note(src):
+            used += _emit(console, _t(f"{who}: {filled_note(src)}"))
     ro = result.get("rank_order")
     if ro:
         used += _emit(console, _t(f"rank numbers: {ro['source']} (--wide: how)"))
@@ -430,6 +472,8 @@ def render_short_multi(result: dict, console: Console) -> None:
         used += _emit(console, t)
     elif result.get("config") is not None:
         used += _emit(console, _t("advice: none (no change of the what-if model saves 0.5% of a steady iteration)"))
+    if advice_basis_note(result, iteration):
+        used += _emit(console, _t(advice_basis_note(result, iteration)))
     t = phases_table(result)
     if t is not None:
         used += _emit(console, t)

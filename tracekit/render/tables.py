@@ -73,10 +73,12 @@ def _table(title: str, first: list[str], wide: bool = True) -> Table:
     return t
 
 
-def render(result: dict, console: Console | None = None, phase: str | None = None, wide: bool = False) -> None:
+def render(result: dict, console: Console | None = None, phase: str | None = None, wide: bool = False,
+           iteration: int | None = None) -> None:
     """Print the per-iteration phase tables, totals, sub-phase breakdown and notes. The default
     tables fit :func:`terminal_width` (80 columns when piped) and never cut a number; ``wide``
-    shows every column (:data:`WIDE_COLUMNS`)."""
+    shows every column (:data:`WIDE_COLUMNS`); ``iteration``: the ``--iteration N`` the result
+    was narrowed to (the advice says it is over the steady iterations)."""
     if console is None:
         console = make_console(wide)
     head_line = _t(result["trace"], "bold")
@@ -92,7 +94,7 @@ def render(result: dict, console: Console | None = None, phase: str | None = Non
             ))
         elif s == NO_NVTX:
             console.print(_t(f"pid {pid}: {NO_NVTX_NOTE}"))
-    render_config_and_advice(console, result)
+    render_config_and_advice(console, result, iteration)
     if not result["ranks"]:
         console.print(_t("no process with GPU work in this trace"))
     render_rank_order(console, result)
@@ -200,9 +202,10 @@ def _render_sub_phases(console: Console, head: str, phase: str, rows: list[dict]
     ))
 
 
-def render_config_and_advice(console: Console, result: dict) -> None:
+def render_config_and_advice(console: Console, result: dict, iteration: int | None = None) -> None:
     """The run's config (or what the trace says of it) and the advice, first in ``analyze``:
-    items sorted by saving per steady iteration, one-time costs apart."""
+    items sorted by saving per steady iteration, one-time costs apart; with ``iteration``
+    (``--iteration N``) the line of :func:`tracekit.render.short.advice_basis_note`."""
     cfg = result.get("config")
     if cfg:
         if cfg.get("source"):
@@ -243,6 +246,10 @@ def render_config_and_advice(console: Console, result: dict) -> None:
             console.print(_t(f"   predicted from: {a['basis']}"), highlight=False)
     elif result.get("config") is not None:
         console.print(_t("advice: none (no change of the what-if model saves 0.5% of a steady iteration)"))
+    from tracekit.render.short import advice_basis_note
+
+    if advice_basis_note(result, iteration):
+        console.print(_t(advice_basis_note(result, iteration)), highlight=False)
     for c in result.get("one_time_costs") or []:
         console.print(_t(f"one-time cost (total, not per iteration): {c['problem']} [{c['knob']}: {c['change']}]"))
 
@@ -309,12 +316,13 @@ def render_text(analysis, fmt: str = "table", wide: bool = False, explain=False)
     view = analysis._view()  # the tables need no per-bin timeline rows (issue 13)
     from tracekit.render import short
 
+    it = analysis.options.iteration
     if explain is not False and explain is not None:
-        short.render_explain(view, console, None if explain is True else int(explain))
+        short.render_explain(view, console, None if explain is True else int(explain), iteration=it)
     elif wide or analysis.options.sections or analysis.options.phase:
-        render(view, console=console, phase=analysis.options.phase, wide=wide)
+        render(view, console=console, phase=analysis.options.phase, wide=wide, iteration=it)
     elif len(view["ranks"]) > 1:  # several GPUs: the ranks side by side, advice and findings once
-        short.render_short_multi(view, console)
+        short.render_short_multi(view, console, iteration=it)
     else:
-        short.render_short(view, console)
+        short.render_short(view, console, iteration=it)
     return buf.getvalue()

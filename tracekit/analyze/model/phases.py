@@ -177,8 +177,10 @@ def parse_phase_map(items: list[str] | None) -> dict[str, str] | None:
     return {p: "|".join(v) for p, v in out.items()}
 
 
-def _candidates(ranges: pl.DataFrame, phase_map: dict[str, str] | None) -> tuple[pl.DataFrame, dict]:
-    """Phase-matching ranges of each process from its preferred source."""
+def _candidates(ranges: pl.DataFrame, phase_map: dict[str, str] | None) -> tuple[pl.DataFrame, dict, set]:
+    """Phase-matching ranges of each process from its preferred source, the source of each
+    process, and the phases that ``phase_map`` matched in some process. With a ``phase_map``
+    the phases it does not name keep the built-in names (tracekit's ranges, else DeepSpeed's)."""
     # the matching rows are picked from narrow masks and only they are gathered (a DeepSpeed
     # trace has ~75k ranges per 4 iterations, a few dozen of them phases)
     indexed = ranges.with_row_index("range_index")
@@ -189,20 +191,34 @@ def _candidates(ranges: pl.DataFrame, phase_map: dict[str, str] | None) -> tuple
             pl.col("range_index").cast(pl.Int64), phase=_match(pl.col("name"), patterns)
         )
 
-    sources = []
-    if phase_map:
-        sources.append(("phase-map", pick(pl.lit(True), phase_map)))
-    else:
-        sources.append(("tracekit", pick(pl.col("domain") == TRACEKIT_DOMAIN, TRACEKIT_PHASES)))
-        sources.append(("DeepSpeed", pick(pl.col("domain") == DEEPSPEED_DOMAIN, DEEPSPEED_PHASES)))
-    chosen = []
+    def built_in(phases) -> list[tuple[str, pl.DataFrame]]:
+        return [(label, pick(pl.col("domain") == domain, {p: r for p, r in names.items() if p in phases}))
+                for label, domain, names in (("tracekit", TRACEKIT_DOMAIN, TRACEKIT_PHASES),
+                                             ("DeepSpeed", DEEPSPEED_DOMAIN, DEEPSPEED_PHASES))]
+
+    def first_source(sources, source: dict[int, str]) -> list[pl.DataFrame]:
+        """Per process, the rows of the first of ``sources`` that has any; ``source`` gets its label."""
+        chosen = []
+        for label, frame in sources:
+            frame = frame.filter(pl.col("phase").is_not_null())
+            frame = frame.filter(~pl.col("global_pid").is_in(list(source)))
+            for pid in frame["global_pid"].unique().to_list():
+                source[int(pid)] = label
+            chosen.append(frame)
+        return chosen
+
     source: dict[int, str] = {}
-    for label, frame in sources:
-        frame = frame.filter(pl.col("phase").is_not_null())
-        frame = frame.filter(~pl.col("global_pid").is_in(list(source)))
-        for pid in frame["global_pid"].unique().to_list():
-            source[int(pid)] = label
-        chosen.append(frame)
+    if phase_map:
+        chosen = first_source([("phase-map", pick(pl.lit(True), phase_map))], source)
+        mapped = set(chosen[0]["phase"].unique().to_list())
+        rest = [p for p in ("forward", "backward", "update") if p not in phase_map]
+        if rest:  # the phases the map does not name keep the built-in names
+            filled: dict[int, str] = {}
+            chosen += first_source(built_in(rest), filled)
+            for pid, label in filled.items():
+                source[pid] = f"phase-map+{label}" if pid in source else label
+    else:
+        chosen, mapped = first_source(built_in(("forward", "backward", "update")), source), set()
     cand = pl.concat(chosen)
     cand = _cut_unclosed_at_next(cand)
     # outermost only: drop ranges inside an earlier one of the same process; clip partial overlaps
@@ -210,7 +226,7 @@ def _candidates(ranges: pl.DataFrame, phase_map: dict[str, str] | None) -> tuple
     cand = cand.with_columns(prev_end=pl.col("end").cum_max().shift(1).over("global_pid"))
     cand = cand.filter(pl.col("prev_end").is_null() | (pl.col("end") > pl.col("prev_end")))
     cand = cand.with_columns(start=pl.max_horizontal("start", pl.col("prev_end").fill_null(pl.col("start"))))
-    return cand.drop("prev_end"), source
+    return cand.drop("prev_end"), source, mapped
 
 
 def _cut_unclosed_at_next(cand: pl.DataFrame) -> pl.DataFrame:
@@ -357,8 +373,8 @@ def build(
     ops = load_gpu_ops(export)
     ranges = set_aside_unclosed(export, nvtx.load_ranges(export), ops)
     anomalies = nvtx.anomalies(export, ranges)
-    cand, source = _candidates(ranges, pmap)
-    if pmap and not source:
+    cand, source, mapped = _candidates(ranges, pmap)
+    if pmap and not mapped:
         from tracekit.errors import TracekitError
 
         if no_nvtx:
@@ -369,6 +385,15 @@ def build(
         raise TracekitError(
             f"--phase-map {' '.join(phase_map)}: matched no NVTX range in "
             f"{shown(export.path)}; check the names with `nsys stats -r nvtx_sum` or drop --phase-map"
+        )
+    if pmap and set(pmap) - mapped:  # a named phase that matched nothing would be dropped silently
+        from tracekit.errors import TracekitError
+
+        missing = [i for i in phase_map if i.partition("=")[0].strip() in set(pmap) - mapped]
+        raise TracekitError(
+            f"--phase-map {' '.join(missing)}: matched no NVTX range in {shown(export.path)} (the other "
+            "items did); fix the name (`nsys stats -r nvtx_sum` lists them) or leave the item out to keep "
+            "the built-in names for that phase"
         )
 
     # span of each process with GPU work

@@ -38,6 +38,9 @@ from tracekit.errors import MissingDataError, TracekitError
 from tracekit.userfiles import shown
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+#: first bytes of a compressed file -> (format, the command that decompresses it beside itself)
+COMPRESSED_MAGIC = {b"\xfd7zXZ\x00": ("xz", "xz -dk"), b"\x1f\x8b": ("gzip", "gzip -dk"),
+                    b"\x28\xb5\x2f\xfd": ("zstd", "zstd -dk")}
 
 # SQLite declared types -> polars dtypes for the columns tracekit loads.
 _DTYPES = {"INTEGER": pl.Int64, "REAL": pl.Float64, "TEXT": pl.String, "": pl.String}
@@ -147,8 +150,8 @@ class Export:
             kept by ``tracekit trim`` (read from its ``TRACEKIT_TRIM`` table).
 
     Raises (from :meth:`open`): :class:`TracekitError` (exit code 2) for a missing file, a
-    non-SQLite file, an ``.nsys-rep``/``.qdrep`` report, an nvprof database, an SQLite file
-    that is not an nsys export, and a truncated or corrupt file.
+    non-SQLite file, an xz/gzip/zstd-compressed export, an ``.nsys-rep``/``.qdrep`` report, an
+    nvprof database, an SQLite file that is not an nsys export, and a truncated or corrupt file.
     """
 
     path: Path
@@ -838,10 +841,14 @@ def _check_file(path: Path) -> None:
         raise os_error(path, exc) from None
     if head == SQLITE_MAGIC:
         return
+    for magic, (kind, tool) in COMPRESSED_MAGIC.items():
+        if head.startswith(magic):  # what tests/fixtures ship (NAME.sqlite.xz); nothing reads it compressed
+            raise TracekitError(f"{shown(path)} is {kind}-compressed: decompress it first (`{tool} {shown(path)}`)")
     if suffix in (".nsys-rep", ".qdrep", ".qdstrm"):
         raise TracekitError(
             f"{shown(path)}: this is an Nsight Systems report, not its SQLite export; run "
-            f"`nsys export --type sqlite {path}` and analyze the .sqlite it writes"
+            f"`nsys export --type sqlite {path}` and analyze the .sqlite it writes (`tracekit capture` "
+            "records and exports in one go)"
         )
     if not head:
         raise TracekitError(f"{shown(path)}: file is empty; pass an nsys .sqlite export")
