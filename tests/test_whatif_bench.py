@@ -138,3 +138,36 @@ def test_best_change_line_is_the_minimum_of_the_pairs_table():
         assert len(group) >= 2
         assert pred == min(group, key=lambda r: _num(r[3]))[0]
         assert meas_named[base] == min(group, key=lambda r: _num(r[4].split(" (")[0]))[0]
+
+
+def test_between_run_constant_is_the_same_call_noise_pairs_spread():
+    """The model's between-run term (whatif.BETWEEN_RUN_REL_SD) recomputed from the summaries of
+    its same-call noise pairs: per pair the squared relative difference of the two means less the
+    squared standard error of that difference from the runs' own iteration spreads, pooled."""
+    import math
+
+    from tracekit.analyze.sections import whatif
+
+    acc = []
+    for a, b in whatif.BETWEEN_RUN_PAIRS:
+        wa = [v["wall_ns"] for v in SUMMARIES[a]["iterations"].values()]
+        wb = [v["wall_ns"] for v in SUMMARIES[b]["iterations"].values()]
+        ma, mb = sum(wa) / len(wa), sum(wb) / len(wb)
+        va = sum((x - ma) ** 2 for x in wa) / (len(wa) - 1)
+        vb = sum((x - mb) ** 2 for x in wb) / (len(wb) - 1)
+        acc.append(((mb - ma) / ma) ** 2 - (va / len(wa) + vb / len(wb)) / ma ** 2)
+    assert len(acc) >= 4
+    assert whatif.BETWEEN_RUN_REL_SD == pytest.approx(math.sqrt(sum(acc) / len(acc)), abs=5e-5)
+    # the pairs are results.md's same-call noise rows (the cross-call ones are not in it)
+    line = next(x for x in RESULTS.splitlines() if x.startswith("- between-run spread from the same-call"))
+    assert sorted(re.findall(r"(\w+)/(\w+)", line)) == sorted(map(tuple, whatif.BETWEEN_RUN_PAIRS))
+    m = re.search(r"inside the prediction's interval: (\d+) of (\d+)", RESULTS)
+    rows = [r for r in _table("Pairs") if "(no scenario)" not in r[3]]
+    assert int(m.group(1)) == sum(1 for r in rows if r[7] == "yes")
+    assert int(m.group(2)) == len(rows)
+    m = re.search(r"without the between-run term .*?: (\d+) of (\d+)", RESULTS)
+    assert int(m.group(1)) == sum(1 for r in rows if r[10] == "yes")
+    for r in rows:  # the wider interval holds the narrower one
+        lo, hi = (_num(x) for x in r[6].split("-", 1))
+        lo2, hi2 = (_num(x) for x in r[9].split("-", 1))
+        assert lo <= lo2 and hi2 <= hi, r[0]

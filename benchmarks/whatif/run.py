@@ -212,6 +212,21 @@ def percentile(v: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+def between_run_spread(summ: dict, pairs: list[tuple[str, str]]) -> float:
+    """Pooled relative sd of the difference between two runs of one config beyond their
+    iteration-to-iteration noise (the what-if model's ``BETWEEN_RUN_REL_SD``): per pair ``(A, B)``
+    ``d = (mean_B - mean_A) / mean_A`` and ``w^2 = (s_A^2 / n_A + s_B^2 / n_B) / mean_A^2`` over the
+    runs' steady iteration walls of ``summ`` (summaries.json), ``sqrt(max(mean(d^2 - w^2), 0))``."""
+    acc = []
+    for a, b in pairs:
+        wa = [v["wall_ns"] for v in summ[a]["iterations"].values()]
+        wb = [v["wall_ns"] for v in summ[b]["iterations"].values()]
+        ma, mb = statistics.fmean(wa), statistics.fmean(wb)
+        w2 = (statistics.variance(wa) / len(wa) + statistics.variance(wb) / len(wb)) / ma ** 2
+        acc.append(((mb - ma) / ma) ** 2 - w2)
+    return max(statistics.fmean(acc), 0.0) ** 0.5 if acc else 0.0
+
+
 def rows(traces: Path | None = None) -> dict:
     """Every pair of :data:`PAIRS` (and :data:`CROSS_CALL`): prediction, measurement, error."""
     from tracekit.analyze.sections import whatif
@@ -249,11 +264,14 @@ def rows(traces: Path | None = None) -> dict:
             s = {r["scenario"]: r for r in whatif.predict(pieces, sett, changes)}[scenario]
             pred = s["predicted_ns"] / 1e6
             delta = s.get("phase_delta_ns") or {"update": -s["saving_ns"]}
-        iv = s.get("interval_ns")
+        iv, iw = s.get("interval_ns"), s.get("interval_within_run_ns")
         interval = None if iv is None else [round(iv[0] / 1e6, 1), round(iv[1] / 1e6, 1)]
+        within = None if iw is None else [round(iw[0] / 1e6, 1), round(iw[1] / 1e6, 1)]
         row.update(predicted_ms=round(pred, 1), error_pct=round(100 * (pred - meas) / meas, 1),
                    confidence=s["confidence"], applicable=s["applicable"], why_not=s["why_not"],
                    interval=interval, inside=None if interval is None else interval[0] <= meas <= interval[1],
+                   interval_within_run=within,
+                   inside_within_run=None if within is None else within[0] <= meas <= within[1],
                    predicted_phases_ms={p: round((pieces["phase_ns"].get(p, 0.0) + delta.get(p, 0.0)) / 1e6, 1)
                                         for p in PHASES})
         out.append(row)
@@ -263,7 +281,12 @@ def rows(traces: Path | None = None) -> dict:
              "median_abs_error_pct": round(statistics.median(errs), 1) if errs else None,
              "p90_abs_error_pct": round(percentile(errs, 0.9), 1) if errs else None,
              "inside_interval": sum(1 for r in modelled if r["inside"]),
-             "with_interval": sum(1 for r in modelled if r["interval"] is not None)}
+             "with_interval": sum(1 for r in modelled if r["interval"] is not None),
+             "inside_interval_within_run": sum(1 for r in modelled if r.get("inside_within_run"))}
+    same_call = [(b, k) for k, (b, sc, _, _) in PAIRS.items() if sc == "noise"]
+    stats["between_run"] = {"rel_sd_pct": round(100 * between_run_spread(summ, same_call), 2),
+                            "pairs": [f"{a}/{b}" for a, b in same_call],
+                            "model_rel_sd_pct": round(100 * whatif.BETWEEN_RUN_REL_SD, 2)}
     allc = [r for r in out if r["scenario"] != "noise"]
     e2 = [abs(r["error_pct"]) for r in allc]
     stats.update(pairs_all=len(allc), median_abs_error_pct_all=round(statistics.median(e2), 1),
@@ -300,17 +323,19 @@ def render(res: dict) -> str:
          + (" (the committed cuts: steady iterations 1-4 of each baseline; *prediction's basis* is their mean)."
             if res.get("from_cuts", True) else " (full exports)."), "",
          "## Pairs", "",
-         "| pair | change | baseline ms (all steady / prediction's basis) | predicted ms | measured ms (min-max, n) | error % | interval | inside | confidence |",
-         "|---|---|---:|---:|---:|---:|---|---|---|"]
+         "| pair | change | baseline ms (all steady / prediction's basis) | predicted ms | measured ms (min-max, n) | error % | interval | inside | confidence | interval without the between-run term | inside |",
+         "|---|---|---:|---:|---:|---:|---|---|---|---|---|"]
     for r in res["rows"]:
         if r["scenario"] == "noise":
             continue
         iv = ("no scenario" if r["scenario"] is None else "none (< 2 steady iterations)") if r["interval"] is None else f"{r['interval'][0]:,.1f}-{r['interval'][1]:,.1f}"
         ins = "-" if r["inside"] is None else ("yes" if r["inside"] else "no")
+        iw = "-" if r.get("interval_within_run") is None else f"{r['interval_within_run'][0]:,.1f}-{r['interval_within_run'][1]:,.1f}"
+        insw = "-" if r.get("inside_within_run") is None else ("yes" if r["inside_within_run"] else "no")
         pred = f"{r['predicted_ms']:,.1f}" + (" (no scenario)" if r["scenario"] is None else "")
         L.append(f"| {r['pair']} | {r['change']} | {r['baseline_ms']:,.1f} / {r['prediction_baseline_ms']:,.1f} | {pred} | {r['measured_ms']:,.1f} "
                  f"({r['measured_spread_ms'][0]:,.1f}-{r['measured_spread_ms'][1]:,.1f}, {r['measured_steady']}) | "
-                 f"{r['error_pct']:+.1f} | {iv} | {ins} | {r.get('confidence', '-')} |")
+                 f"{r['error_pct']:+.1f} | {iv} | {ins} | {r.get('confidence', '-')} | {iw} | {insw} |")
     L += ["", "## Noise floor (same config recorded twice; 'predicted' = the first run)", "",
           "| pair | what | first ms | second ms (min-max, n) | difference % |", "|---|---|---:|---:|---:|"]
     for r in res["rows"]:
@@ -332,7 +357,14 @@ def render(res: dict) -> str:
           f"- all pairs (changes without a scenario predicted as no change): {s['pairs_all']}; median |error| "
           f"{s['median_abs_error_pct_all']} %, p90 |error| {s['p90_abs_error_pct_all']} %",
           f"- measured run inside the prediction's interval: {s['inside_interval']} of {s['with_interval']} pairs with "
-          f"an interval" + (" (the model gives no interval yet)" if not s["with_interval"] else ""),
+          f"an interval" + (" (the model gives no interval yet)" if not s["with_interval"] else
+                            f" (with the between-run term: {s['between_run']['model_rel_sd_pct']} % of the predicted "
+                            "iteration)"),
+          f"- measured run inside the interval without the between-run term (the baseline's iteration noise and the "
+          f"modelled term only): {s['inside_interval_within_run']} of {s['with_interval']}",
+          f"- between-run spread from the same-call noise rows ({', '.join(s['between_run']['pairs'])}; pooled relative "
+          f"sd of the difference beyond the iteration noise): {s['between_run']['rel_sd_pct']} %; the model's "
+          f"constant: {s['between_run']['model_rel_sd_pct']} %",
           "- rank correlation (Spearman) of predicted vs measured per baseline (baseline + its modelled changes): "
           + ", ".join(f"{b}: {'n/a (< 2 modelled changes)' if v is None else v}" for b, v in s["rank_correlation"].items()),
           "- the best recorded change per baseline (>= 2 modelled changes; lowest predicted vs lowest measured ms): "
