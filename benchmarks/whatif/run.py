@@ -75,13 +75,20 @@ PAIRS = {
     # call 6: SuperOffload and ZenFlow baselines again, one knob each
     "so_rb": ("so_base2", None, {}, "SuperOffload 134M: reduce_bucket_size -> 1e7"),
     "zf_ui2": ("zf_base2", None, {}, "ZenFlow 134M: update_interval (and select_interval) 4 -> 2; gas follows it, so an iteration holds 2 micro-steps, not 4"),
+    # call A (2026-12-02): ZeRO-3 134 M again; sub_group_size 2e7 (z3s_sg2e7b, recorded as z3s_sg2e7), and
+    # on it offload_optimizer.ratio 0.5 (z3s_fused, no offload with FusedAdam, failed to build: not here)
+    "z3s_base7": ("z3s_base6", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call A)"),
+    "z3s_sg2e7b": ("z3s_base6", "sub_group_size", {"sub_group_size": 2e7}, "ZeRO-3 134M: sub_group_size 1e9 -> 2e7 (call A)"),
+    "z3s_sg2e7r05": ("z3s_sg2e7b", "ratio", {"ratio": 0.5},
+                     "ZeRO-3 134M, sub_group_size 2e7: offload_optimizer.ratio 1 -> 0.5"),
 }
 #: noise pairs across calls (same config, different device calls): shown with the noise rows
 CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call 1"),
               "z3s_base4": ("z3s_base", "ZeRO-3 134M: baseline of call 5 vs call 1"),
               "z2s_base3": ("z2s_base", "ZeRO-2 134M: baseline of call 6 vs call 2"),
               "so_base2": ("so_base", "SuperOffload 134M: baseline of call 6 vs call 3"),
-              "zf_base2": ("zf_base", "ZenFlow 134M: baseline of call 6 vs call 3")}
+              "zf_base2": ("zf_base", "ZenFlow 134M: baseline of call 6 vs call 3"),
+              "z3s_base6": ("z3s_base", "ZeRO-3 134M: baseline of call A vs call 1")}
 
 
 def trace_of(run: str) -> str:
