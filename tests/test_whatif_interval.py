@@ -58,26 +58,29 @@ def test_interval_saving_above_noise_and_no_term():
 
 
 def test_interval_between_run_term_by_hand():
-    """The third term: 10 % of the predicted iteration, its spread measured on 4 pairs; the
-    degrees of freedom by Welch-Satterthwaite, worked here by hand."""
+    """The third term: 10 % of the predicted iteration, its spread measured on 4 pairs; each part's
+    own 95 % half width (t with 3 and with 4 degrees of freedom), combined in quadrature."""
     walls = [100e6, 110e6, 90e6, 104e6]
     per_it = [18e6, 22e6, 19e6, 21e6]
     pieces = {"iteration_walls_ns": walls, "iteration_ns": sum(walls) / 4}
     got = whatif.interval(pieces, 20e6, per_it, between_run_rel_sd=0.10, between_run_df=4)
-    a = 6.083e6 ** 2  # noise^2 + term^2 of test_interval_hand_made_pieces (6.083 ms)
-    b = (0.10 * 81e6) ** 2  # 10 % of the predicted 101 - 20 = 81 ms: 8.1 ms
-    df = (a + b) ** 2 / (a ** 2 / 3 + b ** 2 / 4)  # = 6.87: 3 from the noise, 4 from the pairs
-    assert 6.0 <= df < 7.0
-    half = 2.447 * math.sqrt(a + b)  # t(0.975, 6) = 2.447 (NIST)
+    within = 3.182 * 6.083e6  # t(0.975, 3) x sqrt(noise^2 + term^2) of test_interval_hand_made_pieces
+    between = 2.776 * 0.10 * 81e6  # t(0.975, 4) x 10 % of the predicted 101 - 20 = 81 ms
+    half = math.sqrt(within ** 2 + between ** 2)  # 19.36 and 22.49 ms: 29.67 ms
+    assert half == pytest.approx(29.67e6, rel=1e-3)
     assert got["between_run_sd_ns"] == pytest.approx(8.1e6, abs=1)
     assert got["interval_ns"] == pytest.approx([81e6 - half, 81e6 + half], rel=2e-4)
     assert got["saving_interval_ns"] == pytest.approx([20e6 - half, 20e6 + half], rel=2e-4)
     # without the term: the two-part interval of the test above, kept under its own keys
-    assert got["interval_within_run_ns"] == pytest.approx([81e6 - 19.355e6, 81e6 + 19.355e6], rel=2e-4)
-    assert got["within_noise"] is True and got["within_noise_within_run"] is False  # 20 - 24.8 < 0 < 20 - 19.4
-    assert "between-run 8.10^2" in got["interval_basis"] and "t(0.975, 6)" in got["interval_basis"]
+    assert got["interval_within_run_ns"] == pytest.approx([81e6 - within, 81e6 + within], rel=2e-4)
+    assert got["within_noise"] is True and got["within_noise_within_run"] is False  # 20 - 29.7 < 0 < 20 - 19.4
+    assert "between-run 8.10" in got["interval_basis"] and "t(0.975, 4) = 2.776" in got["interval_basis"]
     with pytest.raises(ValueError):
         whatif.interval(pieces, 20e6, per_it, between_run_rel_sd=-0.1)
+    # never narrower than without the term, even with 2 steady iterations (t = 12.7 for the noise)
+    two = {"iteration_walls_ns": [100e6, 110e6], "iteration_ns": 105e6}
+    g2 = whatif.interval(two, 5e6, None, between_run_rel_sd=0.10, between_run_df=5)
+    assert g2["interval_ns"][1] - 100e6 > g2["interval_within_run_ns"][1] - 100e6 > 12.7 * 7.07e6
 
 
 def test_interval_needs_two_steady_iterations():
@@ -132,10 +135,8 @@ def test_noise_part_on_fixture_is_sql_spread(base_pieces):
     half = T975[1] * statistics.stdev(walls) * math.sqrt(1 / 2 + 1 / 2)
     assert s["interval_within_run_ns"] == pytest.approx([s["predicted_ns"] - half, s["predicted_ns"] + half], abs=1)
     assert s["within_noise"] is True
-    b = whatif.BETWEEN_RUN_REL_SD * s["predicted_ns"]
-    a = (half / T975[1]) ** 2
-    df = int((a + b * b) ** 2 / (a ** 2 / 1 + b ** 4 / len(whatif.BETWEEN_RUN_PAIRS)))
-    full = whatif.t95(df) * math.sqrt(a + b * b)
+    between = whatif.t95(len(whatif.BETWEEN_RUN_PAIRS)) * whatif.BETWEEN_RUN_REL_SD * s["predicted_ns"]
+    full = math.hypot(half, between)
     assert s["interval_ns"] == pytest.approx([s["predicted_ns"] - full, s["predicted_ns"] + full], abs=1)
 
 
