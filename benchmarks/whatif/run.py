@@ -81,6 +81,9 @@ PAIRS = {
     "z3s_sg2e7b": ("z3s_base6", "sub_group_size", {"sub_group_size": 2e7}, "ZeRO-3 134M: sub_group_size 1e9 -> 2e7 (call A)"),
     "z3s_sg2e7r05": ("z3s_sg2e7b", "ratio", {"ratio": 0.5},
                      "ZeRO-3 134M, sub_group_size 2e7: offload_optimizer.ratio 1 -> 0.5"),
+    # call B: ZeRO-3 2.7 B (hidden 2560, 32 layers, seq 512), the z3s config; 8 steady iterations each
+    "z3x_pin": ("z3x_base", "pin_memory", {}, "ZeRO-3 2.7B: offload_optimizer.pin_memory false -> true"),
+    "z3x_base2": ("z3x_base", "noise", {}, "ZeRO-3 2.7B: baseline again (noise floor, call B)"),
 }
 #: noise pairs across calls (same config, different device calls): shown with the noise rows
 CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call 1"),
