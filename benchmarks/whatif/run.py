@@ -84,6 +84,11 @@ PAIRS = {
     # call B: ZeRO-3 2.7 B (hidden 2560, 32 layers, seq 512), the z3s config; 8 steady iterations each
     "z3x_pin": ("z3x_base", "pin_memory", {}, "ZeRO-3 2.7B: offload_optimizer.pin_memory false -> true"),
     "z3x_base2": ("z3x_base", "noise", {}, "ZeRO-3 2.7B: baseline again (noise floor, call B)"),
+    # call C: ZeRO-3 1.3 B again (z3l_base3, recorded as z3l_base), no offload with either GPU Adam
+    "z3l_nooffload": ("z3l_base3", "no_offload", {"gpu_optimizer": "torch"},
+                      "ZeRO-3 1.3B: no offload_optimizer (torch.optim.AdamW on the GPU)"),
+    "z3l_fused": ("z3l_base3", "no_offload", {"gpu_optimizer": "fused"},
+                  "ZeRO-3 1.3B: no offload_optimizer (DeepSpeed FusedAdam on the GPU)"),
 }
 #: noise pairs across calls (same config, different device calls): shown with the noise rows
 CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call 1"),
@@ -91,7 +96,10 @@ CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call
               "z2s_base3": ("z2s_base", "ZeRO-2 134M: baseline of call 6 vs call 2"),
               "so_base2": ("so_base", "SuperOffload 134M: baseline of call 6 vs call 3"),
               "zf_base2": ("zf_base", "ZenFlow 134M: baseline of call 6 vs call 3"),
-              "z3s_base6": ("z3s_base", "ZeRO-3 134M: baseline of call A vs call 1")}
+              "z3s_base6": ("z3s_base", "ZeRO-3 134M: baseline of call A vs call 1"),
+              "z3l_base3": ("z3l_base", "ZeRO-3 1.3B: baseline of call C vs call 4"),
+              "z3l_base4": ("z3l_base3", "ZeRO-3 1.3B: baseline again, the next call on the same warm machine, "
+                                         "~2 min after call C's last run")}
 
 
 def trace_of(run: str) -> str:
