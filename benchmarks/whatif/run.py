@@ -17,9 +17,13 @@ time is their mean, the same basis as the prediction (ms per steady iteration).
 Error % = 100 * (predicted - measured) / measured. Per phase, the prediction is the baseline's
 phase plus the scenario's ``phase_delta_ns`` where it gives one, else the whole saving taken
 from the update. *Interval*: the scenario's ``interval_ns`` ``[low, high]``, the 95 % interval of
-the predicted iteration time (docs/advice.md, "Interval"; none with fewer than 2 steady
-iterations); *inside*: the measured mean within it; the noise rows (a baseline recorded twice,
-no change) give the measured spread. A pair whose change has no scenario in the model is shown
+the predicted iteration time (docs/advice.md, "Interval": the baseline's iteration noise, the
+modelled term and the between-run term; none with fewer than 2 steady iterations); *inside*:
+the measured mean within it; the last two columns are the same for ``interval_within_run_ns``,
+the interval without the between-run term (``--json``: ``interval_within_run``,
+``inside_within_run``). The noise rows (a baseline recorded twice, no change) give the measured
+spread; the Summary recomputes the between-run term from the same-call ones
+(:func:`between_run_spread`; ``--json``: ``stats["between_run"]``) beside the model's constant. A pair whose change has no scenario in the model is shown
 with the baseline as the prediction ("no scenario") and counted apart in the statistics.
 Rank correlation: Spearman's rho of predicted vs measured iteration time over a baseline and its
 changed runs (the baseline counts with predicted = measured = its own time), for baselines with
