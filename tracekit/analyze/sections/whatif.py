@@ -302,7 +302,8 @@ def interval(pieces: dict, saving_ns: float, per_iteration_saving_ns: list | Non
     - term = ``sd(per_iteration_saving_ns) * sqrt(1/n + 1/n)`` (the scenario's saving in each
       steady iteration; None counts as a saving of ``saving_ns`` in every iteration: term 0),
     - between-run = ``between_run_rel_sd * predicted iteration`` (:data:`BETWEEN_RUN_REL_SD`: the
-      drift between two recordings of one config, which neither of the others holds; 0 below 0),
+      drift between two recordings of one config, which neither of the others holds; of a
+      predicted iteration below 0, 0),
     - half width = ``sqrt((t95(n - 1) * sqrt(noise**2 + term**2))**2 + (t95(between_run_df) *
       between)**2)``: each part's own 95 % half width (the within-run parts with the ``n - 1`` degrees
       of freedom of the baseline's iterations, the between-run one with those of the noise-floor
