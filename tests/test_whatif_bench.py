@@ -25,7 +25,8 @@ RUNS = sorted(p.name[: -len(".sqlite.xz")] for p in (BENCH / "traces").glob("*.s
 #: the iterations each cut was trimmed to (README.md): baselines 1-4, every other run 1-1 (a cut
 #: also holds the start of the next iteration's range, without its phases)
 CUT_LAST = {"z3s_base": 4, "z3s_sg1e8": 4, "z3s_base3": 4, "z2s_base": 4, "so_base": 4, "zf_base": 4,
-            "z3l_base": 4, "z3s_base4": 4, "z2s_base3": 4, "so_base2": 4, "zf_base2": 4}
+            "z3l_base": 4, "z3s_base4": 4, "z2s_base3": 4, "so_base2": 4, "zf_base2": 4,
+            "z3s_base6": 4, "z3s_sg2e7b": 4, "z3x_base": 4, "z3l_base3": 4}
 
 
 def _table(title: str) -> list[list[str]]:
@@ -116,7 +117,9 @@ def test_noise_rows_are_the_two_baselines_means():
         pair = r[0]
         first = {"z3s_base2": "z3s_base", "z2s_base2": "z2s_base", "z3s_base3": "z3s_base",
                  "z3l_base2": "z3l_base", "z3s_base5": "z3s_base4", "z3s_base4": "z3s_base",
-                 "z2s_base3": "z2s_base", "so_base2": "so_base", "zf_base2": "zf_base"}[pair]
+                 "z2s_base3": "z2s_base", "so_base2": "so_base", "zf_base2": "zf_base",
+                 "z3s_base7": "z3s_base6", "z3s_base6": "z3s_base", "z3x_base2": "z3x_base",
+                 "z3l_base3": "z3l_base", "z3l_base4": "z3l_base3"}[pair]
         a = statistics.fmean(v["wall_ns"] for v in SUMMARIES[first]["iterations"].values()) / 1e6
         b = statistics.fmean(v["wall_ns"] for v in SUMMARIES[pair]["iterations"].values()) / 1e6
         assert _num(r[2]) == pytest.approx(a, abs=0.051)
@@ -138,3 +141,36 @@ def test_best_change_line_is_the_minimum_of_the_pairs_table():
         assert len(group) >= 2
         assert pred == min(group, key=lambda r: _num(r[3]))[0]
         assert meas_named[base] == min(group, key=lambda r: _num(r[4].split(" (")[0]))[0]
+
+
+def test_between_run_constant_is_the_same_call_noise_pairs_spread():
+    """The model's between-run term (whatif.BETWEEN_RUN_REL_SD) recomputed from the summaries of
+    its same-call noise pairs: per pair the squared relative difference of the two means less the
+    squared standard error of that difference from the runs' own iteration spreads, pooled."""
+    import math
+
+    from tracekit.analyze.sections import whatif
+
+    acc = []
+    for a, b in whatif.BETWEEN_RUN_PAIRS:
+        wa = [v["wall_ns"] for v in SUMMARIES[a]["iterations"].values()]
+        wb = [v["wall_ns"] for v in SUMMARIES[b]["iterations"].values()]
+        ma, mb = sum(wa) / len(wa), sum(wb) / len(wb)
+        va = sum((x - ma) ** 2 for x in wa) / (len(wa) - 1)
+        vb = sum((x - mb) ** 2 for x in wb) / (len(wb) - 1)
+        acc.append(((mb - ma) / ma) ** 2 - (va / len(wa) + vb / len(wb)) / ma ** 2)
+    assert len(acc) >= 4
+    assert whatif.BETWEEN_RUN_REL_SD == pytest.approx(math.sqrt(sum(acc) / len(acc)), abs=5e-5)
+    # the pairs are results.md's same-call noise rows (the cross-call ones are not in it)
+    line = next(x for x in RESULTS.splitlines() if x.startswith("- between-run spread from the same-call"))
+    assert sorted(re.findall(r"(\w+)/(\w+)", line)) == sorted(map(tuple, whatif.BETWEEN_RUN_PAIRS))
+    m = re.search(r"inside the prediction's interval: (\d+) of (\d+)", RESULTS)
+    rows = [r for r in _table("Pairs") if "(no scenario)" not in r[3]]
+    assert int(m.group(1)) == sum(1 for r in rows if r[7] == "yes")
+    assert int(m.group(2)) == len(rows)
+    m = re.search(r"without the between-run term .*?: (\d+) of (\d+)", RESULTS)
+    assert int(m.group(1)) == sum(1 for r in rows if r[10] == "yes")
+    for r in rows:  # the wider interval holds the narrower one
+        lo, hi = (_num(x) for x in r[6].split("-", 1))
+        lo2, hi2 = (_num(x) for x in r[9].split("-", 1))
+        assert lo <= lo2 and hi2 <= hi, r[0]

@@ -29,7 +29,7 @@ def test_interval_hand_made_pieces():
     per_it = [18e6, 22e6, 19e6, 21e6]  # the scenario's saving in each of them
     pieces = {"iteration_walls_ns": walls, "iteration_ns": sum(walls) / 4}
     saving = 20e6
-    got = whatif.interval(pieces, saving, per_it)
+    got = whatif.interval(pieces, saving, per_it, between_run_rel_sd=0.0)
     # by hand: sample sd (n - 1), standard error of a difference of two 4-iteration means
     mean_w = sum(walls) / 4
     s_w = math.sqrt(sum((w - mean_w) ** 2 for w in walls) / 3)
@@ -44,17 +44,43 @@ def test_interval_hand_made_pieces():
     # sd 8.406 and 1.826 ms: 3.182 x sqrt((8.406 x 0.7071)^2 + (1.826 x 0.7071)^2) = 3.182 x 6.083 ms
     assert half == pytest.approx(19.355e6, rel=1e-3)
     assert got["within_noise"] is False  # 20 - 19.36 > 0
-    wider = whatif.interval(pieces, saving, [10e6, 30e6, 15e6, 25e6])  # a noisier modelled term
+    wider = whatif.interval(pieces, saving, [10e6, 30e6, 15e6, 25e6], between_run_rel_sd=0.0)  # a noisier term
     assert wider["within_noise"] is True and wider["saving_interval_ns"][0] < 0
 
 
 def test_interval_saving_above_noise_and_no_term():
     walls = [100e6, 101e6, 99e6]
     pieces = {"iteration_walls_ns": walls, "iteration_ns": 100e6}
-    got = whatif.interval(pieces, 30e6, None)  # None: the same saving every iteration, term 0
+    got = whatif.interval(pieces, 30e6, None, between_run_rel_sd=0.0)  # None: the same saving every iteration
     half = 12.706 * 0 + 4.303 * statistics.stdev(walls) * math.sqrt(2 / 3)
     assert got["saving_interval_ns"] == pytest.approx([30e6 - half, 30e6 + half], abs=1e-2)
     assert got["within_noise"] is False
+
+
+def test_interval_between_run_term_by_hand():
+    """The third term: 10 % of the predicted iteration, its spread measured on 4 pairs; each part's
+    own 95 % half width (t with 3 and with 4 degrees of freedom), combined in quadrature."""
+    walls = [100e6, 110e6, 90e6, 104e6]
+    per_it = [18e6, 22e6, 19e6, 21e6]
+    pieces = {"iteration_walls_ns": walls, "iteration_ns": sum(walls) / 4}
+    got = whatif.interval(pieces, 20e6, per_it, between_run_rel_sd=0.10, between_run_df=4)
+    within = 3.182 * 6.083e6  # t(0.975, 3) x sqrt(noise^2 + term^2) of test_interval_hand_made_pieces
+    between = 2.776 * 0.10 * 81e6  # t(0.975, 4) x 10 % of the predicted 101 - 20 = 81 ms
+    half = math.sqrt(within ** 2 + between ** 2)  # 19.36 and 22.49 ms: 29.67 ms
+    assert half == pytest.approx(29.67e6, rel=1e-3)
+    assert got["between_run_sd_ns"] == pytest.approx(8.1e6, abs=1)
+    assert got["interval_ns"] == pytest.approx([81e6 - half, 81e6 + half], rel=2e-4)
+    assert got["saving_interval_ns"] == pytest.approx([20e6 - half, 20e6 + half], rel=2e-4)
+    # without the term: the two-part interval of the test above, kept under its own keys
+    assert got["interval_within_run_ns"] == pytest.approx([81e6 - within, 81e6 + within], rel=2e-4)
+    assert got["within_noise"] is True and got["within_noise_within_run"] is False  # 20 - 29.7 < 0 < 20 - 19.4
+    assert "between-run 8.10" in got["interval_basis"] and "t(0.975, 4) = 2.776" in got["interval_basis"]
+    with pytest.raises(ValueError):
+        whatif.interval(pieces, 20e6, per_it, between_run_rel_sd=-0.1)
+    # never narrower than without the term, even with 2 steady iterations (t = 12.7 for the noise)
+    two = {"iteration_walls_ns": [100e6, 110e6], "iteration_ns": 105e6}
+    g2 = whatif.interval(two, 5e6, None, between_run_rel_sd=0.10, between_run_df=5)
+    assert g2["interval_ns"][1] - 100e6 > g2["interval_within_run_ns"][1] - 100e6 > 12.7 * 7.07e6
 
 
 def test_interval_needs_two_steady_iterations():
@@ -103,12 +129,15 @@ def test_noise_part_on_fixture_is_sql_spread(base_pieces):
     assert len(walls) == 2 and base_pieces["iterations"] == [1, 2]  # both complete, no iteration 0 in the cut
     assert base_pieces["iteration_walls_ns"] == pytest.approx(walls, abs=1)
     preds = {s["scenario"]: s for s in whatif.predict(base_pieces, {"precision": "fp16"})}
-    # superoffload_no_clipping saves nothing here: its interval is the noise alone
+    # superoffload_no_clipping saves nothing here: its interval is the noise alone (and the between-run term)
     s = preds["superoffload_no_clipping"]
     assert s["saving_ns"] == 0
     half = T975[1] * statistics.stdev(walls) * math.sqrt(1 / 2 + 1 / 2)
-    assert s["interval_ns"] == pytest.approx([s["predicted_ns"] - half, s["predicted_ns"] + half], abs=1)
+    assert s["interval_within_run_ns"] == pytest.approx([s["predicted_ns"] - half, s["predicted_ns"] + half], abs=1)
     assert s["within_noise"] is True
+    between = whatif.t95(len(whatif.BETWEEN_RUN_PAIRS)) * whatif.BETWEEN_RUN_REL_SD * s["predicted_ns"]
+    full = math.hypot(half, between)
+    assert s["interval_ns"] == pytest.approx([s["predicted_ns"] - full, s["predicted_ns"] + full], abs=1)
 
 
 def test_bf16_term_on_fixture_is_sql_overflow_spread(base_pieces):
@@ -117,7 +146,7 @@ def test_bf16_term_on_fixture_is_sql_overflow_spread(base_pieces):
     assert s["saving_ns"] == pytest.approx(sum(oc) / 2, abs=1)
     se = math.sqrt(1 / 2 + 1 / 2)
     half = T975[1] * math.hypot(statistics.stdev(walls) * se, statistics.stdev(oc) * se)
-    assert s["saving_interval_ns"] == pytest.approx([s["saving_ns"] - half, s["saving_ns"] + half], abs=1)
+    assert s["saving_interval_within_run_ns"] == pytest.approx([s["saving_ns"] - half, s["saving_ns"] + half], abs=1)
 
 
 def _text(items):

@@ -17,9 +17,13 @@ time is their mean, the same basis as the prediction (ms per steady iteration).
 Error % = 100 * (predicted - measured) / measured. Per phase, the prediction is the baseline's
 phase plus the scenario's ``phase_delta_ns`` where it gives one, else the whole saving taken
 from the update. *Interval*: the scenario's ``interval_ns`` ``[low, high]``, the 95 % interval of
-the predicted iteration time (docs/advice.md, "Interval"; none with fewer than 2 steady
-iterations); *inside*: the measured mean within it; the noise rows (a baseline recorded twice,
-no change) give the measured spread. A pair whose change has no scenario in the model is shown
+the predicted iteration time (docs/advice.md, "Interval": the baseline's iteration noise, the
+modelled term and the between-run term; none with fewer than 2 steady iterations); *inside*:
+the measured mean within it; the last two columns are the same for ``interval_within_run_ns``,
+the interval without the between-run term (``--json``: ``interval_within_run``,
+``inside_within_run``). The noise rows (a baseline recorded twice, no change) give the measured
+spread; the Summary recomputes the between-run term from the same-call ones
+(:func:`between_run_spread`; ``--json``: ``stats["between_run"]``) beside the model's constant. A pair whose change has no scenario in the model is shown
 with the baseline as the prediction ("no scenario") and counted apart in the statistics.
 Rank correlation: Spearman's rho of predicted vs measured iteration time over a baseline and its
 changed runs (the baseline counts with predicted = measured = its own time), for baselines with
@@ -75,13 +79,31 @@ PAIRS = {
     # call 6: SuperOffload and ZenFlow baselines again, one knob each
     "so_rb": ("so_base2", None, {}, "SuperOffload 134M: reduce_bucket_size -> 1e7"),
     "zf_ui2": ("zf_base2", None, {}, "ZenFlow 134M: update_interval (and select_interval) 4 -> 2; gas follows it, so an iteration holds 2 micro-steps, not 4"),
+    # call A (2026-12-02): ZeRO-3 134 M again; sub_group_size 2e7 (z3s_sg2e7b, recorded as z3s_sg2e7), and
+    # on it offload_optimizer.ratio 0.5 (z3s_fused, no offload with FusedAdam, failed to build: not here)
+    "z3s_base7": ("z3s_base6", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call A)"),
+    "z3s_sg2e7b": ("z3s_base6", "sub_group_size", {"sub_group_size": 2e7}, "ZeRO-3 134M: sub_group_size 1e9 -> 2e7 (call A)"),
+    "z3s_sg2e7r05": ("z3s_sg2e7b", "ratio", {"ratio": 0.5},
+                     "ZeRO-3 134M, sub_group_size 2e7: offload_optimizer.ratio 1 -> 0.5"),
+    # call B: ZeRO-3 2.7 B (hidden 2560, 32 layers, seq 512), the z3s config; 8 steady iterations each
+    "z3x_pin": ("z3x_base", "pin_memory", {}, "ZeRO-3 2.7B: offload_optimizer.pin_memory false -> true"),
+    "z3x_base2": ("z3x_base", "noise", {}, "ZeRO-3 2.7B: baseline again (noise floor, call B)"),
+    # call C: ZeRO-3 1.3 B again (z3l_base3, recorded as z3l_base), no offload with either GPU Adam
+    "z3l_nooffload": ("z3l_base3", "no_offload", {"gpu_optimizer": "torch"},
+                      "ZeRO-3 1.3B: no offload_optimizer (torch.optim.AdamW on the GPU)"),
+    "z3l_fused": ("z3l_base3", "no_offload", {"gpu_optimizer": "fused"},
+                  "ZeRO-3 1.3B: no offload_optimizer (DeepSpeed FusedAdam on the GPU)"),
 }
 #: noise pairs across calls (same config, different device calls): shown with the noise rows
 CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call 1"),
               "z3s_base4": ("z3s_base", "ZeRO-3 134M: baseline of call 5 vs call 1"),
               "z2s_base3": ("z2s_base", "ZeRO-2 134M: baseline of call 6 vs call 2"),
               "so_base2": ("so_base", "SuperOffload 134M: baseline of call 6 vs call 3"),
-              "zf_base2": ("zf_base", "ZenFlow 134M: baseline of call 6 vs call 3")}
+              "zf_base2": ("zf_base", "ZenFlow 134M: baseline of call 6 vs call 3"),
+              "z3s_base6": ("z3s_base", "ZeRO-3 134M: baseline of call A vs call 1"),
+              "z3l_base3": ("z3l_base", "ZeRO-3 1.3B: baseline of call C vs call 4"),
+              "z3l_base4": ("z3l_base3", "ZeRO-3 1.3B: baseline again, the next call on the same warm machine, "
+                                         "~2 min after call C's last run")}
 
 
 def trace_of(run: str) -> str:
@@ -212,6 +234,21 @@ def percentile(v: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
+def between_run_spread(summ: dict, pairs: list[tuple[str, str]]) -> float:
+    """Pooled relative sd of the difference between two runs of one config beyond their
+    iteration-to-iteration noise (the what-if model's ``BETWEEN_RUN_REL_SD``): per pair ``(A, B)``
+    ``d = (mean_B - mean_A) / mean_A`` and ``w^2 = (s_A^2 / n_A + s_B^2 / n_B) / mean_A^2`` over the
+    runs' steady iteration walls of ``summ`` (summaries.json), ``sqrt(max(mean(d^2 - w^2), 0))``."""
+    acc = []
+    for a, b in pairs:
+        wa = [v["wall_ns"] for v in summ[a]["iterations"].values()]
+        wb = [v["wall_ns"] for v in summ[b]["iterations"].values()]
+        ma, mb = statistics.fmean(wa), statistics.fmean(wb)
+        w2 = (statistics.variance(wa) / len(wa) + statistics.variance(wb) / len(wb)) / ma ** 2
+        acc.append(((mb - ma) / ma) ** 2 - w2)
+    return max(statistics.fmean(acc), 0.0) ** 0.5 if acc else 0.0
+
+
 def rows(traces: Path | None = None) -> dict:
     """Every pair of :data:`PAIRS` (and :data:`CROSS_CALL`): prediction, measurement, error."""
     from tracekit.analyze.sections import whatif
@@ -249,11 +286,14 @@ def rows(traces: Path | None = None) -> dict:
             s = {r["scenario"]: r for r in whatif.predict(pieces, sett, changes)}[scenario]
             pred = s["predicted_ns"] / 1e6
             delta = s.get("phase_delta_ns") or {"update": -s["saving_ns"]}
-        iv = s.get("interval_ns")
+        iv, iw = s.get("interval_ns"), s.get("interval_within_run_ns")
         interval = None if iv is None else [round(iv[0] / 1e6, 1), round(iv[1] / 1e6, 1)]
+        within = None if iw is None else [round(iw[0] / 1e6, 1), round(iw[1] / 1e6, 1)]
         row.update(predicted_ms=round(pred, 1), error_pct=round(100 * (pred - meas) / meas, 1),
                    confidence=s["confidence"], applicable=s["applicable"], why_not=s["why_not"],
                    interval=interval, inside=None if interval is None else interval[0] <= meas <= interval[1],
+                   interval_within_run=within,
+                   inside_within_run=None if within is None else within[0] <= meas <= within[1],
                    predicted_phases_ms={p: round((pieces["phase_ns"].get(p, 0.0) + delta.get(p, 0.0)) / 1e6, 1)
                                         for p in PHASES})
         out.append(row)
@@ -263,7 +303,12 @@ def rows(traces: Path | None = None) -> dict:
              "median_abs_error_pct": round(statistics.median(errs), 1) if errs else None,
              "p90_abs_error_pct": round(percentile(errs, 0.9), 1) if errs else None,
              "inside_interval": sum(1 for r in modelled if r["inside"]),
-             "with_interval": sum(1 for r in modelled if r["interval"] is not None)}
+             "with_interval": sum(1 for r in modelled if r["interval"] is not None),
+             "inside_interval_within_run": sum(1 for r in modelled if r.get("inside_within_run"))}
+    same_call = [(b, k) for k, (b, sc, _, _) in PAIRS.items() if sc == "noise"]
+    stats["between_run"] = {"rel_sd_pct": round(100 * between_run_spread(summ, same_call), 2),
+                            "pairs": [f"{a}/{b}" for a, b in same_call],
+                            "model_rel_sd_pct": round(100 * whatif.BETWEEN_RUN_REL_SD, 2)}
     allc = [r for r in out if r["scenario"] != "noise"]
     e2 = [abs(r["error_pct"]) for r in allc]
     stats.update(pairs_all=len(allc), median_abs_error_pct_all=round(statistics.median(e2), 1),
@@ -300,17 +345,19 @@ def render(res: dict) -> str:
          + (" (the committed cuts: steady iterations 1-4 of each baseline; *prediction's basis* is their mean)."
             if res.get("from_cuts", True) else " (full exports)."), "",
          "## Pairs", "",
-         "| pair | change | baseline ms (all steady / prediction's basis) | predicted ms | measured ms (min-max, n) | error % | interval | inside | confidence |",
-         "|---|---|---:|---:|---:|---:|---|---|---|"]
+         "| pair | change | baseline ms (all steady / prediction's basis) | predicted ms | measured ms (min-max, n) | error % | interval | inside | confidence | interval without the between-run term | inside |",
+         "|---|---|---:|---:|---:|---:|---|---|---|---|---|"]
     for r in res["rows"]:
         if r["scenario"] == "noise":
             continue
         iv = ("no scenario" if r["scenario"] is None else "none (< 2 steady iterations)") if r["interval"] is None else f"{r['interval'][0]:,.1f}-{r['interval'][1]:,.1f}"
         ins = "-" if r["inside"] is None else ("yes" if r["inside"] else "no")
+        iw = "-" if r.get("interval_within_run") is None else f"{r['interval_within_run'][0]:,.1f}-{r['interval_within_run'][1]:,.1f}"
+        insw = "-" if r.get("inside_within_run") is None else ("yes" if r["inside_within_run"] else "no")
         pred = f"{r['predicted_ms']:,.1f}" + (" (no scenario)" if r["scenario"] is None else "")
         L.append(f"| {r['pair']} | {r['change']} | {r['baseline_ms']:,.1f} / {r['prediction_baseline_ms']:,.1f} | {pred} | {r['measured_ms']:,.1f} "
                  f"({r['measured_spread_ms'][0]:,.1f}-{r['measured_spread_ms'][1]:,.1f}, {r['measured_steady']}) | "
-                 f"{r['error_pct']:+.1f} | {iv} | {ins} | {r.get('confidence', '-')} |")
+                 f"{r['error_pct']:+.1f} | {iv} | {ins} | {r.get('confidence', '-')} | {iw} | {insw} |")
     L += ["", "## Noise floor (same config recorded twice; 'predicted' = the first run)", "",
           "| pair | what | first ms | second ms (min-max, n) | difference % |", "|---|---|---:|---:|---:|"]
     for r in res["rows"]:
@@ -332,7 +379,14 @@ def render(res: dict) -> str:
           f"- all pairs (changes without a scenario predicted as no change): {s['pairs_all']}; median |error| "
           f"{s['median_abs_error_pct_all']} %, p90 |error| {s['p90_abs_error_pct_all']} %",
           f"- measured run inside the prediction's interval: {s['inside_interval']} of {s['with_interval']} pairs with "
-          f"an interval" + (" (the model gives no interval yet)" if not s["with_interval"] else ""),
+          f"an interval" + (" (the model gives no interval yet)" if not s["with_interval"] else
+                            f" (with the between-run term: {s['between_run']['model_rel_sd_pct']} % of the predicted "
+                            "iteration)"),
+          f"- measured run inside the interval without the between-run term (the baseline's iteration noise and the "
+          f"modelled term only): {s['inside_interval_within_run']} of {s['with_interval']}",
+          f"- between-run spread from the same-call noise rows ({', '.join(s['between_run']['pairs'])}; pooled relative "
+          f"sd of the difference beyond the iteration noise): {s['between_run']['rel_sd_pct']} %; the model's "
+          f"constant: {s['between_run']['model_rel_sd_pct']} %",
           "- rank correlation (Spearman) of predicted vs measured per baseline (baseline + its modelled changes): "
           + ", ".join(f"{b}: {'n/a (< 2 modelled changes)' if v is None else v}" for b, v in s["rank_correlation"].items()),
           "- the best recorded change per baseline (>= 2 modelled changes; lowest predicted vs lowest measured ms): "

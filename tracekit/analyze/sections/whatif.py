@@ -200,6 +200,43 @@ def _pin_saving(pieces: dict, copies: pl.DataFrame) -> tuple[float, bool, list[s
     return total / n, measured, sorted(bases)
 
 
+def _pin_async(pieces: dict, copies: pl.DataFrame) -> tuple[dict, list[float]]:
+    """``pin_memory``'s saving (ns) with DeepSpeed's copies made asynchronous: ``({phase: mean
+    saving per iteration}, [saving in each steady iteration])``. DeepSpeed issues its offload
+    copies with ``non_blocking=True`` (stage3.py ``partition_grads``, stage_1_and_2.py
+    ``async_accumulate_grad_in_cpu_via_gpu``); from pageable memory the driver stages them and
+    the launching thread waits, into a pinned buffer the call returns at once and the copy runs
+    on the GPU while the host goes on with the next hooks. Per phase and steady iteration the
+    phase then takes the longer of its host path and its device work::
+
+        new = max(wall - sum(max(host_c, exposed_c)), sum(bytes_c / B_pinned) + pinned_now + kernels)
+
+    over the phase's pageable ``copies`` (``pinned_now``: the GPU time of the phase's copies that
+    are pinned already, ``kernels``: its mean kernel busy time), and saves ``max(wall - new, 0)``.
+    ``B_pinned``: :func:`pinned_bandwidth` of each copy's direction and size."""
+    n = len(pieces["iterations"])
+    pos = {it: j for j, it in enumerate(pieces["iterations"])}
+    cost, dev = {}, {}
+    for r in copies.filter(pl.col("host_kind") == "pageable").iter_rows(named=True):
+        ph, j = r["phase"], pos.get(r["iteration"])
+        if ph is None or j is None:
+            continue
+        g, _, _ = pinned_bandwidth(pieces, r["direction"], r["bytes"])
+        cost.setdefault(ph, [0.0] * n)[j] += max(r["host_ns"] or 0.0, r["exposed_ns"])
+        dev.setdefault(ph, [0.0] * n)[j] += r["bytes"] / g
+    already = pieces["copies"].filter(pl.col("host_kind") == "pinned")
+    per_ph, per_it = {}, [0.0] * n
+    for ph in sorted(cost):
+        walls = pieces["phase_walls_ns"].get(ph, [0.0] * n)
+        a = already.filter(pl.col("phase") == ph)
+        pinned_now = _per_it(pieces, a, a["duration_ns"].to_numpy())
+        k = pieces["kernel_ns"].get(ph, 0.0)
+        sv = [max(w - max(w - c, d + p + k), 0.0) for w, c, d, p in zip(walls, cost[ph], dev[ph], pinned_now)]
+        per_ph[ph] = float(np.mean(sv))
+        per_it = [x + y for x, y in zip(per_it, sv)]
+    return per_ph, per_it
+
+
 #: the phase a scenario's saving is taken from, when it does not give ``phase_delta_ns`` itself
 SCENARIO_PHASE = {"bf16": "update", "grads_on_gpu": "backward", "overlap_grad_copies": "backward",
                   "sub_group_size": "update"}
@@ -238,7 +275,25 @@ def _sd(v) -> float:
     return float(np.std(np.asarray(v, dtype=float), ddof=1))
 
 
-def interval(pieces: dict, saving_ns: float, per_iteration_saving_ns: list | None) -> dict:
+#: Between-run spread: the relative standard deviation of the difference between the mean steady
+#: iterations of two runs of the same config recorded one after the other in one device call,
+#: beyond what their iteration-to-iteration noise explains. Measured on the what-if benchmark's
+#: same-call noise-floor pairs (benchmarks/whatif, one H200 VM with 16 host cores): per pair
+#: ``d = (mean_B - mean_A) / mean_A`` and its within-run part ``w^2 = (s_A^2 / n_A + s_B^2 / n_B) /
+#: mean_A^2`` (``s`` the sample sd of a run's steady iteration walls, ``n`` their count), pooled over
+#: the pairs as ``sqrt(mean(d^2 - w^2))`` (a pooled estimate, not one per model size: the 1.3 B and
+#: 2.7 B models have one or two such pairs each, too few for a spread of their own). The pairs and
+#: the count are :data:`BETWEEN_RUN_PAIRS`; ``tests/test_whatif_bench.py`` recomputes the value from
+#: ``benchmarks/whatif/summaries.json``.
+BETWEEN_RUN_REL_SD = 0.0884
+#: The same-call noise-floor pairs (first run, second run) :data:`BETWEEN_RUN_REL_SD` is pooled
+#: over; their count is the degrees of freedom of that estimate.
+BETWEEN_RUN_PAIRS = (("z3s_base", "z3s_base2"), ("z2s_base", "z2s_base2"), ("z3l_base", "z3l_base2"),
+                     ("z3s_base4", "z3s_base5"), ("z3s_base6", "z3s_base7"), ("z3x_base", "z3x_base2"))
+
+
+def interval(pieces: dict, saving_ns: float, per_iteration_saving_ns: list | None,
+             between_run_rel_sd: float = BETWEEN_RUN_REL_SD, between_run_df: int = len(BETWEEN_RUN_PAIRS)) -> dict:
     """The 95 % interval of a prediction (docs/advice.md, "Interval"). With ``n`` steady
     iterations of the baseline (``pieces["iteration_walls_ns"]``, their wall times):
 
@@ -246,35 +301,64 @@ def interval(pieces: dict, saving_ns: float, per_iteration_saving_ns: list | Non
       baseline's mean and the next run's mean over as many iterations),
     - term = ``sd(per_iteration_saving_ns) * sqrt(1/n + 1/n)`` (the scenario's saving in each
       steady iteration; None counts as a saving of ``saving_ns`` in every iteration: term 0),
-    - half width = ``t95(n - 1) * sqrt(noise**2 + term**2)``.
+    - between-run = ``between_run_rel_sd * predicted iteration`` (:data:`BETWEEN_RUN_REL_SD`: the
+      drift between two recordings of one config, which neither of the others holds; of a
+      predicted iteration below 0, 0),
+    - half width = ``sqrt((t95(n - 1) * sqrt(noise**2 + term**2))**2 + (t95(between_run_df) *
+      between)**2)``: each part's own 95 % half width (the within-run parts with the ``n - 1`` degrees
+      of freedom of the baseline's iterations, the between-run one with those of the noise-floor
+      pairs it was measured on), combined in quadrature, so the interval is never narrower than
+      without the between-run term (Welch-Satterthwaite's pooled df can be: with 2 steady
+      iterations it raises df 1 to ~3 and shrinks t from 12.7 to 3.2).
 
     Returns ``{"interval_ns": [low, high]`` (of the predicted iteration time), ``"saving_interval_ns":
-    [low, high], "within_noise": bool`` (the saving interval holds 0), ``"interval_basis": str}``, all
-    ns; with fewer than 2 steady iterations the intervals and within_noise are None and the basis
-    says why. The iteration interval's low end is never below 0 (nor the saving's high end above
-    the baseline iteration): a wide interval from 2 steady iterations (t = 12.7) would go below."""
+    [low, high], "within_noise": bool`` (the saving interval holds 0), ``"interval_basis": str``,
+    and the same without the between-run term: ``"interval_within_run_ns", "saving_interval_within_run_ns",
+    "within_noise_within_run"``, and ``"between_run_sd_ns"}``, all ns; with fewer than 2 steady
+    iterations the intervals and within_noise are None and the basis says why. The iteration
+    interval's low end is never below 0 (nor the saving's high end above the baseline iteration):
+    a wide interval from 2 steady iterations (t = 12.7) would go below. Raises ValueError for a
+    negative ``between_run_rel_sd`` or a ``between_run_df`` below 1 with a non-zero spread."""
+    if between_run_rel_sd < 0:
+        raise ValueError(f"between-run relative sd {between_run_rel_sd}: must be >= 0")
+    if between_run_rel_sd and between_run_df < 1:
+        raise ValueError(f"between-run degrees of freedom {between_run_df}: need at least 1")
     walls = pieces.get("iteration_walls_ns") or []
     n = len(walls)
     if n < 2:
         return {"interval_ns": None, "saving_interval_ns": None, "within_noise": None,
-                "interval_basis": f"no interval: {n} steady iteration(s), at least 2 needed for a spread"}
+                "interval_basis": f"no interval: {n} steady iteration(s), at least 2 needed for a spread",
+                "interval_within_run_ns": None, "saving_interval_within_run_ns": None,
+                "within_noise_within_run": None, "between_run_sd_ns": None}
     se = math.sqrt(2.0 / n)
     noise = _sd(walls) * se
     term = _sd(per_iteration_saving_ns) * se if per_iteration_saving_ns is not None else 0.0
-    t = t95(n - 1)
-    half = t * math.hypot(noise, term)
     pred = pieces["iteration_ns"] - saving_ns
-    lo, hi = saving_ns - half, saving_ns + half
-    # an iteration takes no negative time: the low end stops at 0 (and the saving at the whole iteration)
+    between = between_run_rel_sd * max(pred, 0.0)
+    t_in = t95(n - 1)
+    t_b = t95(between_run_df) if between else 0.0
+    half_in = t_in * math.hypot(noise, term)
+    half = math.hypot(half_in, t_b * between)
+
+    def ends(h):
+        lo, hi = saving_ns - h, min(saving_ns + h, float(pieces["iteration_ns"]))
+        # an iteration takes no negative time: the low end stops at 0 (and the saving at the whole iteration)
+        return [round(max(0.0, pred - h), 3), round(pred + h, 3)], [round(lo, 3), round(hi, 3)], bool(lo <= 0 <= hi)
+
+    iv, siv, within = ends(half)
+    iv_in, siv_in, within_in = ends(half_in)
     clamped = pred - half < 0
-    low = max(0.0, pred - half)
-    hi = min(hi, float(pieces["iteration_ns"]))
-    return {"interval_ns": [round(low, 3), round(pred + half, 3)],
-            "saving_interval_ns": [round(lo, 3), round(hi, 3)], "within_noise": bool(lo <= 0 <= hi),
-            "interval_basis": (f"95 %: +-t(0.975, {n - 1}) = {t:g} x sqrt(noise {noise / 1e6:,.2f}^2 + modelled term "
-                               f"{term / 1e6:,.2f}^2) ms = +-{half / 1e6:,.1f} ms; noise: the baseline's "
-                               f"iteration-to-iteration sd x sqrt(2/{n}), term: the saving's sd over the {n} steady "
-                               "iterations x sqrt(2/n)" + ("; the low end stops at 0 ms" if clamped else ""))}
+    return {"interval_ns": iv, "saving_interval_ns": siv, "within_noise": within,
+            "interval_within_run_ns": iv_in, "saving_interval_within_run_ns": siv_in,
+            "within_noise_within_run": within_in, "between_run_sd_ns": round(between, 3),
+            "interval_basis": (f"95 %: +-sqrt((t(0.975, {n - 1}) = {t_in:g} x sqrt(noise {noise / 1e6:,.2f}^2 + "
+                               f"modelled term {term / 1e6:,.2f}^2))^2 + (t(0.975, {between_run_df}) = {t_b:g} x "
+                               f"between-run {between / 1e6:,.2f})^2) ms = +-{half / 1e6:,.1f} ms (+-{half_in / 1e6:,.1f} "
+                               f"without the between-run term); noise: the baseline's iteration-to-iteration sd x "
+                               f"sqrt(2/{n}), term: the saving's sd over the {n} steady iterations x sqrt(2/n), "
+                               f"between-run: {100 * between_run_rel_sd:.2f} % of the predicted iteration (the drift "
+                               f"between two recordings of one config, measured on {between_run_df} same-call pairs of "
+                               "the what-if benchmark's H200)" + ("; the low end stops at 0 ms" if clamped else ""))}
 
 
 def _per_it(pieces: dict, frame: pl.DataFrame, values) -> list[float]:
@@ -357,18 +441,23 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
 
     # 2. pin_memory false -> true: every pageable copy but (ZeRO-3) DeepSpeed's copy-back temporary
     pinnable = copies if cb_pinned_by_config else copies.filter(pl.col("role").is_null() | (pl.col("role") != "copy_back"))
-    s, measured, bases = _pin_saving(pieces, pinnable)
+    _, measured, bases = _pin_saving(pieces, pinnable)
+    pin_ph, pin_it = _pin_async(pieces, pinnable)
+    s = sum(pin_ph.values())
     ok = offload not in (None, "none") and pin is not True
     what = ("pageable copies, the parameter copy-back included (" + stage_why + ")" if cb_pinned_by_config else
             "pageable gradient copies (all but the parameter copy-back, whose fp32->16-bit temporary "
             "stays pageable)")
     out.append(_result(pieces, "pin_memory", s if ok else 0.0,
-                       what + ": the longer of each one's host stall in the API call and its exposed time, "
-                       "replaced by its bytes at the pinned bandwidth of its size (" + "; ".join(bases) + ")", "high" if measured else "medium",
+                       what + ": DeepSpeed's non_blocking copies into pinned buffers return at once and run "
+                       "behind the host's work, so each phase takes the longer of its host path (its wall less "
+                       "each copy's host stall or exposed time, the longer) and its device work (the copies' bytes "
+                       "at the pinned bandwidth of their size (" + "; ".join(bases) + "), the phase's pinned copies "
+                       "and kernels)", "high" if measured else "medium",
                        applicable=ok and s > 0,
                        why="" if ok else ("pin_memory is already true" if pin is True else "no optimizer offload"),
-                       per_it=_pin_per_it(pieces, pinnable) if ok and s else None,
-                       phase_delta_ns=_phase_delta(pieces, pinnable) if ok else {}))
+                       per_it=pin_it if ok and s else None,
+                       phase_delta_ns={ph: -v for ph, v in pin_ph.items()} if ok else {}))
 
     # 3. fp16 -> bf16: no overflow check (has_overflow) and loss-scale bookkeeping
     oc = roles["overflow_check"]
@@ -569,15 +658,22 @@ def _larger_micro_batch(pieces: dict, zen_no_gas: bool, zero12: bool = False) ->
     D2H as ``z3s_base3``'s boundary micro-step) -- plus (g - 1) x its kernel busy time, fully
     exposed (kernel time linear in the micro-batch). The g - 1 non-boundary micro-steps go: their
     launches and their gradient round trip (the ``grads_on_gpu`` copies). Per phase (forward,
-    backward) ``saving = wall - last micro-step's wall - (g - 1) x its kernel busy time``, per
+    backward) ``saving = wall - last micro-step's wall - (g - 1) x kernels``, kernels = the last
+    forward micro-step's kernel busy time, and for backward a non-boundary micro-step's
+    (``non_boundary_backward_kernel_ns``: backward's compute; the boundary's own gradient kernels,
+    fp32 conversion and norm, act on the parameters and run once at any micro-batch), per
     steady iteration (for :func:`interval`). ZeRO-1/2 (``zero12``): the boundary's accumulation
     round trip goes too (:func:`accumulation_round_trip_ns`), which ZeRO-3 keeps (its gas-1 run
     moves the boundary's bytes, above)."""
     g = pieces.get("micro_steps") or 1
     lw = pieces.get("last_micro_step_walls_ns") or {}
-    lk = pieces.get("last_micro_step_kernel_ns") or {}
+    lk = dict(pieces.get("last_micro_step_kernel_ns") or {})
     n = len(pieces["iterations"])
     ok = g > 1 and not zen_no_gas and bool(lw)
+    # backward's batch-sized kernels: a non-boundary micro-step's (compute alone); the boundary's
+    # once-per-step gradient kernels (fp32 conversion, norm) do not grow with the micro-batch
+    nbk = pieces.get("non_boundary_backward_kernel_ns") or [None] * n
+    lk["backward"] = [b if b is not None else k for b, k in zip(nbk, lk.get("backward", [0.0] * n))]
     per_ph = {}
     per_it = [0.0] * n
     for ph in ("forward", "backward"):
@@ -590,8 +686,9 @@ def _larger_micro_batch(pieces: dict, zen_no_gas: bool, zero12: bool = False) ->
         per_it = [x + y for x, y in zip(per_it, sv)]
     s = sum(per_ph.values()) if ok else 0.0
     basis = (f"gradient_accumulation_steps {g} -> 1 with the micro-batch x {g}: forward and backward become the "
-             f"last micro-step's (its host time and the boundary's copies kept) plus {g - 1} x its kernel time, "
-             f"exposed; the {g - 1} other micro-step(s) go with their gradient round trip"
+             f"last micro-step's (its host time and the boundary's copies kept) plus {g - 1} x its compute kernel "
+             "time (backward: a non-boundary micro-step's, the boundary's gradient kernels run once), exposed; "
+             f"the {g - 1} other micro-step(s) go with their gradient round trip"
              + (" and so does the boundary's (ZeRO-1/2: the accumulated gradients fetched back and copied again)"
                 if zero12 else "") + " (forward "
              f"{per_ph['forward'] / 1e6:,.1f} ms, backward {per_ph['backward'] / 1e6:,.1f} ms saved per iteration); "

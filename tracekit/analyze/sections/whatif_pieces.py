@@ -81,7 +81,13 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
          "kernel_dtypes": {"kernels", "Half", "BFloat16": int},
          "iteration_walls_ns": [ns], "phase_walls_ns": {phase: [ns]}, "role_walls_ns": {role: [ns]},
          "grad_tensors": int|None, "launch_gap_ns": float|None, "sub_group_fixed_ns": float|None,
-         "sub_group_norm_fixed_ns": float|None}
+         "sub_group_norm_fixed_ns": float|None, "last_micro_step_walls_ns": {phase: [ns]},
+         "last_micro_step_kernel_ns": {phase: [ns]}, "non_boundary_backward_kernel_ns": [ns|None],
+         "boundary_backward_copies": {...}, "grad_offload": {...}}
+
+    ``last_micro_step_*``: wall and kernel busy time of the last (boundary) micro-step of forward
+    and backward per steady iteration; ``non_boundary_backward_kernel_ns``: a non-boundary backward
+    micro-step's kernel busy time (:func:`_non_boundary_backward_kernels`), for ``larger_micro_batch``.
 
     ``grad_tensors`` / ``launch_gap_ns``: the gradient tensors and the host time of one eager op
     of DeepSpeed's per-tensor gradient code (:func:`_eager_loop`, for
@@ -225,6 +231,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         phase_walls = {ph: [walls.get((i, ph), 0.0) for i in steady] for ph in phase_ns}
         iteration_walls = [sum(walls.get((i, ph), 0.0) for ph in phase_ns) for i in steady]
         last_wall, last_kern = _last_micro_step(ts, steady)
+        nb_kern = _non_boundary_backward_kernels(ts, steady)
         boundary_copies = _boundary_backward_copies(ts, steady)
         sg_fixed = _sub_group_fixed(ranges.filter(pl.col("global_pid") == gp), uw_s, uw_e)
         norm_fixed = _norm_fixed(role_iv["grad_norm"], ops, n, int(round(roles["copy_back"]["calls"])) or None)
@@ -236,6 +243,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
             "sub_group_norm_fixed_ns": norm_fixed,
             "iteration_walls_ns": iteration_walls, "phase_walls_ns": phase_walls, "role_walls_ns": role_walls,
             "last_micro_step_walls_ns": last_wall, "last_micro_step_kernel_ns": last_kern,
+            "non_boundary_backward_kernel_ns": nb_kern,
             "boundary_backward_copies": boundary_copies,
             "grad_offload": grad_offload,
             "warmup": [i for i in complete if i not in steady],
@@ -415,6 +423,17 @@ def _last_micro_step(ts: pl.DataFrame, steady: list[int]) -> tuple[dict, dict]:
         walls[ph] = [w.get(i, 0.0) for i in steady]
         kerns[ph] = [k.get(i, 0.0) for i in steady]
     return walls, kerns
+
+
+def _non_boundary_backward_kernels(ts: pl.DataFrame, steady: list[int]) -> list[float | None]:
+    """Kernel busy time (ns) of one non-boundary backward micro-step in each steady iteration (the
+    mean over its non-boundary micro-steps; aligned with ``steady``; None where the iteration has
+    none, i.e. one micro-step). Its kernels are backward's compute alone: the boundary micro-step
+    adds DeepSpeed's once-per-step gradient kernels (fp32 conversion, norm, overflow tracking) to
+    them. ``ts``: the rank's phase table rows of the steady iterations."""
+    g = ts.filter((pl.col("phase") == "backward") & ~pl.col("boundary") & pl.col("micro_step").is_not_null())
+    k = {int(i): float(v) for i, v in g.group_by("iteration").agg(pl.col("kernel_busy_ns").mean()).iter_rows()}
+    return [k.get(i) for i in steady]
 
 
 def _boundary_backward_copies(ts: pl.DataFrame, steady: list[int]) -> dict:
