@@ -300,6 +300,12 @@ def pytest_configure(config):
         # user's: without them it lays out tables as a run of one process does
         os.environ.pop("COLUMNS", None)
         os.environ.pop("LINES", None)
+    if "TRACEKIT_TEST_CPUINFO" not in os.environ:
+        # py-cpuinfo's answer, kept once for the whole session (the xdist workers inherit the
+        # variable): tests/pythonpath/sitecustomize.py, on the DeepSpeed tests' PYTHONPATH
+        folder = tempfile.mkdtemp(prefix="tracekit-test-cpuinfo-")
+        config._tracekit_cpuinfo_dir = folder
+        os.environ["TRACEKIT_TEST_CPUINFO"] = os.path.join(folder, "cpuinfo.json")
     root = tempfile.mkdtemp(prefix="tracekit-test-cache-")
     config._tracekit_saved_cache_env = os.environ.get("TRACEKIT_CACHE_DIR")
     config._tracekit_cache_root = root
@@ -309,6 +315,10 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     import shutil
 
+    cpuinfo_dir = getattr(config, "_tracekit_cpuinfo_dir", None)
+    if cpuinfo_dir is not None:
+        shutil.rmtree(cpuinfo_dir, ignore_errors=True)
+        os.environ.pop("TRACEKIT_TEST_CPUINFO", None)
     root = getattr(config, "_tracekit_cache_root", None)
     if root is None:
         return

@@ -3,10 +3,14 @@ calling NVTX, and where the hook's import path lives."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HOOK_DIR = ROOT / "tracekit" / "capture" / "hook"
+#: ``PYTHONPATH`` of the DeepSpeed tests' training processes: the hook folder, then the suite's
+#: ``sitecustomize`` (tests/pythonpath/: py-cpuinfo's answer once per session, see its docstring)
+TRAINING_PYTHONPATH = f"{HOOK_DIR}{os.pathsep}{ROOT / 'tests' / 'pythonpath'}"
 
 
 class Recorder:

@@ -15,7 +15,7 @@ import types
 from pathlib import Path
 
 import pytest
-from hook_recorder import HOOK_DIR, ROOT, Recorder  # tests/ is on sys.path (conftest)
+from hook_recorder import HOOK_DIR, ROOT, TRAINING_PYTHONPATH, Recorder  # tests/ is on sys.path (conftest)
 
 from tracekit.capture.hook import _tracekit_hook as hook
 
@@ -335,7 +335,7 @@ def test_real_deepspeed_on_cpu(tmp_path, stage):
     cfg = dict(CPU_CONFIG, zero_optimization=dict(CPU_CONFIG["zero_optimization"], stage=stage))
     (tmp_path / "ds.json").write_text(json.dumps(cfg))
     log = tmp_path / "hook.log"
-    env = dict(os.environ, PYTHONPATH=str(HOOK_DIR), TRACEKIT_HOOK="1", TRACEKIT_HOOK_LOG=str(log),
+    env = dict(os.environ, PYTHONPATH=TRAINING_PYTHONPATH, TRACEKIT_HOOK="1", TRACEKIT_HOOK_LOG=str(log),
                DS_ACCELERATOR="cpu", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                TRACEKIT_HOOK_REPORT_DIR=str(tmp_path))

@@ -19,7 +19,7 @@ import types
 from pathlib import Path
 
 import pytest
-from hook_recorder import HOOK_DIR, ROOT, Recorder  # tests/ is on sys.path (conftest)
+from hook_recorder import HOOK_DIR, ROOT, TRAINING_PYTHONPATH, Recorder  # tests/ is on sys.path (conftest)
 
 from tracekit.capture.hook import _tracekit_hook as hook
 
@@ -425,7 +425,7 @@ def test_iteration_channel_between_processes(tmp_path, monkeypatch):
 def run_script(tmp_path, body: str, timeout=900, **env_extra) -> subprocess.CompletedProcess:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(body))
-    env = dict(os.environ, PYTHONPATH=str(HOOK_DIR), TRACEKIT_HOOK="1", DS_ACCELERATOR="cpu",
+    env = dict(os.environ, PYTHONPATH=TRAINING_PYTHONPATH, TRACEKIT_HOOK="1", DS_ACCELERATOR="cpu",
                **env_extra)
     env.pop(hook.ENV_CHANNEL, None)
     return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
@@ -570,7 +570,7 @@ def test_real_zenflow_worker_relay(tmp_path):
         script_dir = tmp_path / f"run{relay}"
         script_dir.mkdir()
         (script_dir / "script.py").write_text(textwrap.dedent(ZENFLOW_WORKER))
-        env = dict(os.environ, PYTHONPATH=str(HOOK_DIR), TRACEKIT_HOOK="1", DS_ACCELERATOR="cpu",
+        env = dict(os.environ, PYTHONPATH=TRAINING_PYTHONPATH, TRACEKIT_HOOK="1", DS_ACCELERATOR="cpu",
                    TRACEKIT_HOOK_LOG=str(logs / "{pid}.log"), TRACEKIT_ZENFLOW_RELAY=relay)
         env.pop(hook.ENV_CHANNEL, None)
         out = script_dir / "out.pt"
@@ -627,7 +627,7 @@ def test_real_zenflow_training_on_cpu(tmp_path, overlap_step):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=str(HOOK_DIR), TRACEKIT_HOOK="1", DS_ACCELERATOR="cpu",
+    env = dict(os.environ, PYTHONPATH=TRAINING_PYTHONPATH, TRACEKIT_HOOK="1", DS_ACCELERATOR="cpu",
                TRACEKIT_HOOK_LOG=str(logs / "{pid}.log"), TRACEKIT_HOOK_REPORT_DIR=str(logs),
                RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port))
@@ -695,7 +695,7 @@ def test_real_zero3_offload_param_example_on_cpu(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=str(HOOK_DIR), TRACEKIT_HOOK="1", DS_ACCELERATOR="cpu",
+    env = dict(os.environ, PYTHONPATH=TRAINING_PYTHONPATH, TRACEKIT_HOOK="1", DS_ACCELERATOR="cpu",
                TRACEKIT_HOOK_LOG=str(log), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     env.pop(hook.ENV_CHANNEL, None)

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ZERO3_CUT
+from conftest import FIXTURES, ZERO3_CUT, run_cli
 
 from tracekit.analyze.trace.cache import TraceCache
 
@@ -43,6 +43,33 @@ def probe(tmp_path, *args):
     assert lines and lines[-1].startswith("IMPORTED "), p.stderr
     mods = {m for m in lines[-1][len("IMPORTED "):].split(",") if m}
     return p.returncode, p.stdout, "\n".join(lines[:-1]), mods
+
+
+def here(tmp_path, *args):
+    """``tracekit ARGS`` run as :func:`probe` runs it (no ``TRACEKIT_CACHE_DIR``, the same
+    ``XDG_CACHE_HOME``, the code fingerprint pinned), but in this process (conftest's
+    ``run_cli``): for the runs that compute, where a subprocess only adds ~1.5 s of imports;
+    the runs that must use the stored report without importing polars or matplotlib stay
+    probes. Returns (exit code, stdout, stderr, set of heavy modules the run would import):
+    polars and matplotlib when it calls ``write_report`` (the stored report not used), which
+    is where a probe imports them (``tracekit.render.report``)."""
+    import tracekit.analyze.trace.cache as cache_mod
+    import tracekit.render.report as R
+
+    mods = set()
+    real = R.write_report
+
+    def write_report(*a, **k):
+        mods.update(("polars", "matplotlib"))
+        return real(*a, **k)
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TRACEKIT_CACHE_DIR")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cache_mod, "_code_fingerprint", "pinned-by-test")
+        mp.setattr(R, "write_report", write_report)
+        rc, out, err = run_cli(*args, env=env)
+    return rc, out, err, mods
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
@@ -79,7 +106,7 @@ def report_entries(trace: Path) -> list[Path]:
 
 
 def test_second_report_is_stored_files(trace, tmp_path):
-    rc, out1, err1, mods1 = probe(tmp_path, "report", trace, "-o", tmp_path / "r1")
+    rc, out1, err1, mods1 = here(tmp_path, "report", trace, "-o", tmp_path / "r1")
     assert rc == 0, err1
     assert {"polars", "matplotlib"} <= mods1  # the first run draws
     (entry,) = report_entries(trace)
@@ -91,7 +118,7 @@ def test_second_report_is_stored_files(trace, tmp_path):
     assert all(first[n] == second[n] for n in first)  # byte-identical
     assert out2.replace("r2", "r1") == out1  # the same summary line, naming the new folder
     # what is stored is what the trace gives: equal to a run that reads no cache
-    rc, _, err, mods = probe(tmp_path, "report", trace, "-o", tmp_path / "r3", "--no-cache")
+    rc, _, err, mods = here(tmp_path, "report", trace, "-o", tmp_path / "r3", "--no-cache")
     assert rc == 0, err
     assert {"polars", "matplotlib"} <= mods
     fresh = files_of(tmp_path / "r3")
@@ -102,7 +129,7 @@ def test_second_report_is_stored_files(trace, tmp_path):
 
 
 def test_report_json_on_a_hit(trace, tmp_path):
-    rc, out1, err, _ = probe(tmp_path, "report", trace, "-o", tmp_path / "r", "--json")
+    rc, out1, err, _ = here(tmp_path, "report", trace, "-o", tmp_path / "r", "--json")
     assert rc == 0, err
     rc, out2, err, mods = probe(tmp_path, "report", trace, "-o", tmp_path / "r", "--json")
     assert rc == 0 and mods == set(), err
@@ -112,24 +139,24 @@ def test_report_json_on_a_hit(trace, tmp_path):
 
 
 def test_changed_trace_or_options_are_a_miss(trace, tmp_path):
-    assert probe(tmp_path, "report", trace, "-o", tmp_path / "r")[0] == 0
+    assert here(tmp_path, "report", trace, "-o", tmp_path / "r")[0] == 0
     (old,) = report_entries(trace)
     for extra in (["--iteration", "2"], ["--format", "pdf"], ["--rank", "0", "--gas", "2"]):
-        rc, _, err, mods = probe(tmp_path, "report", trace, "-o", tmp_path / "x", *extra)
+        rc, _, err, mods = here(tmp_path, "report", trace, "-o", tmp_path / "x", *extra)
         assert rc == 0 and "matplotlib" in mods, (extra, err)
     assert len(report_entries(trace)) == 4
     assert (tmp_path / "x" / "1_iteration_breakdown.pdf").exists()
     # a manifest (DeepSpeed config) appearing beside the trace changes what the advice says
     cfg = FIXTURES / "advice_pair_pin.json"
     shutil.copy(cfg, trace.with_suffix(".json"))
-    rc, _, err, mods = probe(tmp_path, "report", trace, "-o", tmp_path / "c")
+    rc, _, err, mods = here(tmp_path, "report", trace, "-o", tmp_path / "c")
     assert rc == 0 and "matplotlib" in mods, err
     assert b"From the capture manifest" in (tmp_path / "c" / "report.md").read_bytes()
     trace.with_suffix(".json").unlink()
     # the trace touched: every stored report is deleted, the next one recomputed
     st = trace.stat()
     os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    rc, _, err, mods = probe(tmp_path, "report", trace, "-o", tmp_path / "r")
+    rc, _, err, mods = here(tmp_path, "report", trace, "-o", tmp_path / "r")
     assert rc == 0 and "matplotlib" in mods, err
     assert old.exists()  # same key again, written anew for the new identity
     header = json.loads(old.read_bytes().split(b"\n", 1)[0][5:])
@@ -204,7 +231,7 @@ def test_out_files_replaced_never_written_through(trace, tmp_path):
         (out / "report.md").symlink_to(mine)
         os.link(mine, out / "report.html")
         (out / "keep.txt").write_text("keep\n")
-        rc, _, err, _ = probe(tmp_path, "report", trace, "-o", out)
+        rc, _, err, _ = (here if name == "r1" else probe)(tmp_path, "report", trace, "-o", out)
         assert rc == 0, err
         assert mine.read_text() == "my notes\n"
         assert not (out / "report.md").is_symlink() and (out / "report.md").read_text().startswith("# tracekit report")
@@ -247,7 +274,7 @@ def test_killed_report_temporaries_removed_by_the_next(trace, tmp_path):
 
     out, pf = tmp_path / "r", tmp_path / "pf"
     args = ["report", trace, "-o", out, "--perfetto", pf / "t.json"]
-    rc, _, err, _ = probe(tmp_path, *args)
+    rc, _, err, _ = here(tmp_path, *args)
     assert rc == 0, err
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TRACEKIT_CACHE_DIR")}
     env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
@@ -298,7 +325,7 @@ def test_killed_report_temporaries_removed_by_the_next(trace, tmp_path):
 
 
 def test_forged_entries_are_a_miss(trace, tmp_path):
-    assert probe(tmp_path, "report", trace, "-o", tmp_path / "r")[0] == 0
+    assert here(tmp_path, "report", trace, "-o", tmp_path / "r")[0] == 0
     good = {"iteration": 1, "rank": {"index": 0, "pid": 642, "device": 0, "global_pid": 1}, "notes": [],
             "figures": {"1_iteration_breakdown": "1_iteration_breakdown.png"}}
     forged = [
@@ -311,7 +338,7 @@ def test_forged_entries_are_a_miss(trace, tmp_path):
     for meta, files in forged:
         _forge(trace, meta, files)
         out = tmp_path / "o"
-        rc, _, err, mods = probe(tmp_path, "report", trace, "-o", out)
+        rc, _, err, mods = here(tmp_path, "report", trace, "-o", out)
         assert rc == 0 and "matplotlib" in mods, (files, err)  # recomputed
         assert "\x1b" not in err and not (tmp_path / "evil.md").exists() and not (tmp_path / "evil.csv").exists()
         assert not (out / "evil.sh").exists() and not (out / ".bashrc").exists()
@@ -319,12 +346,12 @@ def test_forged_entries_are_a_miss(trace, tmp_path):
     # a truncated entry (a full disk) is a miss as well
     (entry,) = report_entries(trace)
     entry.write_bytes(entry.read_bytes()[:1000])
-    rc, _, err, mods = probe(tmp_path, "report", trace, "-o", tmp_path / "t")
+    rc, _, err, mods = here(tmp_path, "report", trace, "-o", tmp_path / "t")
     assert rc == 0 and "matplotlib" in mods, err
 
 
 def test_perfetto_file_is_stored_too(trace, tmp_path):
-    rc, _, err, _ = probe(tmp_path, "report", trace, "-o", tmp_path / "r", "--perfetto", tmp_path / "p1.json")
+    rc, _, err, _ = here(tmp_path, "report", trace, "-o", tmp_path / "r", "--perfetto", tmp_path / "p1.json")
     assert rc == 0, err
     rc, _, err, mods = probe(tmp_path, "report", trace, "-o", tmp_path / "r", "--perfetto", tmp_path / "p2.json")
     assert rc == 0 and mods == set(), err
@@ -336,7 +363,7 @@ def test_perfetto_file_is_stored_too(trace, tmp_path):
     copies = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("tid") in (3, 4, 5)]
     assert len(copies) == n_copies  # every memcpy of the trace is one event
     # without --perfetto: another key (the stored report has no Perfetto file)
-    rc, _, err, mods = probe(tmp_path, "report", trace, "-o", tmp_path / "r")
+    rc, _, err, mods = here(tmp_path, "report", trace, "-o", tmp_path / "r")
     assert rc == 0 and "matplotlib" in mods, err
 
 
