@@ -129,6 +129,9 @@ def _disjoint_calls(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return s2[keep], e[keep], order[keep]
 
 
+#: edges per run of intervals that :func:`classify` splits into segments at a time
+_SEGMENT_BATCH = 1 << 16
+
 _SEG_SCHEMA = {"iid": pl.Int64, "cat": pl.String, "name": pl.String, "group": pl.String, "ns": pl.Int64}
 
 
@@ -154,26 +157,50 @@ def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
     b, c = clipped(busy), clipped(comm)
     cf = calls.filter((pl.col("end") > lo) & (pl.col("start") < hi))
     cs, ce, ci = _disjoint_calls(np.clip(cf["start"].to_numpy(), lo, hi), np.clip(cf["end"].to_numpy(), lo, hi))
-    pts = np.sort(np.concatenate([ws, we, b[0], b[1], c[0], c[1], cs, ce]))
-    pts = pts[np.concatenate([[True], pts[1:] != pts[:-1]])]  # (np.unique's hash path is slower)
-    seg_s, seg_e = pts[:-1], pts[1:]
-    w = np.searchsorted(ws, seg_s, side="right") - 1
-    keep = (w >= 0) & (seg_s < we[np.maximum(w, 0)])
-    seg_s, seg_e, w = seg_s[keep], seg_e[keep], w[keep]
-    in_b = _inside(b, seg_s)
-    in_c = _inside(c, seg_s) & ~in_b
-    k = np.searchsorted(cs, seg_s, side="right") - 1
-    in_a = (k >= 0) & (seg_s < ce[np.maximum(k, 0)]) & ~in_b & ~in_c if cs.size else np.zeros(seg_s.size, bool)
-    cat = np.where(in_b, 0, np.where(in_c, 1, np.where(in_a, 2, 3)))
     # the call name of each in-API segment, as a code into the distinct names of ``cf`` (0: no
     # call); the sums per (interval, category, name) are taken on one Int64 key
     names = cf["name"].unique(maintain_order=True)
     codes = cf["name"].replace_strict(names, pl.int_range(1, names.len() + 1, eager=True),
                                       return_dtype=pl.Int64).to_numpy() if cs.size else np.zeros(0, np.int64)
     nn = names.len() + 1
-    code = np.where(in_a, codes[ci[np.maximum(k, 0)]] if cs.size else 0, 0).astype(np.int64)
-    seg = pl.DataFrame({"key": (w.astype(np.int64) * 4 + cat) * nn + code, "ns": (seg_e - seg_s).astype(np.int64)})
-    seg = seg.group_by("key").agg(pl.col("ns").sum())
+    # the elementary segments are made and summed for a run of neighbouring intervals at a time
+    # (about _SEGMENT_BATCH edges each), so that their arrays do not grow with the trace: b, c and
+    # the calls are sorted and disjoint, and each run sees exactly the edges inside its span
+    inner = sum(np.searchsorted(x[0], we, side="left") - np.searchsorted(x[0], ws, side="left")
+                for x in (b, c, (cs, ce)))
+    batch = np.cumsum(inner + 2) // _SEGMENT_BATCH
+    cuts = np.flatnonzero(np.diff(batch)) + 1
+    keys, sums = [], []
+    for i0, i1 in zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [ws.size]]).tolist()):
+        blo, bhi = int(ws[i0]), int(we[i0:i1].max())
+
+        def part(s_: np.ndarray, e_: np.ndarray) -> tuple[slice, np.ndarray, np.ndarray]:
+            j = slice(int(np.searchsorted(e_, blo, side="right")), int(np.searchsorted(s_, bhi, side="left")))
+            return j, np.clip(s_[j], blo, bhi), np.clip(e_[j], blo, bhi)
+
+        _, b0, b1 = part(*b)
+        _, c0, c1 = part(*c)
+        j, cs_, ce_ = part(cs, ce)
+        ci_ = ci[j]
+        bws, bwe = ws[i0:i1], we[i0:i1]
+        pts = np.sort(np.concatenate([bws, bwe, b0, b1, c0, c1, cs_, ce_]))
+        pts = pts[np.concatenate([[True], pts[1:] != pts[:-1]])]  # (np.unique's hash path is slower)
+        seg_s, seg_e = pts[:-1], pts[1:]
+        w = np.searchsorted(bws, seg_s, side="right") - 1
+        keep = (w >= 0) & (seg_s < bwe[np.maximum(w, 0)])
+        seg_s, seg_e, w = seg_s[keep], seg_e[keep], w[keep] + i0
+        in_b = _inside((b0, b1), seg_s)
+        in_c = _inside((c0, c1), seg_s) & ~in_b
+        k = np.searchsorted(cs_, seg_s, side="right") - 1
+        in_a = (k >= 0) & (seg_s < ce_[np.maximum(k, 0)]) & ~in_b & ~in_c if cs_.size \
+            else np.zeros(seg_s.size, bool)
+        cat = np.where(in_b, 0, np.where(in_c, 1, np.where(in_a, 2, 3)))
+        code = np.where(in_a, codes[ci_[np.maximum(k, 0)]] if cs_.size else 0, 0).astype(np.int64)
+        g = pl.DataFrame({"key": (w.astype(np.int64) * 4 + cat) * nn + code,
+                          "ns": (seg_e - seg_s).astype(np.int64)}).group_by("key").agg(pl.col("ns").sum())
+        keys.append(g["key"])
+        sums.append(g["ns"])
+    seg = pl.DataFrame({"key": pl.concat(keys), "ns": pl.concat(sums)})
     uk = seg["key"].to_numpy()
     ucode, rest = uk % nn, uk // nn
     groups = dict(cf.select("name", "group").unique().iter_rows())
@@ -195,8 +222,9 @@ def _rank_parts(model: PhaseModel, export: Export):
     from tracekit.analyze.sections.breakdown import ranks
 
     for gpid, dev in ranks(model).select("global_pid", "device").iter_rows():
-        def of(f):
-            return f.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev)).select("start", "end")
+        def of(f):  # (the four columns picked before the filter: the ops are not copied whole)
+            return f.select("global_pid", "device", "start", "end").filter(
+                (pl.col("global_pid") == gpid) & (pl.col("device") == dev)).select("start", "end")
 
         tids = threads.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))["launch_tid"]
         yield gpid, dev, of(active), of(comm), calls.filter(pl.col("launch_tid").is_in(tids.implode()))
@@ -278,7 +306,9 @@ def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iter
     idle = idle_windows(model, export)[0] if idle is None else idle
     names = export.strings(model.ops["api_name_id"].drop_nulls().unique().to_list())
     launch_ids = [i for i, n in names.items() if api_group(short_name(n)) == "launch"]
-    k = model.ops.filter((pl.col("kind") == "kernel") & pl.col("device").is_not_null()).with_columns(
+    # (the columns read, picked before the filter: the kernel rows are not copied whole)
+    cols = dict.fromkeys([*keys, "kind", "start", "end", "launch", "api_end", "api_name_id"])
+    k = model.ops.select(list(cols)).filter((pl.col("kind") == "kernel") & pl.col("device").is_not_null()).with_columns(
         dur=pl.col("end") - pl.col("start"),
         api=pl.when(pl.col("api_name_id").is_in(launch_ids)).then(pl.col("api_end") - pl.col("launch")),
     ).with_columns(queue=pl.when(pl.col("api").is_not_null()).then(pl.col("start") - pl.col("api_end")))
@@ -378,14 +408,16 @@ def idle_findings(model: PhaseModel, export: Export, iteration: int | None = Non
         drop = warmup_keys(steady.windows)
         keys = ["global_pid", "iteration"]
         w, api = w.join(drop, on=keys, how="anti"), api.join(drop, on=keys, how="anti")
-        steady = drop_iterations(steady, drop)
+        # (launch_stats reads these columns of the ops only: the others are not copied by the drop)
+        narrow = steady.ops.select("global_pid", "device", "iteration", "phase", "kind", "start", "end",
+                                   "launch", "api_end", "api_name_id")
+        steady = drop_iterations(PhaseModel(windows=steady.windows, ops=narrow, ranges=steady.ranges,
+                                            source=steady.source, anomalies=steady.anomalies,
+                                            unclosed=steady.unclosed), drop)
     if w.height == 0:
         return []
     per = w.group_by("global_pid", "device", "phase").agg(
         pl.col("wall_ns", *CATEGORIES).sum(), iterations=pl.col("iteration").n_unique())
-    k = steady.ops.filter((pl.col("kind") == "kernel") & pl.col("iteration").is_not_null())
-    if iteration is not None:
-        k = k.filter(pl.col("iteration") == iteration)
     ls = launch_stats(steady, export, by=("phase",), idle=w)
     out = []
     order = {p: i for i, p in enumerate(PHASE_ORDER)}

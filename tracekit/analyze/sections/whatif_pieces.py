@@ -109,7 +109,10 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
     """
     table = breakdown.phase_table(model)
     ranges = nvtx.load_ranges(export)
-    ranges = ranges.filter(~pl.col("cross_thread") & (pl.col("event_type") == 59))
+    # (the four columns read here, picked before the filter: the ranges are not copied whole)
+    ranges = ranges.select("global_pid", "name", "start", "end",
+                           _keep=~pl.col("cross_thread") & (pl.col("event_type") == 59))
+    ranges = ranges.filter(pl.col("_keep")).drop("_keep")
     names = set(ranges["name"].drop_nulls().unique().to_list())
     role_expr = _role_expr(names)
     hc = host_copies(model)
@@ -131,14 +134,16 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         phase_ns = {p: float(w) / n for p, w, _ in sums.iter_rows()}
         kernel_ns = {p: float(k) / n for p, _, k in sums.iter_rows()}
         micro = ts.filter(pl.col("phase") == "backward").group_by("iteration").len()["len"]
-        ops = model.ops.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
+        ops = model.ops.select("global_pid", "device", "kind", "start", "end", "direction", "bytes", "launch",
+                               "launch_tid", "name_id").filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
+        rg = ranges.filter(pl.col("global_pid") == gp)  # the rank's ranges, once
         kern = ops.filter(pl.col("kind") == "kernel")
         ks, ke = union(kern["start"].to_numpy(), kern["end"].to_numpy())
         busy_s, busy_e = union(ops["start"].to_numpy(), ops["end"].to_numpy())
         # update windows of the steady iterations, and the role of each moment inside them
         upd = model.windows.filter((pl.col("global_pid") == gp) & (pl.col("phase") == "update")
                                    & pl.col("iteration").is_in(steady))
-        rr = ranges.filter(pl.col("global_pid") == gp).with_columns(role=role_expr)
+        rr = rg.with_columns(role=role_expr)
         rr = rr.filter(pl.col("role").is_not_null())
         by_role = rr.partition_by("role", as_dict=True)  # one polars call, not one per role
         no_role = rr.head(0)
@@ -167,7 +172,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         if roles["cpu_adam"]["calls"] == 0:  # DeepSpeed-only trace: the unmarked rest of the update
             marked_s = np.concatenate([role_iv[k][0] for k in ROLES] + [np.zeros(0, np.int64)])
             marked_e = np.concatenate([role_iv[k][1] for k in ROLES] + [np.zeros(0, np.int64)])
-            other = _unmarked_time(ranges.filter(pl.col("global_pid") == gp), uw_s, uw_e, marked_s, marked_e,
+            other = _unmarked_time(rg, uw_s, uw_e, marked_s, marked_e,
                                    busy_s, busy_e, per_w := [])
             per = dict.fromkeys(steady, 0.0)
             for it, w in zip(upd_it, per_w):
@@ -191,7 +196,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         c = c.with_columns(exposed_ns=pl.Series(exposed, dtype=pl.Float64),
                            bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64))
         c = c.with_columns(host_ns=(pl.col("api_end") - pl.col("launch")).cast(pl.Float64))
-        grad_offload = _grad_offload(ranges.filter(pl.col("global_pid") == gp), model.windows.filter(
+        grad_offload = _grad_offload(rg, model.windows.filter(
             (pl.col("global_pid") == gp) & (pl.col("phase") == "backward") & pl.col("iteration").is_in(steady)),
             c, ks, ke, steady)
         copies = c.select("iteration", "phase", "micro_step", "boundary", "role", "direction", "host_kind", "bytes",
@@ -226,9 +231,9 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         iteration_walls = [sum(walls.get((i, ph), 0.0) for ph in phase_ns) for i in steady]
         last_wall, last_kern = _last_micro_step(ts, steady)
         boundary_copies = _boundary_backward_copies(ts, steady)
-        sg_fixed = _sub_group_fixed(ranges.filter(pl.col("global_pid") == gp), uw_s, uw_e)
+        sg_fixed = _sub_group_fixed(rg, uw_s, uw_e)
         norm_fixed = _norm_fixed(role_iv["grad_norm"], ops, n, int(round(roles["copy_back"]["calls"])) or None)
-        grad_tensors, launch_gap = _eager_loop(ranges.filter(pl.col("global_pid") == gp), ops, model.windows.filter(
+        grad_tensors, launch_gap = _eager_loop(rg, ops, model.windows.filter(
             (pl.col("global_pid") == gp) & pl.col("iteration").is_in(steady)), steady)
         out.append({
             "global_pid": gp, "pid": r["pid"], "device": dev, "iterations": steady,
