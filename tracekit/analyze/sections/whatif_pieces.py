@@ -137,13 +137,13 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         ops = model.ops.select("global_pid", "device", "kind", "start", "end", "direction", "bytes", "launch",
                                "launch_tid", "name_id").filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
         rg = ranges.filter(pl.col("global_pid") == gp)  # the rank's ranges, once
-        kern = ops.filter(pl.col("kind") == "kernel")
+        kern = ops.select("kind", "start", "end", "device", "name_id").filter(pl.col("kind") == "kernel")
         ks, ke = union(kern["start"].to_numpy(), kern["end"].to_numpy())
         busy_s, busy_e = union(ops["start"].to_numpy(), ops["end"].to_numpy())
         # update windows of the steady iterations, and the role of each moment inside them
         upd = model.windows.filter((pl.col("global_pid") == gp) & (pl.col("phase") == "update")
                                    & pl.col("iteration").is_in(steady))
-        rr = rg.with_columns(role=role_expr)
+        rr = rg.select("start", "end", role=role_expr)  # (the columns by_role reads)
         rr = rr.filter(pl.col("role").is_not_null())
         by_role = rr.partition_by("role", as_dict=True)  # one polars call, not one per role
         no_role = rr.head(0)
@@ -284,7 +284,8 @@ def _sub_group_fixed(rng: pl.DataFrame, uw_s, uw_e) -> float | None:
     # work nested in them grows with the sub-group (without offload _prepare_sub_group builds the
     # fp32 gradient, _prepare_fp32_grad_for_sub_group; NVMe swaps): not the fixed part
     bs, be = union(s[inside], e[inside])
-    other = rng.filter(~pl.col("name").fill_null("").str.contains(SUB_GROUP_FIXED_RANGES))
+    other = rng.select("start", "end", _o=~pl.col("name").fill_null("").str.contains(SUB_GROUP_FIXED_RANGES))
+    other = other.filter(pl.col("_o"))  # (the times only: the names are not copied)
     os_, oe = other["start"].to_numpy(), other["end"].to_numpy()
     j = np.searchsorted(bs, os_, side="right") - 1
     nested = (j >= 0) & (oe <= be[np.maximum(j, 0)])
@@ -491,7 +492,8 @@ def _unmarked_time(rng: pl.DataFrame, uw_s, uw_e, ms, me, busy_s, busy_e, per_wi
     bounds), and not in a marked role: (wall ns, GPU-idle ns). Only ranges strictly inside a
     window count as nested."""
     wall = idle = 0.0
-    rng = rng.filter(~pl.col("name").fill_null("").str.contains(STEP_RANGE))  # (the pattern once, not per window)
+    rng = rng.select("start", "end", _o=~pl.col("name").fill_null("").str.contains(STEP_RANGE))
+    rng = rng.filter(pl.col("_o"))  # (the pattern once, not per window; the times only)
     for a, b in zip(uw_s, uw_e):
         inner = rng.filter((pl.col("start") >= a) & (pl.col("end") <= b)
                            & ~((pl.col("start") == a) & (pl.col("end") == b)))
