@@ -340,9 +340,11 @@ def _launch_gaps(ops: pl.DataFrame, ws, we) -> np.ndarray:
     copy between two launches, e.g. a ``.item()``, breaks the pair)."""
     if not len(ws) or not ops.height or "launch" not in ops.columns:
         return np.zeros(0)
-    o = ops.filter(pl.col("launch").is_not_null()).select("kind", "launch", "launch_tid").sort("launch_tid", "launch")
-    lt, la, kd = o["launch_tid"].to_numpy(), o["launch"].to_numpy(), o["kind"].to_numpy()
-    eager = np.isin(kd, ["kernel", "memset"])
+    # (the kinds tested in polars: no array of Python strings)
+    eager = pl.col("kind").is_in(["kernel", "memset"]).fill_null(False)
+    o = ops.filter(pl.col("launch").is_not_null()).select("launch", "launch_tid", eager=eager)
+    o = o.sort("launch_tid", "launch")
+    lt, la, eager = o["launch_tid"].to_numpy(), o["launch"].to_numpy(), o["eager"].to_numpy()
     ok = (lt[1:] == lt[:-1]) & eager[1:] & eager[:-1]
     ws, we = union(np.asarray(ws), np.asarray(we))
     j = np.searchsorted(ws, la, side="right") - 1
