@@ -13,7 +13,9 @@ minimum and median are reported, because on a shared machine wall times vary by 
 4. peak RSS (``ru_maxrss``) of ``analyze --all``, from row 1;
 5. peak RSS on larger traces built with ``../shared/tools/make_nx_trace.py`` (which appends
    shifted copies of every event row: ``--sizes 1,4`` = the trace and a 4x one), with the
-   least-squares slope per 100 MB and the ratio to the 1x figure (goal: flat);
+   least-squares slope per 100 MB and the ratio to the 1x figure (goal: flat); ``--keep`` builds
+   them in ``--work-dir`` and later runs reuse them; ``--bin-ms 2`` for ``--sizes 1,4,16`` (a 16x
+   trace at 1 ms bins has more timeline bins than ``analyze`` allows);
 6. ``analyze TRACE`` (default view, no cache) / a plain polars computation of the per-phase
    copy bytes (ADBC into polars, a join of copies to their launch, an asof join into the NVTX
    phase ranges, a group-by), in a fresh process each;
@@ -26,7 +28,8 @@ Everything runs with the trace in the OS page cache (one discarded warm-up run f
 Usage::
 
     python benchmarks/analyze_scale.py /tmp/full/ds.sqlite [--repeat 5] [--sizes 1,4]
-        [--work-dir /tmp] [--no-loaded] [--skip report,jobs,sizes,default] [--json OUT.json]
+        [--work-dir /tmp] [--keep] [--bin-ms MS] [--no-loaded] [--skip report,jobs,sizes,default]
+        [--json OUT.json]
         [--pythonpath DIR]   # e.g. `git archive OLD | tar -x -C DIR`: the same rows for an older tree
 """
 
