@@ -13,7 +13,9 @@ minimum and median are reported, because on a shared machine wall times vary by 
 4. peak RSS (``ru_maxrss``) of ``analyze --all``, from row 1;
 5. peak RSS on larger traces built with ``../shared/tools/make_nx_trace.py`` (which appends
    shifted copies of every event row: ``--sizes 1,4`` = the trace and a 4x one), with the
-   least-squares slope per 100 MB and the ratio to the 1x figure (goal: flat);
+   least-squares slope per 100 MB and the ratio to the 1x figure (goal: flat); ``--keep`` builds
+   them in ``--work-dir`` and later runs reuse them; ``--bin-ms 2`` for ``--sizes 1,4,16`` (a 16x
+   trace at 1 ms bins has more timeline bins than ``analyze`` allows);
 6. ``analyze TRACE`` (default view, no cache) / a plain polars computation of the per-phase
    copy bytes (ADBC into polars, a join of copies to their launch, an asof join into the NVTX
    phase ranges, a group-by), in a fresh process each;
@@ -26,7 +28,8 @@ Everything runs with the trace in the OS page cache (one discarded warm-up run f
 Usage::
 
     python benchmarks/analyze_scale.py /tmp/full/ds.sqlite [--repeat 5] [--sizes 1,4]
-        [--work-dir /tmp] [--no-loaded] [--skip report,jobs,sizes,default] [--json OUT.json]
+        [--work-dir /tmp] [--keep] [--bin-ms MS] [--no-loaded] [--skip report,jobs,sizes,default]
+        [--json OUT.json]
         [--pythonpath DIR]   # e.g. `git archive OLD | tar -x -C DIR`: the same rows for an older tree
 """
 
@@ -154,7 +157,14 @@ def linear_fit(xs: list[float], ys: list[float]) -> dict:
     return {"a": a, "b": b, "r2": 1 - ss_res / ss_tot if ss_tot else 1.0}
 
 
-def build_nx(trace: Path, copies: int, work: Path) -> Path:
+def build_nx(trace: Path, copies: int, work: Path, keep_dir: Path | None = None) -> Path:
+    """The ``copies``-x trace: one that ``keep_dir`` holds (a run with ``--keep``) when it is newer
+    than ``trace``, else built in ``keep_dir`` (kept) or ``work`` (removed at the end)."""
+    if keep_dir is not None:
+        kept = keep_dir / f"{trace.stem}.x{copies}.sqlite"
+        if kept.exists() and kept.stat().st_mtime >= trace.stat().st_mtime:
+            return kept
+        work = keep_dir
     dst = work / f"{trace.stem}.x{copies}.sqlite"
     if not dst.exists() or dst.stat().st_mtime < trace.stat().st_mtime:
         print(f"building {dst} with make_nx_trace.py ({copies} copies) ...", file=sys.stderr)
@@ -212,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1,4", help="trace sizes for the RSS slope (copies by make_nx_trace.py)")
     ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()),
                     help="where the larger traces and the 5 links are made (removed at the end)")
-    ap.add_argument("--keep", action="store_true", help="keep the traces built in --work-dir")
+    ap.add_argument("--keep", action="store_true",
+                    help="build the larger traces in --work-dir itself and keep them (a later run with the "
+                         "same --work-dir and --keep reuses them)")
+    ap.add_argument("--bin-ms", type=int, help="--bin-ms for every run of row 5 (a 16x trace needs 2: at 1 ms "
+                    "its timeline would have more bins than tracekit allows)")
     ap.add_argument("--no-loaded", action="store_true", help="skip the rows measured under added load")
     ap.add_argument("--skip", default="", help="comma list of: sizes, default, report, jobs")
     ap.add_argument("--json", type=Path, help="also write the figures here")
@@ -251,12 +265,14 @@ def main(argv: list[str] | None = None) -> int:
         if "sizes" not in skip:
             sizes = []
             for k in (int(x) for x in args.sizes.split(",")):
-                t = trace if k == 1 else build_nx(trace, k, work)
+                t = trace if k == 1 else build_nx(trace, k, work, args.work_dir if args.keep else None)
                 print(f"5: peak RSS, {k}x ...", file=sys.stderr)
-                runs = [measure([*TRACEKIT, "analyze", str(t), "--all", "--no-cache"]) for _ in range(2)]
+                extra = ["--bin-ms", str(args.bin_ms)] if args.bin_ms else []
+                runs = [measure([*TRACEKIT, "analyze", str(t), "--all", "--no-cache", *extra]) for _ in range(2)]
                 sizes.append({"copies": k, "size_mb": t.stat().st_size / 1e6, "rss_mib": min(r["rss_mib"] for r in runs),
                               "wall_s": min(r["wall_s"] for r in runs), "cpu_s": min(r["cpu_s"] for r in runs)})
             out["sizes"] = sizes
+            out["sizes_bin_ms"] = args.bin_ms
             if len(sizes) >= 2:
                 out["rss_fit"] = linear_fit([s["size_mb"] for s in sizes], [s["rss_mib"] for s in sizes])
         if "default" not in skip:
@@ -325,8 +341,9 @@ def report(o: dict) -> None:
       f"{ok(a['rss_mib']['max'] <= GOALS['rss_mib'])})")
     if "sizes" in o:
         base = o["sizes"][0]["rss_mib"]
+        bins = f" (--bin-ms {o['sizes_bin_ms']})" if o.get("sizes_bin_ms") else ""
         for s in o["sizes"]:
-            w(f"5. {s['copies']}x trace {s['size_mb']:.0f} MB: peak RSS {s['rss_mib']:.0f} MiB ({s['rss_mib'] / base:.2f}x "
+            w(f"5. {s['copies']}x trace{bins} {s['size_mb']:.0f} MB: peak RSS {s['rss_mib']:.0f} MiB ({s['rss_mib'] / base:.2f}x "
               f"the 1x figure), wall {s['wall_s']:.2f} s, CPU {s['cpu_s']:.2f} s")
         if "rss_fit" in o:
             fit = o["rss_fit"]

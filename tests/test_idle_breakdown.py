@@ -265,3 +265,46 @@ def test_in_api_cause_names_group_and_call_synthetic(tmp_path):
     assert f["text"].startswith("forward is held in CUDA API calls: 71% of its idle time is the launching thread "
                                 "inside them, mostly allocator (cudaMalloc 7.0 ms per iteration)")
     assert f["values"]["in_api_ns"] == 7 * MS + 10 * US
+
+
+@pytest.mark.parametrize("batch", [1, 5, 1 << 16])
+def test_classify_equals_a_brute_force_walk_in_runs_of_intervals(monkeypatch, batch):
+    """classify cuts the segments in runs of about ``_SEGMENT_BATCH`` edges: with runs of one
+    interval, of a few, and all at once, every nanosecond lands where a walk over each ns puts
+    it (busy first, then a communication kernel, then inside the earliest-begun call in flight)."""
+    import polars as pl
+
+    from tracekit.analyze.sections import idle
+
+    monkeypatch.setattr(idle, "_SEGMENT_BATCH", batch)
+    rng = np.random.default_rng(7)
+    span = 2_000
+
+    def spans(n, lo=1, hi=60):
+        s = rng.integers(0, span - hi, n)
+        return s, s + rng.integers(lo, hi, n)
+
+    # disjoint intervals with gaps, and busy, comm and calls that overlap them and each other
+    edges = np.sort(rng.choice(np.arange(1, span), 60, replace=False))
+    iv = pl.DataFrame({"iid": np.arange(30), "start": edges[0::2], "end": edges[1::2]})
+    bs, be = spans(40)
+    cs, ce = spans(15)
+    ks, ke = spans(50, hi=120)
+    names = rng.choice(["cudaLaunchKernel", "cudaStreamSynchronize", "cudaMemcpyAsync"], 50)
+    calls = pl.DataFrame({"start": ks, "end": ke, "name": names,
+                          "group": [idle.api_group(n) for n in names]})
+    got = idle.classify(iv, pl.DataFrame({"start": bs, "end": be}), pl.DataFrame({"start": cs, "end": ce}), calls)
+    expect: dict = {}
+    for i, a, b in iv.iter_rows():
+        for t in range(a, b):
+            if ((bs <= t) & (t < be)).any():
+                key = (i, "gpu_busy_ns", None)
+            elif ((cs <= t) & (t < ce)).any():
+                key = (i, "waiting_ns", None)
+            elif ((ks <= t) & (t < ke)).any():
+                j = min(np.flatnonzero((ks <= t) & (t < ke)), key=lambda j: (ks[j], j))  # began first
+                key = (i, "in_api_ns", str(names[j]))
+            else:
+                key = (i, "between_api_ns", None)
+            expect[key] = expect.get(key, 0) + 1
+    assert {(r["iid"], r["cat"], r["name"]): r["ns"] for r in got.iter_rows(named=True)} == expect

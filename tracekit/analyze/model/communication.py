@@ -105,4 +105,6 @@ def compute_ops(ops: pl.DataFrame) -> pl.DataFrame:
     """``ops`` without communication kernels (what GPU idle counts as activity)."""
     if "comm" not in ops.columns:
         return ops
+    if not ops.select(comm_expr().any()).item():  # no communication kernel: the same rows, no copy
+        return ops
     return ops.filter(~comm_expr())

@@ -87,13 +87,27 @@ def api_group(name: str) -> str:
 def api_calls(export: Export, model: PhaseModel) -> pl.DataFrame:
     """Every CUDA API call of the threads that launched GPU work: ``launch_tid`` (globalTid),
     ``start``, ``end`` (ns), ``name`` (short, :func:`short_name`), ``group``. Empty (same
-    columns) when the trace lacks the runtime table. Computed once per model."""
-    def compute() -> pl.DataFrame:
+    columns) when the trace lacks the runtime table. Built from :func:`api_call_codes`
+    (computed once per model)."""
+    rt, names, groups = api_call_codes(export, model)
+    if not names:
+        return rt.drop("code").with_columns(name=pl.lit(None, pl.String), group=pl.lit(None, pl.String))
+    return rt.with_columns(name=pl.col("code").replace_strict(dict(enumerate(names, 1)), return_dtype=pl.String),
+                           group=pl.col("code").replace_strict(dict(enumerate(groups, 1)), return_dtype=pl.String)
+                           ).drop("code")
+
+
+def api_call_codes(export: Export, model: PhaseModel) -> tuple[pl.DataFrame, list[str], list[str]]:
+    """The calls of :func:`api_calls` with each name as a code: ``(calls, names, groups)``,
+    ``calls`` with ``launch_tid, start, end`` (ns) and ``code`` (Int64, 1-based into ``names``,
+    the distinct short names, sorted; ``groups[k]`` is the group of ``names[k]``). Computed once
+    per model; the strings are not repeated per call (a 10 GB trace has ~1.2 M calls)."""
+    def compute() -> tuple[pl.DataFrame, list[str], list[str]]:
         schema = {"launch_tid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "name_id": pl.Int64}
         cols = set(export.columns(TABLE))
         tids = model.ops["launch_tid"].drop_nulls().unique()
         if not {"globalTid", "start", "end"} <= cols or tids.len() == 0:
-            return pl.DataFrame(schema={**schema, "name": pl.String, "group": pl.String}).drop("name_id")
+            return pl.DataFrame(schema={**schema, "code": pl.Int64}).drop("name_id"), [], []
         name = "CASE WHEN typeof(nameId) = 'integer' THEN nameId END" if "nameId" in cols else "NULL"
         # rows whose times or thread are not integers (a damaged or edited export) are left out
         rt = export.query(f"""SELECT globalTid, start, "end", {name} FROM {TABLE}
@@ -101,13 +115,14 @@ def api_calls(export: Export, model: PhaseModel) -> pl.DataFrame:
                                 AND typeof("end") = 'integer' AND "end" > start""", schema=schema)
         rt = rt.filter(pl.col("launch_tid").is_in(tids.implode()))
         ids = rt["name_id"].drop_nulls().unique().to_list()
-        names = {i: short_name(s) for i, s in export.strings(ids).items()}
-        groups = {n: api_group(n) for n in set(names.values()) | {"?"}}
-        rt = rt.with_columns(name=pl.col("name_id").replace_strict(names, default="?", return_dtype=pl.String))
-        return rt.with_columns(group=pl.col("name").replace_strict(groups, default="other",
-                                                                     return_dtype=pl.String)).drop("name_id")
+        by_id = {i: short_name(s) for i, s in export.strings(ids).items()}
+        names = sorted(set(by_id.values()) | {"?"})  # "?": no name (as api_calls names it)
+        code = {n: k for k, n in enumerate(names, 1)}
+        rt = rt.with_columns(code=pl.col("name_id").replace_strict({i: code[n] for i, n in by_id.items()},
+                                                                   default=code["?"], return_dtype=pl.Int64))
+        return rt.drop("name_id"), names, [api_group(n) for n in names]
 
-    return model.derived("idle_api_calls", compute)
+    return model.derived("idle_api_call_codes", compute)
 
 
 def _inside(u: tuple[np.ndarray, np.ndarray], p: np.ndarray) -> np.ndarray:
@@ -118,26 +133,19 @@ def _inside(u: tuple[np.ndarray, np.ndarray], p: np.ndarray) -> np.ndarray:
     return (i >= 0) & (p < u[1][np.maximum(i, 0)])
 
 
-def _disjoint_calls(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Calls made disjoint, sorted by start: where calls overlap, the one that began first keeps
-    the overlap. Returns ``(starts, ends, index into the input)``."""
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    prev = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(e)[:-1]]) if s.size else s
-    s2 = np.maximum(s, prev)
-    keep = e > s2
-    return s2[keep], e[keep], order[keep]
-
+#: edges per run of intervals that :func:`classify` splits into segments at a time
+_SEGMENT_BATCH = 1 << 16
 
 _SEG_SCHEMA = {"iid": pl.Int64, "cat": pl.String, "name": pl.String, "group": pl.String, "ns": pl.Int64}
 
 
 def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
-             calls: pl.DataFrame) -> pl.DataFrame:
+             calls: pl.DataFrame, codes_of: tuple[list[str], list[str]] | None = None) -> pl.DataFrame:
     """Split disjoint ``intervals`` (columns ``iid``, ``start``, ``end``) of one rank into the
     categories of the module doc. ``busy`` and ``comm`` hold the rank's compute ops and
     communication kernels (``start``, ``end``), ``calls`` the API calls of its launching threads
-    (:func:`api_calls`). Returns one row per interval, category and call:
+    (:func:`api_calls`; or, with ``codes_of = (names, groups)``, the ``code`` calls of
+    :func:`api_call_codes`). Returns one row per interval, category and call:
     ``iid``, ``cat`` (one of :data:`CATEGORIES`), ``name`` (the call for ``in_api_ns``, else
     null), ``group``, ``ns`` (Int64); categories with no time have no row."""
     iv = intervals.sort("start")
@@ -152,35 +160,80 @@ def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
         return union(np.clip(f["start"].to_numpy(), lo, hi), np.clip(f["end"].to_numpy(), lo, hi))
 
     b, c = clipped(busy), clipped(comm)
-    cf = calls.filter((pl.col("end") > lo) & (pl.col("start") < hi))
-    cs, ce, ci = _disjoint_calls(np.clip(cf["start"].to_numpy(), lo, hi), np.clip(cf["end"].to_numpy(), lo, hi))
-    pts = np.sort(np.concatenate([ws, we, b[0], b[1], c[0], c[1], cs, ce]))
-    pts = pts[np.concatenate([[True], pts[1:] != pts[:-1]])]  # (np.unique's hash path is slower)
-    seg_s, seg_e = pts[:-1], pts[1:]
-    w = np.searchsorted(ws, seg_s, side="right") - 1
-    keep = (w >= 0) & (seg_s < we[np.maximum(w, 0)])
-    seg_s, seg_e, w = seg_s[keep], seg_e[keep], w[keep]
-    in_b = _inside(b, seg_s)
-    in_c = _inside(c, seg_s) & ~in_b
-    k = np.searchsorted(cs, seg_s, side="right") - 1
-    in_a = (k >= 0) & (seg_s < ce[np.maximum(k, 0)]) & ~in_b & ~in_c if cs.size else np.zeros(seg_s.size, bool)
-    cat = np.where(in_b, 0, np.where(in_c, 1, np.where(in_a, 2, 3)))
-    # the call name of each in-API segment, as a code into the distinct names of ``cf`` (0: no
-    # call); the sums per (interval, category, name) are taken on one Int64 key
-    names = cf["name"].unique(maintain_order=True)
-    codes = cf["name"].replace_strict(names, pl.int_range(1, names.len() + 1, eager=True),
-                                      return_dtype=pl.Int64).to_numpy() if cs.size else np.zeros(0, np.int64)
-    nn = names.len() + 1
-    code = np.where(in_a, codes[ci[np.maximum(k, 0)]] if cs.size else 0, 0).astype(np.int64)
-    seg = pl.DataFrame({"key": (w.astype(np.int64) * 4 + cat) * nn + code, "ns": (seg_e - seg_s).astype(np.int64)})
-    seg = seg.group_by("key").agg(pl.col("ns").sum())
+    inside = (calls["end"].to_numpy() > lo) & (calls["start"].to_numpy() < hi)
+    cf = calls if inside.all() else calls.filter(pl.Series(inside))  # (most often all: no copy)
+    # the calls made disjoint (where calls overlap, the one that began first keeps the overlap):
+    # sorted by (clipped) start, a call keeps what lies past every earlier call's end (``run``);
+    # each run of intervals below makes its own pieces from its slice of these arrays
+    ss, se = np.clip(cf["start"].to_numpy(), lo, hi), np.clip(cf["end"].to_numpy(), lo, hi)
+    order = np.argsort(ss, kind="stable") if ss.size and (ss[1:] < ss[:-1]).any() else None
+    if order is not None:
+        ss, se = ss[order], se[order]
+    run = np.maximum.accumulate(se) if se.size else se
+    has_calls = ss.size > 0
+    # the call name of each in-API segment, as a code into the distinct names (0: no call); the
+    # sums per (interval, category, name) are taken on one Int64 key
+    if codes_of is not None:  # calls of api_call_codes: the codes are given
+        name_of, group_of = [None, *codes_of[0]], [None, *codes_of[1]]
+        codes = cf["code"].to_numpy() if has_calls else np.zeros(0, np.int64)
+    else:
+        names = cf["name"].unique(maintain_order=True)
+        codes = cf["name"].replace_strict(names, pl.int_range(1, names.len() + 1, eager=True),
+                                          return_dtype=pl.Int64).to_numpy() if has_calls else np.zeros(0, np.int64)
+        groups = dict(cf.select("name", "group").unique().iter_rows())
+        name_of = [None, *names.to_list()]
+        group_of = [None if n is None else groups[n] for n in name_of]
+    nn = len(name_of)
+    # the elementary segments are made and summed for a run of neighbouring intervals at a time
+    # (about _SEGMENT_BATCH edges each), so that their arrays do not grow with the trace: b, c and
+    # the calls are sorted and disjoint, and each run sees exactly the edges inside its span
+    inner = sum(np.searchsorted(x[0], we, side="left") - np.searchsorted(x[0], ws, side="left")
+                for x in (b, c, (ss, se)))
+    batch = np.cumsum(inner + 2) // _SEGMENT_BATCH
+    cuts = np.flatnonzero(np.diff(batch)) + 1
+    keys, sums = [], []
+    for i0, i1 in zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [ws.size]]).tolist()):
+        blo, bhi = int(ws[i0]), int(we[i0:i1].max())
+
+        def part(s_: np.ndarray, e_: np.ndarray) -> tuple[slice, np.ndarray, np.ndarray]:
+            j = slice(int(np.searchsorted(e_, blo, side="right")), int(np.searchsorted(s_, bhi, side="left")))
+            return j, np.clip(s_[j], blo, bhi), np.clip(e_[j], blo, bhi)
+
+        _, b0, b1 = part(*b)
+        _, c0, c1 = part(*c)
+        a, z = int(np.searchsorted(run, blo, side="right")), int(np.searchsorted(ss, bhi, side="left"))
+        if z > a:
+            first = np.array([run[a - 1] if a > 0 else np.iinfo(np.int64).min], dtype=run.dtype)
+            s2, e2 = np.maximum(ss[a:z], np.concatenate([first, run[a:z - 1]])), se[a:z]
+            keep = (e2 > s2) & (e2 > blo) & (s2 < bhi)
+            cs_, ce_ = np.clip(s2[keep], blo, bhi), np.clip(e2[keep], blo, bhi)
+            ci_ = np.arange(a, z)[keep]
+            ci_ = order[ci_] if order is not None else ci_
+        else:
+            cs_ = ce_ = ci_ = np.zeros(0, np.int64)
+        bws, bwe = ws[i0:i1], we[i0:i1]
+        pts = np.sort(np.concatenate([bws, bwe, b0, b1, c0, c1, cs_, ce_]))
+        pts = pts[np.concatenate([[True], pts[1:] != pts[:-1]])]  # (np.unique's hash path is slower)
+        seg_s, seg_e = pts[:-1], pts[1:]
+        w = np.searchsorted(bws, seg_s, side="right") - 1
+        keep = (w >= 0) & (seg_s < bwe[np.maximum(w, 0)])
+        seg_s, seg_e, w = seg_s[keep], seg_e[keep], w[keep] + i0
+        in_b = _inside((b0, b1), seg_s)
+        in_c = _inside((c0, c1), seg_s) & ~in_b
+        k = np.searchsorted(cs_, seg_s, side="right") - 1
+        in_a = (k >= 0) & (seg_s < ce_[np.maximum(k, 0)]) & ~in_b & ~in_c if cs_.size \
+            else np.zeros(seg_s.size, bool)
+        cat = np.where(in_b, 0, np.where(in_c, 1, np.where(in_a, 2, 3)))
+        code = np.where(in_a, codes[ci_[np.maximum(k, 0)]] if cs_.size else 0, 0).astype(np.int64)
+        g = pl.DataFrame({"key": (w.astype(np.int64) * 4 + cat) * nn + code,
+                          "ns": (seg_e - seg_s).astype(np.int64)}).group_by("key").agg(pl.col("ns").sum())
+        keys.append(g["key"])
+        sums.append(g["ns"])
+    seg = pl.DataFrame({"key": pl.concat(keys), "ns": pl.concat(sums)})
     uk = seg["key"].to_numpy()
     ucode, rest = uk % nn, uk // nn
-    groups = dict(cf.select("name", "group").unique().iter_rows())
-    name_of = [None, *names.to_list()]
-    seg_names = [name_of[c] for c in ucode.tolist()]
     return pl.DataFrame({"iid": iv["iid"].to_numpy()[rest // 4], "cat": [CATEGORIES[c] for c in (rest % 4).tolist()],
-                         "name": seg_names, "group": [None if n is None else groups[n] for n in seg_names],
+                         "name": [name_of[c] for c in ucode.tolist()], "group": [group_of[c] for c in ucode.tolist()],
                          "ns": seg["ns"]}, schema=out_schema)
 
 
@@ -190,13 +243,14 @@ def _rank_parts(model: PhaseModel, export: Export):
 
     active = model_compute_ops(model)
     _k, comm = model_kernel_frames(model)
-    calls = api_calls(export, model)
+    calls = api_call_codes(export, model)[0]
     threads = model.ops.select("global_pid", "device", "launch_tid").drop_nulls().unique()
     from tracekit.analyze.sections.breakdown import ranks
 
     for gpid, dev in ranks(model).select("global_pid", "device").iter_rows():
-        def of(f):
-            return f.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev)).select("start", "end")
+        def of(f):  # (the four columns picked before the filter: the ops are not copied whole)
+            return f.select("global_pid", "device", "start", "end").filter(
+                (pl.col("global_pid") == gpid) & (pl.col("device") == dev)).select("start", "end")
 
         tids = threads.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))["launch_tid"]
         yield gpid, dev, of(active), of(comm), calls.filter(pl.col("launch_tid").is_in(tids.implode()))
@@ -210,10 +264,11 @@ def _breakdown(model: PhaseModel, export: Export, intervals: pl.DataFrame,
     by = ["global_pid", "device", *keys]
     iv = intervals.with_row_index("iid").with_columns(pl.col("iid").cast(pl.Int64))
     parts = []
+    codes_of = api_call_codes(export, model)[1:]
     for gpid, dev, busy, comm, calls in _rank_parts(model, export):
         mine = iv.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
         if mine.height:
-            parts.append(classify(mine.select("iid", "start", "end"), busy, comm, calls))
+            parts.append(classify(mine.select("iid", "start", "end"), busy, comm, calls, codes_of))
     seg = pl.concat(parts) if parts else pl.DataFrame(schema=_SEG_SCHEMA)
     seg = seg.join(iv.select("iid", *by), on="iid")
     wide = seg.group_by(by).agg(**{c: pl.col("ns").filter(pl.col("cat") == c).sum() for c in CATEGORIES})
@@ -278,7 +333,9 @@ def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iter
     idle = idle_windows(model, export)[0] if idle is None else idle
     names = export.strings(model.ops["api_name_id"].drop_nulls().unique().to_list())
     launch_ids = [i for i, n in names.items() if api_group(short_name(n)) == "launch"]
-    k = model.ops.filter((pl.col("kind") == "kernel") & pl.col("device").is_not_null()).with_columns(
+    # (the columns read, picked before the filter: the kernel rows are not copied whole)
+    cols = dict.fromkeys([*keys, "kind", "start", "end", "launch", "api_end", "api_name_id"])
+    k = model.ops.select(list(cols)).filter((pl.col("kind") == "kernel") & pl.col("device").is_not_null()).with_columns(
         dur=pl.col("end") - pl.col("start"),
         api=pl.when(pl.col("api_name_id").is_in(launch_ids)).then(pl.col("api_end") - pl.col("launch")),
     ).with_columns(queue=pl.when(pl.col("api").is_not_null()).then(pl.col("start") - pl.col("api_end")))
@@ -378,14 +435,16 @@ def idle_findings(model: PhaseModel, export: Export, iteration: int | None = Non
         drop = warmup_keys(steady.windows)
         keys = ["global_pid", "iteration"]
         w, api = w.join(drop, on=keys, how="anti"), api.join(drop, on=keys, how="anti")
-        steady = drop_iterations(steady, drop)
+        # (launch_stats reads these columns of the ops only: the others are not copied by the drop)
+        narrow = steady.ops.select("global_pid", "device", "iteration", "phase", "kind", "start", "end",
+                                   "launch", "api_end", "api_name_id")
+        steady = drop_iterations(PhaseModel(windows=steady.windows, ops=narrow, ranges=steady.ranges,
+                                            source=steady.source, anomalies=steady.anomalies,
+                                            unclosed=steady.unclosed), drop)
     if w.height == 0:
         return []
     per = w.group_by("global_pid", "device", "phase").agg(
         pl.col("wall_ns", *CATEGORIES).sum(), iterations=pl.col("iteration").n_unique())
-    k = steady.ops.filter((pl.col("kind") == "kernel") & pl.col("iteration").is_not_null())
-    if iteration is not None:
-        k = k.filter(pl.col("iteration") == iteration)
     ls = launch_stats(steady, export, by=("phase",), idle=w)
     out = []
     order = {p: i for i, p in enumerate(PHASE_ORDER)}

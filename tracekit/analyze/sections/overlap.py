@@ -47,7 +47,8 @@ def _kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int
     computed once per model and kept on it (every grouping of :func:`overlap_levels` reads them)."""
     def compute() -> dict:
         compute_k, communication = model_kernel_frames(model)
-        k = (communication if comm else compute_k).filter(pl.col("device").is_not_null())
+        # (the rank and time columns only: each group is a copy)
+        k = (communication if comm else compute_k).select(*RANK, "start", "end").filter(pl.col("device").is_not_null())
         return {(gpid, dev): union(g["start"].to_numpy(), g["end"].to_numpy()) for (gpid, dev), g in k.group_by(RANK)}
 
     return model.derived(("overlap_kernel_unions", comm), compute)

@@ -115,7 +115,10 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
     """
     table = breakdown.phase_table(model)
     ranges = nvtx.load_ranges(export)
-    ranges = ranges.filter(~pl.col("cross_thread") & (pl.col("event_type") == 59))
+    # (the four columns read here, picked before the filter: the ranges are not copied whole)
+    ranges = ranges.select("global_pid", "name", "start", "end",
+                           _keep=~pl.col("cross_thread") & (pl.col("event_type") == 59))
+    ranges = ranges.filter(pl.col("_keep")).drop("_keep")
     names = set(ranges["name"].drop_nulls().unique().to_list())
     role_expr = _role_expr(names)
     hc = host_copies(model)
@@ -137,14 +140,16 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         phase_ns = {p: float(w) / n for p, w, _ in sums.iter_rows()}
         kernel_ns = {p: float(k) / n for p, _, k in sums.iter_rows()}
         micro = ts.filter(pl.col("phase") == "backward").group_by("iteration").len()["len"]
-        ops = model.ops.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
-        kern = ops.filter(pl.col("kind") == "kernel")
+        ops = model.ops.select("global_pid", "device", "kind", "start", "end", "direction", "bytes", "launch",
+                               "launch_tid", "name_id").filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
+        rg = ranges.filter(pl.col("global_pid") == gp)  # the rank's ranges, once
+        kern = ops.select("kind", "start", "end", "device", "name_id").filter(pl.col("kind") == "kernel")
         ks, ke = union(kern["start"].to_numpy(), kern["end"].to_numpy())
         busy_s, busy_e = union(ops["start"].to_numpy(), ops["end"].to_numpy())
         # update windows of the steady iterations, and the role of each moment inside them
         upd = model.windows.filter((pl.col("global_pid") == gp) & (pl.col("phase") == "update")
                                    & pl.col("iteration").is_in(steady))
-        rr = ranges.filter(pl.col("global_pid") == gp).with_columns(role=role_expr)
+        rr = rg.select("start", "end", role=role_expr)  # (the columns by_role reads)
         rr = rr.filter(pl.col("role").is_not_null())
         by_role = rr.partition_by("role", as_dict=True)  # one polars call, not one per role
         no_role = rr.head(0)
@@ -173,7 +178,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         if roles["cpu_adam"]["calls"] == 0:  # DeepSpeed-only trace: the unmarked rest of the update
             marked_s = np.concatenate([role_iv[k][0] for k in ROLES] + [np.zeros(0, np.int64)])
             marked_e = np.concatenate([role_iv[k][1] for k in ROLES] + [np.zeros(0, np.int64)])
-            other = _unmarked_time(ranges.filter(pl.col("global_pid") == gp), uw_s, uw_e, marked_s, marked_e,
+            other = _unmarked_time(rg, uw_s, uw_e, marked_s, marked_e,
                                    busy_s, busy_e, per_w := [])
             per = dict.fromkeys(steady, 0.0)
             for it, w in zip(upd_it, per_w):
@@ -197,7 +202,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         c = c.with_columns(exposed_ns=pl.Series(exposed, dtype=pl.Float64),
                            bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64))
         c = c.with_columns(host_ns=(pl.col("api_end") - pl.col("launch")).cast(pl.Float64))
-        grad_offload = _grad_offload(ranges.filter(pl.col("global_pid") == gp), model.windows.filter(
+        grad_offload = _grad_offload(rg, model.windows.filter(
             (pl.col("global_pid") == gp) & (pl.col("phase") == "backward") & pl.col("iteration").is_in(steady)),
             c, ks, ke, steady)
         copies = c.select("iteration", "phase", "micro_step", "boundary", "role", "direction", "host_kind", "bytes",
@@ -233,9 +238,9 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         last_wall, last_kern = _last_micro_step(ts, steady)
         nb_kern = _non_boundary_backward_kernels(ts, steady)
         boundary_copies = _boundary_backward_copies(ts, steady)
-        sg_fixed = _sub_group_fixed(ranges.filter(pl.col("global_pid") == gp), uw_s, uw_e)
+        sg_fixed = _sub_group_fixed(rg, uw_s, uw_e)
         norm_fixed = _norm_fixed(role_iv["grad_norm"], ops, n, int(round(roles["copy_back"]["calls"])) or None)
-        grad_tensors, launch_gap = _eager_loop(ranges.filter(pl.col("global_pid") == gp), ops, model.windows.filter(
+        grad_tensors, launch_gap = _eager_loop(rg, ops, model.windows.filter(
             (pl.col("global_pid") == gp) & pl.col("iteration").is_in(steady)), steady)
         out.append({
             "global_pid": gp, "pid": r["pid"], "device": dev, "iterations": steady,
@@ -287,7 +292,8 @@ def _sub_group_fixed(rng: pl.DataFrame, uw_s, uw_e) -> float | None:
     # work nested in them grows with the sub-group (without offload _prepare_sub_group builds the
     # fp32 gradient, _prepare_fp32_grad_for_sub_group; NVMe swaps): not the fixed part
     bs, be = union(s[inside], e[inside])
-    other = rng.filter(~pl.col("name").fill_null("").str.contains(SUB_GROUP_FIXED_RANGES))
+    other = rng.select("start", "end", _o=~pl.col("name").fill_null("").str.contains(SUB_GROUP_FIXED_RANGES))
+    other = other.filter(pl.col("_o"))  # (the times only: the names are not copied)
     os_, oe = other["start"].to_numpy(), other["end"].to_numpy()
     j = np.searchsorted(bs, os_, side="right") - 1
     nested = (j >= 0) & (oe <= be[np.maximum(j, 0)])
@@ -342,9 +348,11 @@ def _launch_gaps(ops: pl.DataFrame, ws, we) -> np.ndarray:
     copy between two launches, e.g. a ``.item()``, breaks the pair)."""
     if not len(ws) or not ops.height or "launch" not in ops.columns:
         return np.zeros(0)
-    o = ops.filter(pl.col("launch").is_not_null()).select("kind", "launch", "launch_tid").sort("launch_tid", "launch")
-    lt, la, kd = o["launch_tid"].to_numpy(), o["launch"].to_numpy(), o["kind"].to_numpy()
-    eager = np.isin(kd, ["kernel", "memset"])
+    # (the kinds tested in polars: no array of Python strings)
+    eager = pl.col("kind").is_in(["kernel", "memset"]).fill_null(False)
+    o = ops.filter(pl.col("launch").is_not_null()).select("launch", "launch_tid", eager=eager)
+    o = o.sort("launch_tid", "launch")
+    lt, la, eager = o["launch_tid"].to_numpy(), o["launch"].to_numpy(), o["eager"].to_numpy()
     ok = (lt[1:] == lt[:-1]) & eager[1:] & eager[:-1]
     ws, we = union(np.asarray(ws), np.asarray(we))
     j = np.searchsorted(ws, la, side="right") - 1
@@ -505,7 +513,8 @@ def _unmarked_time(rng: pl.DataFrame, uw_s, uw_e, ms, me, busy_s, busy_e, per_wi
     bounds), and not in a marked role: (wall ns, GPU-idle ns). Only ranges strictly inside a
     window count as nested."""
     wall = idle = 0.0
-    rng = rng.filter(~pl.col("name").fill_null("").str.contains(STEP_RANGE))  # (the pattern once, not per window)
+    rng = rng.select("start", "end", _o=~pl.col("name").fill_null("").str.contains(STEP_RANGE))
+    rng = rng.filter(pl.col("_o"))  # (the pattern once, not per window; the times only)
     for a, b in zip(uw_s, uw_e):
         inner = rng.filter((pl.col("start") >= a) & (pl.col("end") <= b)
                            & ~((pl.col("start") == a) & (pl.col("end") == b)))
