@@ -54,14 +54,7 @@ from tracekit.analyze.sections.pcie_reduce import (  # noqa: F401  (_Counts, PCT
     _Unsorted,
     in_range,
 )
-from tracekit.analyze.sections.transfer_common import (
-    PHASE_KEYS,
-    RANK,
-    attach_window,
-    check_by,
-    ranks_of,
-    ratio,
-)
+from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, attach_window, check_by, ranks_of, ratio
 from tracekit.analyze.trace.export import Export
 from tracekit.errors import MissingDataError
 from tracekit.userfiles import shown
