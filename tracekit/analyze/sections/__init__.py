@@ -327,15 +327,16 @@ def _idle(ctx: Context) -> dict:
 
 
 def _idle_findings(ctx: Context, findings: list) -> list:
-    """Where the idle GPU time of a phase goes (:func:`tracekit.analyze.sections.idle.idle_findings`)."""
-    from tracekit.analyze.sections.idle import idle_findings
+    """Where the idle GPU time of a phase goes (:func:`tracekit.analyze.sections.idle_findings.idle_findings`)."""
+    from tracekit.analyze.sections.idle_findings import idle_findings
 
     return findings + idle_findings(ctx.model, ctx.export, ctx.iteration)
 
 
 def _idle_advice(ctx: Context, adv: dict) -> dict:
-    """The launch-bound what-if, a larger micro-batch (:func:`tracekit.analyze.sections.idle.microbatch_advice`)."""
-    from tracekit.analyze.sections.idle import microbatch_advice
+    """The launch-bound what-if, a larger micro-batch
+    (:func:`tracekit.analyze.sections.idle_findings.microbatch_advice`)."""
+    from tracekit.analyze.sections.idle_findings import microbatch_advice
 
     extra, preds = microbatch_advice(ctx.model, ctx.export, adv)
     if extra:
