@@ -22,6 +22,9 @@ Caching lives in the reading layer (:mod:`tracekit.analyze.trace.cache`, beside 
 computed before for the same trace, options and tracekit code is read back; frames that the
 result does not hold (copies, kernels, sub-phases, ``frames``) are computed from the phase model
 when first asked for, and the model is built once per :class:`Analysis`.
+
+Over 500 lines because :class:`Analysis` is one class: each frame (phases, sub-phases, copies,
+kernels, frames, findings, advice) is a short property over the one result and model it holds.
 """
 
 from __future__ import annotations

@@ -21,6 +21,10 @@ add a section.
 This module imports no polars (the command line parses ``--section`` and answers from the result
 cache without loading the analysis stack): each ``compute`` imports its section module when it
 runs.
+
+Over 500 lines because the registry is read as one list: each section's entry sits beside its
+few short adapters (compute, findings frames, advice), and the adapters take the Context this
+module defines; a module of adapters apart would import it back.
 """
 
 from __future__ import annotations
