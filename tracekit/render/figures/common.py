@@ -50,7 +50,7 @@ def _text(value, width: int | None = None) -> str:
     would otherwise fail the whole figure). TeX is never used (:mod:`tracekit.render.style`
     sets ``text.usetex`` off). With ``width``, cut to that many characters with ``…`` (a
     300-character memory-kind name in a legend would squeeze the axes to nothing). Every trace
-    string of this module's figures goes through here."""
+    string of the figures (this package's modules) goes through here."""
     s = "" if value is None else str(value)
     if width is not None and len(s) > width:
         s = s[: max(width - 1, 1)] + "…"
