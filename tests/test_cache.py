@@ -16,9 +16,10 @@ from tracekit.analyze.model.gpu_ops import load_gpu_ops
 from tracekit.analyze.model.nvtx import load_ranges
 from tracekit.analyze.multi import analyze_one
 from tracekit.analyze.result import analyze_export
-from tracekit.analyze.trace import export as export_mod
+from tracekit.analyze.trace import fetch as export_mod
 from tracekit.analyze.trace.cache import MANIFEST, SUFFIX, TraceCache, default_cache_dir
-from tracekit.analyze.trace.export import Export, _inline_params
+from tracekit.analyze.trace.export import Export
+from tracekit.analyze.trace.fetch import _inline_params
 from tracekit.cli import main
 
 

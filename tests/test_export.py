@@ -183,7 +183,7 @@ def test_strings_decode_with_replacement_and_stringify_odd_values(tmp_path):
 def test_query_with_invalid_utf8_gives_replaced_text_through_either_reader(tmp_path, monkeypatch, reader):
     import polars as pl
 
-    from tracekit.analyze.trace import export as export_mod
+    from tracekit.analyze.trace import fetch as export_mod
 
     if reader == "adbc":
         pytest.importorskip("adbc_driver_sqlite")

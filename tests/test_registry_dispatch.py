@@ -26,6 +26,8 @@ HELPERS = {
     "waiting_ranks": "part of the multi_gpu section (analyze_multi_gpu runs it)",
     "finding_summary": "part of the findings section (the one-line summary of each finding)",
     "whatif_pieces": "part of the whatif section (measure: the measured pieces the scenarios replay)",
+    "pcie_reduce": "part of the pcie section (the streaming reduction reduce_pcie runs)",
+    "idle_findings": "part of the idle section (its findings and the larger micro-batch what-if)",
 }
 
 

@@ -6,7 +6,7 @@ phase ranges; :mod:`tracekit.analyze` reads the SQLite export with polars.
 The Python API (docs/api.md): ``tracekit.analyze(path, **options)`` returns an
 :class:`~tracekit.analysis.Analysis` (``.phases``, ``.sub_phases``, ``.copies``, ``.kernels``,
 ``.frames``, ``.findings``, ``.advice``, ``.to_json()``), ``tracekit.analyze_many(paths)`` a
-:class:`~tracekit.analysis.ManyAnalysis`; ``tracekit.Options`` holds every option and default.
+:class:`~tracekit.analysis_many.ManyAnalysis`; ``tracekit.Options`` holds every option and default.
 ``tracekit.analyze`` is also the analysis layer's package, made callable
 (:mod:`tracekit.analyze`). Importing tracekit loads neither polars nor the analysis stack.
 """
@@ -22,10 +22,14 @@ def __getattr__(name: str):
         import tracekit.analyze as _analyze
 
         return _analyze
-    if name in ("Analysis", "ManyAnalysis", "analyze_many"):
-        from tracekit import analysis
+    if name == "Analysis":
+        from tracekit.analysis import Analysis
 
-        return getattr(analysis, name)
+        return Analysis
+    if name in ("ManyAnalysis", "analyze_many"):
+        from tracekit import analysis_many
+
+        return getattr(analysis_many, name)
     if name == "Options":
         from tracekit.options import Options
 

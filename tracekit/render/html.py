@@ -150,7 +150,7 @@ def timeline_figure(data: ReportData, rk: dict, it: int) -> dict:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from tracekit.render.figures import _segment_label, _sub_phase_names, _sub_phase_segments
+    from tracekit.render.figures.common import _segment_label, _sub_phase_names, _sub_phase_segments
 
     win = data.rank_windows(rk).filter(pl.col("iteration") == it).sort("start")
     t0, t1 = int(win["start"].min()), int(win["end"].max())
@@ -445,7 +445,7 @@ def render_html(data: ReportData, rk: dict, it: int, metrics: pl.DataFrame, fram
 
 
 def _sub_names(names: list[str]) -> dict:
-    from tracekit.render.figures import _sub_phase_names
+    from tracekit.render.figures.common import _sub_phase_names
 
     return _sub_phase_names(names)
 

@@ -197,7 +197,7 @@ def store_view(path: str | Path, options, view: dict | None, text: str) -> None:
 def many_text(many, fmt: str) -> str:
     """``--format csv|md`` for several traces: the per-rank rows of the summary
     (:func:`rank_rows`; ms = 1e6 ns in md, ns in csv). ``many``: :func:`analyze_many`'s dict
-    (only its ``summary`` is read) or a :class:`tracekit.analysis.ManyAnalysis`."""
+    (only its ``summary`` is read) or a :class:`tracekit.analysis_many.ManyAnalysis`."""
     import polars as pl
 
     rows = (many["summary"] if isinstance(many, dict) else many.summary)["rank_rows"]

@@ -80,7 +80,7 @@ class _Tracks:
 
 def trace_events(data: ReportData, findings: list[dict] | None = None) -> dict:
     """The trace-event document (a dict, see the module doc) of every rank of ``data``."""
-    from tracekit.render.figures import _segment_label
+    from tracekit.render.figures.common import _segment_label
 
     events: list[dict] = []
     tracks = _Tracks(events)

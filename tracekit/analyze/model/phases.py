@@ -29,7 +29,11 @@ The rule (see docs/attribution.md for the full text and its reasons):
    the process), and a phase window from it also stops where the next phase window starts.
    Such a window has ``unclosed = true``; its iteration is **incomplete**
    (``complete = false``), left out of steady-state figures, and listed in
-   :attr:`PhaseModel.unclosed` with the reason.
+   :attr:`PhaseModel.unclosed` with the reason (:mod:`tracekit.analyze.model.unclosed`).
+
+Over 500 lines because :func:`build` and its steps (candidates, windows, iterations, tiling,
+attribution) are one pass over one set of frames and names; the unclosed ranges, a rule of
+their own, are unclosed.py.
 """
 
 from __future__ import annotations
@@ -42,6 +46,14 @@ import polars as pl
 
 from tracekit.analyze.model import nvtx
 from tracekit.analyze.model.gpu_ops import load_gpu_ops
+from tracekit.analyze.model.unclosed import (  # noqa: F401  (the unclosed names, importable from here too)
+    _UNCLOSED_SCHEMA,
+    UNCLOSED_COLUMNS,
+    UNCLOSED_REASONS,
+    _cut_unclosed_at_next,
+    _unclosed_table,
+    set_aside_unclosed,
+)
 from tracekit.analyze.trace import enums
 from tracekit.analyze.trace.export import Export
 from tracekit.userfiles import shown
@@ -80,26 +92,6 @@ WINDOW_COLUMNS = [
     "range_index",  # Int64: row of the NVTX range in PhaseModel.ranges, null if none
 ]
 
-#: Columns of :attr:`PhaseModel.unclosed`.
-UNCLOSED_COLUMNS = [
-    "global_pid",
-    "iteration",  # Int64
-    "phase",  # forward | backward | update
-    "micro_step",  # Int64, null for update
-    "name",  # the NVTX range's name
-    "form",  # "duration" (end = ANALYSIS_DETAILS.duration) | "null" (no end) | "stop" (end >= stopTime)
-    "reason",  # one sentence: why the range counts as never closed
-    "start",  # ns, the range's start
-    "end",  # ns, where its window was cut (the process's last activity or the next phase window)
-]
-
-#: Why a range counts as never closed, per form (see :func:`set_aside_unclosed`).
-UNCLOSED_REASONS = {
-    "duration": "never closed (its end is ANALYSIS_DETAILS.duration, which nsys writes for a range that "
-                "was never popped)",
-    "null": "never closed (no end recorded)",
-    "stop": "never closed (it ends at the capture's stop time)",
-}
 
 
 @dataclass
@@ -138,11 +130,6 @@ class PhaseModel:
             self.cache[key] = compute()
         return self.cache[key]
 
-
-_UNCLOSED_SCHEMA = {
-    "global_pid": pl.Int64, "iteration": pl.Int64, "phase": pl.String, "micro_step": pl.Int64,
-    "name": pl.String, "form": pl.String, "reason": pl.String, "start": pl.Int64, "end": pl.Int64,
-}
 
 
 def _match(names: pl.Expr, patterns: dict[str, str]) -> pl.Expr:
@@ -228,95 +215,6 @@ def _candidates(ranges: pl.DataFrame, phase_map: dict[str, str] | None) -> tuple
     cand = cand.with_columns(start=pl.max_horizontal("start", pl.col("prev_end").fill_null(pl.col("start"))))
     return cand.drop("prev_end"), source, mapped
 
-
-def _cut_unclosed_at_next(cand: pl.DataFrame) -> pl.DataFrame:
-    """An unclosed phase range (already ending at the process's last activity) also ends where
-    the next phase range of its process starts: it cannot hold later phases."""
-    if "unclosed" not in cand.columns or not cand["unclosed"].any():
-        return cand
-    starts = cand.select("global_pid", next_start="start").unique().sort("next_start")
-    probe = cand.with_columns(_probe=pl.col("start") + 1).sort("_probe")
-    probe = probe.join_asof(starts, left_on="_probe", right_on="next_start", by="global_pid",
-                            strategy="forward", check_sortedness=False)
-    return probe.with_columns(
-        end=pl.when(pl.col("unclosed") & pl.col("next_start").is_not_null())
-        .then(pl.min_horizontal("end", "next_start"))
-        .otherwise(pl.col("end"))
-    ).drop("_probe", "next_start")
-
-
-def _unclosed_forms(export: Export, ranges: pl.DataFrame) -> pl.Series:
-    """Per range of ``ranges`` (from :func:`tracekit.analyze.model.nvtx.load_ranges`): ``"null"`` when
-    ``NVTX_EVENTS.end`` is NULL, ``"duration"`` when it equals ``ANALYSIS_DETAILS.duration``,
-    ``"stop"`` when it is at or after ``ANALYSIS_DETAILS.stopTime``, else null (closed)."""
-    details = export.tables.get("ANALYSIS_DETAILS", {})
-
-    def one(column: str) -> int | None:
-        if column not in details:
-            return None
-        try:
-            row = export.conn.execute(f'SELECT max("{column}") FROM ANALYSIS_DETAILS').fetchone()
-            return int(row[0]) if row and row[0] is not None else None
-        except (TypeError, ValueError, OverflowError):
-            return None
-
-    duration, stop = one("duration"), one("stopTime")
-    null_ids: list[int] = []
-    if ranges.height and "end" in export.tables.get("NVTX_EVENTS", {}):
-        null_ids = [r[0] for r in export.conn.execute(
-            'SELECT rowid FROM NVTX_EVENTS WHERE "end" IS NULL AND eventType IN (?, ?)',
-            (enums.NVTX_PUSH_POP, enums.NVTX_START_END),
-        ).fetchall()]
-    end = pl.col("end")
-    is_null = pl.col("range_id").is_in(null_ids) if null_ids else pl.lit(False)
-    expr = pl.when(is_null).then(pl.lit("null"))
-    if duration is not None:
-        expr = expr.when(end == duration).then(pl.lit("duration"))
-    if stop is not None:
-        expr = expr.when(end >= stop).then(pl.lit("stop"))
-    return ranges.with_columns(unclosed_form=expr.otherwise(pl.lit(None, pl.String)))["unclosed_form"]
-
-
-def set_aside_unclosed(export: Export, ranges: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
-    """Find the NVTX ranges that were never popped and end them at their process's last activity.
-
-    ``ranges``: frame of :func:`tracekit.analyze.model.nvtx.load_ranges`; ``ops``: frame of
-    :func:`tracekit.analyze.model.gpu_ops.load_gpu_ops`. A range is unclosed in one of the three forms
-    nsys writes (:data:`UNCLOSED_REASONS`): ``end`` NULL, ``end = ANALYSIS_DETAILS.duration``
-    (the session length in ns; an H200 probe with nsys 2025.3 showed never-popped ranges ending
-    there), or ``end >= ANALYSIS_DETAILS.stopTime``. Without ``ANALYSIS_DETAILS`` only the NULL
-    form can be told apart.
-
-    Returns ``ranges`` with ``unclosed`` recomputed from these forms, a column
-    ``unclosed_form`` (``"null" | "duration" | "stop"``, null for closed ranges), and the
-    ``end`` of unclosed ranges replaced by the last activity of the process: the latest end of
-    its GPU operations, of the CUDA calls that launched them, or of its closed NVTX ranges (at
-    least the range's own start). Sorted by (global_tid, start, -end) like ``load_ranges``.
-    """
-    ranges = ranges.with_columns(unclosed_form=_unclosed_forms(export, ranges))
-    ranges = ranges.with_columns(unclosed=pl.col("unclosed_form").is_not_null())
-    if not ranges["unclosed"].any():
-        return ranges
-    acts = [
-        ops.group_by("global_pid").agg(last=pl.max_horizontal("end", "api_end").max()),
-        ranges.filter(~pl.col("unclosed")).group_by("global_pid").agg(last=pl.col("end").max()),
-        ranges.filter(pl.col("unclosed")).group_by("global_pid").agg(last=pl.col("start").max()),
-    ]
-    last = pl.concat([a.cast({"global_pid": pl.Int64, "last": pl.Int64}) for a in acts])
-    last = last.group_by("global_pid").agg(pl.col("last").max())
-    # the process's last activity per row from a join of the key column only (the ranges' other
-    # columns are not copied); re-sorted only when a new end moved a range out of order
-    per_row = ranges.select("global_pid").join(last, on="global_pid", how="left", maintain_order="left")
-    end = pl.when(pl.col("unclosed")).then(pl.max_horizontal(pl.lit(per_row["last"]), "start")).otherwise(pl.col("end"))
-    ranges = ranges.with_columns(end=end)
-    order = ranges.select(
-        ok=(pl.col("global_tid").shift(-1) != pl.col("global_tid"))
-        | (pl.col("start").shift(-1) > pl.col("start"))
-        | ((pl.col("start").shift(-1) == pl.col("start")) & (pl.col("end").shift(-1) <= pl.col("end")))
-    )["ok"].head(max(ranges.height - 1, 0))
-    if order.null_count() == 0 and order.all():
-        return ranges
-    return ranges.sort(["global_tid", "start", "end"], descending=[False, False, True], maintain_order=True)
 
 
 def infer_boundaries(gaps_ns: np.ndarray, gas: int | None = None) -> np.ndarray:
@@ -433,19 +331,6 @@ def build(
         unclosed=_unclosed_table(windows, ranges),
     )
 
-
-def _unclosed_table(windows: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
-    """Rows of :data:`UNCLOSED_COLUMNS` for the windows cut because their range never closed."""
-    w = windows.filter(pl.col("unclosed"))
-    if w.height == 0:
-        return pl.DataFrame(schema=_UNCLOSED_SCHEMA)
-    r = ranges.with_row_index("range_index").select(
-        pl.col("range_index").cast(pl.Int64), "name", form="unclosed_form"
-    )
-    w = w.join(r, on="range_index", how="left").with_columns(
-        reason=pl.col("form").replace_strict(UNCLOSED_REASONS, default=None, return_dtype=pl.String)
-    )
-    return w.select(UNCLOSED_COLUMNS).cast(_UNCLOSED_SCHEMA).sort("global_pid", "start")
 
 
 def steady_model(model: PhaseModel) -> PhaseModel:

@@ -21,6 +21,10 @@ add a section.
 This module imports no polars (the command line parses ``--section`` and answers from the result
 cache without loading the analysis stack): each ``compute`` imports its section module when it
 runs.
+
+Over 500 lines because the registry is read as one list: each section's entry sits beside its
+few short adapters (compute, findings frames, advice), and the adapters take the Context this
+module defines; a module of adapters apart would import it back.
 """
 
 from __future__ import annotations
@@ -327,15 +331,16 @@ def _idle(ctx: Context) -> dict:
 
 
 def _idle_findings(ctx: Context, findings: list) -> list:
-    """Where the idle GPU time of a phase goes (:func:`tracekit.analyze.sections.idle.idle_findings`)."""
-    from tracekit.analyze.sections.idle import idle_findings
+    """Where the idle GPU time of a phase goes (:func:`tracekit.analyze.sections.idle_findings.idle_findings`)."""
+    from tracekit.analyze.sections.idle_findings import idle_findings
 
     return findings + idle_findings(ctx.model, ctx.export, ctx.iteration)
 
 
 def _idle_advice(ctx: Context, adv: dict) -> dict:
-    """The launch-bound what-if, a larger micro-batch (:func:`tracekit.analyze.sections.idle.microbatch_advice`)."""
-    from tracekit.analyze.sections.idle import microbatch_advice
+    """The launch-bound what-if, a larger micro-batch
+    (:func:`tracekit.analyze.sections.idle_findings.microbatch_advice`)."""
+    from tracekit.analyze.sections.idle_findings import microbatch_advice
 
     extra, preds = microbatch_advice(ctx.model, ctx.export, adv)
     if extra:

@@ -1,11 +1,10 @@
 """Open an Nsight Systems SQLite export read-only and load the columns an analysis needs.
 
 The export is opened through the SQLite URI ``file:PATH?mode=ro``: tracekit never writes to a
-user's trace. A trace in WAL mode (file header bytes 18-19 = 2) would still get ``-wal`` and
-``-shm`` files beside it from a read-only open, so it is opened with ``immutable=1`` when it has
-no ``-wal`` file (or an empty one), and otherwise from a private copy of the trace and its
-``-wal`` in a temporary folder (removed at :meth:`Export.close`), so that changes a writer left
-in the ``-wal`` are read and nothing beside the trace is created or changed.
+user's trace (a WAL-mode trace with pending changes is read from a private copy, removed at
+:meth:`Export.close`): :mod:`tracekit.analyze.trace.sqlite_file`. Rows are fetched into polars by
+:mod:`tracekit.analyze.trace.fetch` (ADBC or sqlite3), a large table in rowid ranges on worker
+threads by :mod:`tracekit.analyze.trace.chunks`; this module holds the :class:`Export` that runs them.
 
 Reading is defensive (issue 9): text that is not valid UTF-8 is decoded with U+FFFD
 replacement characters; identifiers are quoted; a table tracekit reads that lacks one of the
@@ -19,28 +18,33 @@ table and the nsys option that records it.
 
 Schema version: ``META_DATA_EXPORT`` (nsys >= 2023.3) or ``EXPORT_META_DATA`` (older) hold
 ``EXPORT_SCHEMA_VERSION``; exports with neither table are reported as ``"pre-2022"``.
+
+Over 500 lines because it is one class: opening and checking, the schema, the query path (memo,
+cache, pending reads) and the reads ahead on threads share one connection's state; what stands
+alone is in sqlite_file.py, fetch.py and chunks.py.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
 
 import polars as pl
 
-from tracekit.analyze.trace import enums
+from tracekit.analyze.trace import enums, fetch
 from tracekit.analyze.trace.chunks import _ChunkReader, _rowid_split
+from tracekit.analyze.trace.sqlite_file import (
+    _REEXPORT,
+    _check_file,
+    _connect,
+    _open_uri,
+    db_error,
+    quote_ident,
+)
 from tracekit.errors import MissingDataError, TracekitError
 from tracekit.userfiles import shown
-
-SQLITE_MAGIC = b"SQLite format 3\x00"
-#: first bytes of a compressed file -> (format, the command that decompresses it beside itself)
-COMPRESSED_MAGIC = {b"\xfd7zXZ\x00": ("xz", "xz -dk"), b"\x1f\x8b": ("gzip", "gzip -dk"),
-                    b"\x28\xb5\x2f\xfd": ("zstd", "zstd -dk")}
 
 # SQLite declared types -> polars dtypes for the columns tracekit loads.
 _DTYPES = {"INTEGER": pl.Int64, "REAL": pl.Float64, "TEXT": pl.String, "": pl.String}
@@ -59,82 +63,6 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "TARGET_INFO_GPU_METRICS": ("metricId", "metricName"),
     "CUDA_GPU_MEMORY_USAGE_EVENTS": ("start", "globalPid", "deviceId", "bytes", "memKind", "memoryOperationType"),
 }
-
-_REEXPORT = "export it again with `nsys export --type sqlite REPORT.nsys-rep`"
-
-
-def quote_ident(name: str) -> str:
-    """``name`` as a quoted SQL identifier (``we"ird`` -> ``"we""ird"``)."""
-    return '"' + str(name).replace('"', '""') + '"'
-
-
-def _decode_replace(raw: bytes) -> str:
-    """sqlite3 text factory: UTF-8, undecodable bytes as U+FFFD (a cp1251 time-zone name in
-    ``META_DATA_EXPORT`` of a Windows capture, say)."""
-    return raw.decode("utf-8", "replace")
-
-
-def db_error(path: Path, exc: BaseException) -> TracekitError:
-    """The one-line error for an SQLite failure while reading ``path``: a locked database, a
-    damaged file, or another failure (the SQLite message is kept)."""
-    msg = str(exc)
-    low = msg.lower()
-    if "locked" in low or "busy" in low:
-        return TracekitError(
-            f"{shown(path)}: the database is locked by another process ({msg}); wait until the writer "
-            "(nsys export, sqlite3) is done, or analyze a copy of the file"
-        )
-    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError) or any(
-        w in low for w in ("malformed", "corrupt", "not a database", "disk i/o")
-    ):
-        return TracekitError(f"{shown(path)}: the SQLite file is truncated or corrupt ({msg}); {_REEXPORT}")
-    return TracekitError(f"{shown(path)}: reading the trace failed ({msg}); {_REEXPORT}")
-
-
-class _Rows:
-    """The fetched rows of one statement: ``fetchone``, ``fetchall``, iteration, ``description``."""
-
-    def __init__(self, rows: list, description) -> None:
-        self._rows = rows
-        self._i = 0
-        self.description = description
-
-    def fetchone(self):
-        if self._i >= len(self._rows):
-            return None
-        self._i += 1
-        return self._rows[self._i - 1]
-
-    def fetchall(self) -> list:
-        out, self._i = self._rows[self._i:], len(self._rows)
-        return out
-
-    def __iter__(self):
-        while (row := self.fetchone()) is not None:
-            yield row
-
-
-class TraceConnection(sqlite3.Connection):
-    """A read-only connection to a trace whose :meth:`execute` fetches every row and turns any
-    SQLite failure (damaged page, lock, missing column) into a one-line
-    :class:`~tracekit.errors.TracekitError` naming the file. Text is UTF-8; a statement
-    that meets undecodable bytes is run again with replacement decoding."""
-
-    trace_path: Path = Path("?")
-
-    def execute(self, sql: str, params=()) -> _Rows:  # type: ignore[override]
-        try:
-            try:
-                cur = super().execute(sql, params)
-                return _Rows(cur.fetchall(), cur.description)
-            except sqlite3.OperationalError as exc:
-                if "decode" not in str(exc) or self.text_factory is _decode_replace:
-                    raise
-                self.text_factory = _decode_replace  # from now on for this connection
-                cur = super().execute(sql, params)
-                return _Rows(cur.fetchall(), cur.description)
-        except sqlite3.DatabaseError as exc:
-            raise db_error(self.trace_path, exc) from None
 
 
 @dataclass
@@ -410,7 +338,7 @@ class Export:
         (:attr:`cache`), a query already answered for this trace is read from Parquet; a
         result of at most 200,000 rows is also kept in memory for repeats of the same query.
         Rows are fetched through the ADBC SQLite driver straight into Arrow when it is
-        installed (:func:`reader`), else through the standard library's ``sqlite3``; both
+        installed (:func:`tracekit.analyze.trace.fetch.reader`), else through the standard library's ``sqlite3``; both
         give equal frames. Raises :class:`TracekitError` when SQLite fails.
         """
         mkey = _prefetch_key(sql, params, schema)
@@ -441,8 +369,8 @@ class Export:
     def _read(self, sql: str, params: tuple, schema: dict | None) -> pl.DataFrame:
         """The rows of ``sql`` from the trace itself: ADBC when available, else sqlite3 (no
         cache, no memo)."""
-        frame = self._query_adbc(sql, params, schema) if reader() == "adbc" else None
-        return frame if frame is not None else self._query_sqlite3(sql, params, schema)
+        frame = fetch.query_adbc(self, sql, params, schema) if fetch.reader() == "adbc" else None
+        return frame if frame is not None else fetch.query_sqlite3(self.conn, self.path, sql, params, schema)
 
     def query_chunks(self, sql: str, params: tuple = (), schema: dict | None = None, table: str | None = None,
                      chunk_rows: int = 2_000_000, workers: int = 1):
@@ -559,52 +487,6 @@ class Export:
         threading.Thread(target=run, name="tracekit-prefetch", daemon=True).start()
         return True
 
-    def _query_adbc(self, sql: str, params: tuple, schema: dict | None) -> pl.DataFrame | None:
-        """Fetch through ADBC (Arrow batches, no Python objects per row); None when it cannot
-        (driver missing, a parameter it cannot inline, a column whose values do not fit the
-        type ADBC inferred from the first rows): the caller then uses sqlite3."""
-        try:
-            literal_sql = _inline_params(sql, params)
-            if literal_sql is None:
-                return None
-            # the low-level ADBC API: Arrow C streams that polars imports without pyarrow
-            import adbc_driver_manager
-            import adbc_driver_sqlite
-
-            if self._adbc is None:
-                db = adbc_driver_sqlite.connect(self.uri or _open_uri(self.path)[0])
-                self._adbc = (db, adbc_driver_manager.AdbcConnection(db))
-            stmt = adbc_driver_manager.AdbcStatement(self._adbc[1])
-            try:
-                stmt.set_options(**{adbc_driver_sqlite.StatementOptions.BATCH_ROWS.value: "65536"})
-                stmt.set_sql_query(literal_sql)
-                stream, _ = stmt.execute_query()
-                frame = pl.DataFrame(stream).rechunk()
-            finally:
-                stmt.close()
-            if schema is not None:
-                if frame.width != len(schema):
-                    return None
-                frame = frame.rename(dict(zip(frame.columns, schema))).cast(schema, strict=True)
-            for name, dtype in frame.schema.items():
-                if dtype == pl.String:  # ADBC passes invalid UTF-8 through: it must not reach polars
-                    frame[name].cast(pl.Binary).cast(pl.String, strict=True)
-            return frame
-        except Exception:
-            return None
-
-    def _query_sqlite3(self, sql: str, params: tuple, schema: dict | None) -> pl.DataFrame:
-        cur = self.conn.execute(sql, params)  # TracekitError for SQLite failures
-        rows = cur.fetchall()
-        names = [d[0] for d in cur.description]
-        try:
-            if schema is None:
-                return pl.DataFrame(rows, schema=names, orient="row", infer_schema_length=None)
-            return pl.DataFrame(rows, schema=schema, orient="row")
-        except Exception as exc:  # a value that does not fit its column's type
-            raise _type_error(self.path, sql, rows, names, schema, exc) from None
-
-    # ------------------------------------------------------------------ small info tables
     def gpus(self) -> pl.DataFrame:
         """``TARGET_INFO_GPU``: ``device`` (id), ``name``, ``total_memory`` (bytes),
         ``bus_location``; empty when the export lacks the table."""
@@ -672,81 +554,6 @@ def _string_rows(rows) -> dict[int, str]:
     return out
 
 
-def _connect(uri: str, path: Path) -> TraceConnection:
-    try:
-        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, factory=TraceConnection, timeout=5.0)
-    except sqlite3.DatabaseError as exc:
-        raise db_error(path, exc) from None
-    conn.trace_path = path
-    return conn
-
-
-def _open_uri(path: Path) -> tuple[str, object]:
-    """The URI to open ``path`` with, and the temporary folder of a private copy (or None).
-
-    Rollback-journal traces: ``mode=ro``. WAL-mode traces (header bytes 18-19 = 2) without a
-    ``-wal`` file, or with an empty one: ``mode=ro&immutable=1`` (nothing is created beside
-    the trace). With a non-empty ``-wal`` (changes not yet checkpointed): a private copy of the
-    trace and its ``-wal``, opened ``mode=ro`` in a temporary folder.
-    """
-    import shutil
-    import tempfile
-
-    real = path.resolve()
-    with open(real, "rb") as fh:
-        head = fh.read(20)
-    wal_mode = len(head) >= 20 and head[18] == 2 and head[19] == 2
-    if not wal_mode:
-        return f"file:{quote(str(real))}?mode=ro", None
-    wal = real.with_name(real.name + "-wal")
-    if not wal.exists() or wal.stat().st_size == 0:
-        return f"file:{quote(str(real))}?mode=ro&immutable=1", None
-    private = tempfile.TemporaryDirectory(prefix="tracekit-wal-")
-    try:
-        copy = Path(private.name) / "trace.sqlite"
-        shutil.copyfile(real, copy)
-        shutil.copyfile(wal, Path(private.name) / "trace.sqlite-wal")
-    except OSError as exc:
-        private.cleanup()
-        raise TracekitError(
-            f"{shown(path)}: a WAL-mode trace with pending changes in {wal.name}, and copying both to a "
-            f"private folder to read them failed ({exc}); checkpoint it (`sqlite3 {path.name} "
-            "'PRAGMA wal_checkpoint'`) or free space in the temporary folder"
-        ) from None
-    return f"file:{quote(str(copy))}?mode=ro", private
-
-
-def _type_error(path: Path, sql: str, rows: list, names: list[str], schema: dict | None,
-                exc: BaseException) -> TracekitError:
-    """The one-line error for a value whose type does not fit its column (text or a real in an
-    integer column, an integer beyond int64), naming table, column and value."""
-    m = re.search(r'(?is)\bFROM\s+"?([A-Za-z_][\w]*)', sql)
-    table = m.group(1) if m else "the trace"
-    cols = list(schema) if schema is not None else names
-    want = {pl.Int64: "an integer", pl.Float64: "a number", pl.String: "text"}
-    for j, col in enumerate(cols):
-        dtype = schema.get(col) if schema is not None else None
-        for row in rows:
-            v = row[j]
-            if v is None:
-                continue
-            if dtype == pl.Int64:
-                ok = isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
-            elif dtype == pl.Float64:
-                ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-            elif dtype == pl.String:
-                ok = isinstance(v, str)
-            else:
-                ok = True
-            if not ok:
-                val = v if not isinstance(v, str) else v[:40]
-                return TracekitError(
-                    f"{shown(path)}: {table} column {col} holds {val!r} ({type(v).__name__}) where "
-                    f"{want.get(dtype, 'another type')} is expected; the export is damaged or was edited; {_REEXPORT}"
-                )
-    first = str(exc).splitlines()[0][:120]
-    return TracekitError(f"{shown(path)}: {table}: values of unexpected types ({first}); {_REEXPORT}")
-
 
 #: Query results up to this many rows are kept for the life of the Export and returned again
 #: to a repeated query (polars frames are immutable; tracekit never mutates one in place).
@@ -757,101 +564,9 @@ def _prefetch_key(sql: str, params: tuple, schema: dict | None) -> tuple:
     return (sql, tuple(params), tuple((k, str(v)) for k, v in (schema or {}).items()))
 
 
-def reader() -> str:
-    """The row reader :meth:`Export.query` uses: ``"adbc"`` (ADBC SQLite driver, Arrow) when
-    ``adbc-driver-sqlite`` is installed, else ``"sqlite3"``. The environment variable
-    ``TRACEKIT_SQLITE_READER=sqlite3`` forces the standard library."""
-    global _READER
-    if _READER is None:
-        choice = os.environ.get("TRACEKIT_SQLITE_READER", "").strip().lower()
-        if choice == "sqlite3":
-            _READER = "sqlite3"
-        else:
-            try:
-                import importlib.util
-
-                ok = importlib.util.find_spec("adbc_driver_sqlite") is not None
-            except (ImportError, ValueError):
-                ok = False
-            _READER = "adbc" if ok else "sqlite3"
-    return _READER
-
-
-_READER: str | None = None
-
-
-def _inline_params(sql: str, params: tuple) -> str | None:
-    """``sql`` with each ``?`` replaced by the SQL literal of its parameter (ints, floats,
-    strings, None); None when a parameter has another type or the SQL quotes a ``?``."""
-    if not params:
-        return sql
-    if "'?" in sql or "?'" in sql or sql.count("?") != len(params):
-        return None
-    out = []
-    parts = sql.split("?")
-    for part, value in zip(parts, params):
-        if value is None:
-            lit = "NULL"
-        elif isinstance(value, bool):
-            lit = str(int(value))
-        elif isinstance(value, int):
-            lit = str(int(value))
-        elif isinstance(value, float):
-            lit = repr(value)
-            if lit in ("nan", "inf", "-inf"):
-                return None
-        elif isinstance(value, str):
-            lit = "'" + value.replace("'", "''") + "'"
-        else:
-            return None
-        out.append(part + lit)
-    out.append(parts[-1])
-    return "".join(out)
 
 
 def _is_plain_name(expr: str) -> bool:
     return expr.isidentifier()
 
 
-def _check_file(path: Path) -> None:
-    """One line (:class:`TracekitError`) unless ``path`` is a regular file that starts like an
-    SQLite database: missing, a directory, a pipe or FIFO (``analyze <(cat t.sqlite)``, which
-    SQLite cannot read: it seeks), a device, a path over the system's limit
-    (:func:`tracekit.userfiles.check_regular`), an nsys report, empty, or another file."""
-    import stat
-
-    from tracekit.userfiles import check_regular, os_error
-
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise os_error(path, exc) from None
-    if stat.S_ISDIR(st.st_mode):
-        raise TracekitError(f"{shown(path)}: is a directory; pass an nsys .sqlite export")
-    check_regular(path, why="SQLite reads its database at random offsets; save the export to a file first "
-                            "(`cat ... > trace.sqlite`) and pass that")
-    suffix = "".join(path.suffixes[-1:]).lower()
-    try:  # O_NONBLOCK: a FIFO swapped in since the check does not block the open
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-        try:
-            head = os.read(fd, 16)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise os_error(path, exc) from None
-    if head == SQLITE_MAGIC:
-        return
-    for magic, (kind, tool) in COMPRESSED_MAGIC.items():
-        if head.startswith(magic):  # what tests/fixtures ship (NAME.sqlite.xz); nothing reads it compressed
-            raise TracekitError(f"{shown(path)} is {kind}-compressed: decompress it first (`{tool} {shown(path)}`)")
-    if suffix in (".nsys-rep", ".qdrep", ".qdstrm"):
-        raise TracekitError(
-            f"{shown(path)}: this is an Nsight Systems report, not its SQLite export; run "
-            f"`nsys export --type sqlite {path}` and analyze the .sqlite it writes (`tracekit capture` "
-            "records and exports in one go)"
-        )
-    if not head:
-        raise TracekitError(f"{shown(path)}: file is empty; pass an nsys .sqlite export")
-    raise TracekitError(
-        f"{shown(path)}: not an SQLite file; pass the .sqlite written by `nsys export --type sqlite`"
-    )
