@@ -317,3 +317,36 @@ def test_report_of_one_rank_names_no_rank(tmp_path):
     assert md.splitlines()[2].startswith(r"**zero2\_offload\_gas2\_cut.sqlite · GPU 0")
     assert "- ranks: 0: pid 999 GPU 0; shown: rank 0 (pid 999 GPU 0)" in md.splitlines()
     assert "of 1 (pid" not in md and "every figure but" not in md
+
+
+def test_default_screen_marks_savings_within_noise():
+    """The default advice table marks (``*`` after the saving %) exactly the items whose saving
+    interval in ``--json`` holds 0, and says what the mark means once."""
+    rc, out, _ = run_cli("analyze", DS, "--json")
+    assert rc == 0
+    items = json.loads(out)["advice"]
+    noisy = [a["saving_interval_ms"] is not None and a["saving_interval_ms"][0] <= 0 <= a["saving_interval_ms"][1]
+             for a in items]
+    assert items and any(noisy)
+    rc, screen, _ = run_cli("analyze", DS, env={"COLUMNS": "80"})
+    assert rc == 0
+    rows = [ln for ln in screen.splitlines() if re.match(r"^\d+\s", ln) and "%" in ln][: len(items)]
+    assert len(rows) == len(items)
+    for row, a, n in zip(rows, items, noisy):
+        assert f"{a['saving_pct']:.1f}%{'*' if n else ''} " in row + " ", row
+    assert screen.count("* within noise: the saving's 95 % interval holds 0") == 1
+
+
+def test_across_ranks_table_says_its_totals():
+    """The several-trace screen's across-ranks table is in total ms (each rank's phase summed
+    over its iterations): its forward row equals the sum of the forward phase walls of every
+    closed iteration in ``--json``, and its title says so; counts are singular for one."""
+    rc, js, _ = run_cli("analyze", ZERO3, "--json")
+    total = sum(ph["wall_ns"] for it in json.loads(js)["ranks"][0]["iterations"] if not it.get("unclosed")
+                for ph in it["phases"] if ph["phase"] == "forward")
+    rc, out, _ = run_cli("analyze", ZERO3, ZERO3, env={"COLUMNS": "200"})
+    assert rc == 0
+    fwd = next(ln for ln in out.splitlines() if ln.split()[:1] == ["forward"])
+    assert f"{total / 1e6:,.1f}" in fwd.split(), (fwd, total)
+    assert "Across ranks (ms in all: each rank's phase time summed over its iterations)" in out
+    assert "1 rank in 1 trace (" in out

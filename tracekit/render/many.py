@@ -68,7 +68,8 @@ def render_many(out: dict, console=None, wide: bool = False) -> None:
     widths = [max([len(col) if wide else len(col.split()[-1])] + [len(v[i]) for _, v in rows])
               for i, col in enumerate(heads)]
     name_w = max(NAME_WIDTH, console.width - sum(widths) - 3 * len(heads) - 4)  # 3: a column's padding and rule
-    t = new_table(f"{s['ranks']} ranks in {s['traces']} traces (ms per steady iteration, warm-up apart; "
+    t = new_table(f"{s['ranks']} rank{'s' if s['ranks'] != 1 else ''} in {s['traces']} "
+                  f"trace{'s' if s['traces'] != 1 else ''} (ms per steady iteration, warm-up apart; "
                   "iters: steady ones)", wide)
     t.add_column("trace", overflow="fold", min_width=min(name_w, max(len(n) for n, _ in rows) if rows else name_w))
     for i, col in enumerate(heads):
@@ -78,7 +79,7 @@ def render_many(out: dict, console=None, wide: bool = False) -> None:
         t.add_row(Text("\n").join(text(x) for x in fold_identifier(name, name_w).split("\n")), *cells)
     console.print(t)
     if s["per_phase"]:
-        t = new_table("Across ranks (ms)", wide)
+        t = new_table("Across ranks (ms in all: each rank's phase time summed over its iterations)", wide)
         t.add_column("phase")
         for col in ("min", "mean", "max", "spread", "spread %"):
             add_num_column(t, col)

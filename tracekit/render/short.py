@@ -158,8 +158,12 @@ def advice_table(result: dict, width: int):
         row = [str(i)] + ([f"{a['pid']}/{a['device']}"] if multi else [])
         row += [_lines(fold_text(advice_text(a), kw), ADVICE_LINES), f"{a['predicted_iteration_ms']:,.1f}",
                 _interval(a.get("predicted_interval_ms")),
-                f"{a['saving_pct']:.1f}%" if a.get("saving_pct") is not None else "", a["confidence"]]
+                (f"{a['saving_pct']:.1f}%" + ("*" if a.get("within_noise") else ""))
+                if a.get("saving_pct") is not None else "", a["confidence"]]
         t.add_row(*map(_cell, row))
+    if any(a.get("within_noise") for a in items):
+        t.caption = "* within noise: the saving's 95 % interval holds 0"
+        t.caption_justify = "left"
     return t
 
 
