@@ -9,6 +9,9 @@ steady iteration (``across_ranks``: :mod:`tracekit.analyze.run_summary`) and the
 per run. ``--explain [N]`` prints each advice item's problem and basis (the evidence) and every
 finding whole; ``--wide`` and ``--all`` print everything (:func:`tracekit.render.tables.render`).
 Everything is read from the ``--json`` dict.
+
+Over 500 lines as one module: the one-GPU and several-rank screens share their cells, folding
+and line budget, and one file keeps the 40-line screen readable as a whole.
 """
 
 from __future__ import annotations
