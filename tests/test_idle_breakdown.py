@@ -291,9 +291,10 @@ def test_classify_equals_a_brute_force_walk_in_runs_of_intervals(monkeypatch, ba
     cs, ce = spans(15)
     ks, ke = spans(50, hi=120)
     names = rng.choice(["cudaLaunchKernel", "cudaStreamSynchronize", "cudaMemcpyAsync"], 50)
-    calls = pl.DataFrame({"start": ks, "end": ke, "name": names,
-                          "group": [idle.api_group(n) for n in names]})
-    got = idle.classify(iv, pl.DataFrame({"start": bs, "end": be}), pl.DataFrame({"start": cs, "end": ce}), calls)
+    distinct = sorted(set(names.tolist()))  # the calls as api_call_codes gives them: a code per name
+    calls = pl.DataFrame({"start": ks, "end": ke, "code": [distinct.index(n) + 1 for n in names]})
+    got = idle.classify(iv, pl.DataFrame({"start": bs, "end": be}), pl.DataFrame({"start": cs, "end": ce}), calls,
+                        (distinct, [idle.api_group(n) for n in distinct]))
     expect: dict = {}
     for i, a, b in iv.iter_rows():
         for t in range(a, b):

@@ -80,22 +80,10 @@ def api_group(name: str) -> str:
     return "other"
 
 
-def api_calls(export: Export, model: PhaseModel) -> pl.DataFrame:
-    """Every CUDA API call of the threads that launched GPU work: ``launch_tid`` (globalTid),
-    ``start``, ``end`` (ns), ``name`` (short, :func:`short_name`), ``group``. Empty (same
-    columns) when the trace lacks the runtime table. Built from :func:`api_call_codes`
-    (computed once per model)."""
-    rt, names, groups = api_call_codes(export, model)
-    if not names:
-        return rt.drop("code").with_columns(name=pl.lit(None, pl.String), group=pl.lit(None, pl.String))
-    return rt.with_columns(name=pl.col("code").replace_strict(dict(enumerate(names, 1)), return_dtype=pl.String),
-                           group=pl.col("code").replace_strict(dict(enumerate(groups, 1)), return_dtype=pl.String)
-                           ).drop("code")
-
-
 def api_call_codes(export: Export, model: PhaseModel) -> tuple[pl.DataFrame, list[str], list[str]]:
-    """The calls of :func:`api_calls` with each name as a code: ``(calls, names, groups)``,
-    ``calls`` with ``launch_tid, start, end`` (ns) and ``code`` (Int64, 1-based into ``names``,
+    """Every CUDA API call of the threads that launched GPU work, with its name as a code:
+    ``(calls, names, groups)``, ``calls`` with ``launch_tid, start, end`` (ns) and ``code``
+    (Int64, 1-based into ``names``,
     the distinct short names, sorted; ``groups[k]`` is the group of ``names[k]``). Computed once
     per model; the strings are not repeated per call (a 10 GB trace has ~1.2 M calls)."""
     def compute() -> tuple[pl.DataFrame, list[str], list[str]]:
@@ -112,7 +100,7 @@ def api_call_codes(export: Export, model: PhaseModel) -> tuple[pl.DataFrame, lis
         rt = rt.filter(pl.col("launch_tid").is_in(tids.implode()))
         ids = rt["name_id"].drop_nulls().unique().to_list()
         by_id = {i: short_name(s) for i, s in export.strings(ids).items()}
-        names = sorted(set(by_id.values()) | {"?"})  # "?": no name (as api_calls names it)
+        names = sorted(set(by_id.values()) | {"?"})  # "?": a call with no name
         code = {n: k for k, n in enumerate(names, 1)}
         rt = rt.with_columns(code=pl.col("name_id").replace_strict({i: code[n] for i, n in by_id.items()},
                                                                    default=code["?"], return_dtype=pl.Int64))
@@ -136,12 +124,12 @@ _SEG_SCHEMA = {"iid": pl.Int64, "cat": pl.String, "name": pl.String, "group": pl
 
 
 def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
-             calls: pl.DataFrame, codes_of: tuple[list[str], list[str]] | None = None) -> pl.DataFrame:
+             calls: pl.DataFrame, codes_of: tuple[list[str], list[str]]) -> pl.DataFrame:
     """Split disjoint ``intervals`` (columns ``iid``, ``start``, ``end``) of one rank into the
     categories of the module doc. ``busy`` and ``comm`` hold the rank's compute ops and
     communication kernels (``start``, ``end``), ``calls`` the API calls of its launching threads
-    (:func:`api_calls`; or, with ``codes_of = (names, groups)``, the ``code`` calls of
-    :func:`api_call_codes`). Returns one row per interval, category and call:
+    (``start``, ``end``, ``code``: :func:`api_call_codes`, whose ``names, groups`` are
+    ``codes_of``). Returns one row per interval, category and call:
     ``iid``, ``cat`` (one of :data:`CATEGORIES`), ``name`` (the call for ``in_api_ns``, else
     null), ``group``, ``ns`` (Int64); categories with no time have no row."""
     iv = intervals.sort("start")
@@ -169,16 +157,8 @@ def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
     has_calls = ss.size > 0
     # the call name of each in-API segment, as a code into the distinct names (0: no call); the
     # sums per (interval, category, name) are taken on one Int64 key
-    if codes_of is not None:  # calls of api_call_codes: the codes are given
-        name_of, group_of = [None, *codes_of[0]], [None, *codes_of[1]]
-        codes = cf["code"].to_numpy() if has_calls else np.zeros(0, np.int64)
-    else:
-        names = cf["name"].unique(maintain_order=True)
-        codes = cf["name"].replace_strict(names, pl.int_range(1, names.len() + 1, eager=True),
-                                          return_dtype=pl.Int64).to_numpy() if has_calls else np.zeros(0, np.int64)
-        groups = dict(cf.select("name", "group").unique().iter_rows())
-        name_of = [None, *names.to_list()]
-        group_of = [None if n is None else groups[n] for n in name_of]
+    name_of, group_of = [None, *codes_of[0]], [None, *codes_of[1]]
+    codes = cf["code"].to_numpy() if has_calls else np.zeros(0, np.int64)
     nn = len(name_of)
     # the elementary segments are made and summed for a run of neighbouring intervals at a time
     # (about _SEGMENT_BATCH edges each), so that their arrays do not grow with the trace: b, c and

@@ -6,6 +6,8 @@ idle section; every function here only computes.
 
 from __future__ import annotations
 
+import dataclasses
+
 import polars as pl
 
 from tracekit.analyze.model.phases import PhaseModel
@@ -47,9 +49,7 @@ def idle_findings(model: PhaseModel, export: Export, iteration: int | None = Non
         # (launch_stats reads these columns of the ops only: the others are not copied by the drop)
         narrow = steady.ops.select("global_pid", "device", "iteration", "phase", "kind", "start", "end",
                                    "launch", "api_end", "api_name_id")
-        steady = drop_iterations(PhaseModel(windows=steady.windows, ops=narrow, ranges=steady.ranges,
-                                            source=steady.source, anomalies=steady.anomalies,
-                                            unclosed=steady.unclosed), drop)
+        steady = drop_iterations(dataclasses.replace(steady, ops=narrow, cache={}), drop)
     if w.height == 0:
         return []
     per = w.group_by("global_pid", "device", "phase").agg(
