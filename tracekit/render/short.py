@@ -200,15 +200,15 @@ def render_short(result: dict, console: Console, iteration: int | None = None) -
                              "its GPU work is 'other'; map your own NVTX ranges with --phase-map PHASE=REGEX"))
         elif src == NO_NVTX:
             console.print(_t(f"pid {pid}: {NO_NVTX_NOTE}"))
-        elif filled_note(src):
-            console.print(_t(f"pid {pid}: {filled_note(src)}"), highlight=False)
+        elif filled := filled_note(src):
+            console.print(_t(f"pid {pid}: {filled}"), highlight=False)
     t = advice_table(result, console.width)
     if t is not None:
         console.print(t)
     elif result.get("config") is not None:
         console.print(_t("advice: none (no change of the what-if model saves 0.5% of a steady iteration)"))
-    if advice_basis_note(result, iteration):
-        console.print(_t(advice_basis_note(result, iteration)), highlight=False)
+    if basis := advice_basis_note(result, iteration):
+        console.print(_t(basis), highlight=False)
     if len(result["ranks"]) > 1:
         from tracekit.render.multi_gpu_tables import render_rank_order
 
@@ -296,8 +296,8 @@ def render_explain(result: dict, console: Console, item: int | None = None, iter
     items = result["advice_per_run"] if multi else per_rank
     if item is not None and not 1 <= item <= len(items):
         raise TracekitError(f"--explain {item}: the advice has {len(items)} item(s)")
-    if advice_basis_note(result, iteration):
-        console.print(_t(advice_basis_note(result, iteration)), highlight=False)
+    if basis := advice_basis_note(result, iteration):
+        console.print(_t(basis), highlight=False)
     for i, a in enumerate(items, 1):
         if item is not None and i != item:
             continue
@@ -469,8 +469,8 @@ def render_short_multi(result: dict, console: Console, iteration: int | None = N
                                       "is 'other'; --phase-map PHASE=REGEX maps your own NVTX ranges"))
         elif src == NO_NVTX:
             used += _emit(console, _t(f"{who}: {NO_NVTX_NOTE}"))
-        elif filled_note(src):
-            used += _emit(console, _t(f"{who}: {filled_note(src)}"))
+        elif filled := filled_note(src):
+            used += _emit(console, _t(f"{who}: {filled}"))
     ro = result.get("rank_order")
     if ro:
         used += _emit(console, _t(f"rank numbers: {ro['source']} (--wide: how)"))
@@ -479,8 +479,8 @@ def render_short_multi(result: dict, console: Console, iteration: int | None = N
         used += _emit(console, t)
     elif result.get("config") is not None:
         used += _emit(console, _t("advice: none (no change of the what-if model saves 0.5% of a steady iteration)"))
-    if advice_basis_note(result, iteration):
-        used += _emit(console, _t(advice_basis_note(result, iteration)))
+    if basis := advice_basis_note(result, iteration):
+        used += _emit(console, _t(basis))
     t = phases_table(result)
     if t is not None:
         used += _emit(console, t)

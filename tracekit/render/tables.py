@@ -248,8 +248,8 @@ def render_config_and_advice(console: Console, result: dict, iteration: int | No
         console.print(_t("advice: none (no change of the what-if model saves 0.5% of a steady iteration)"))
     from tracekit.render.short import advice_basis_note
 
-    if advice_basis_note(result, iteration):
-        console.print(_t(advice_basis_note(result, iteration)), highlight=False)
+    if basis := advice_basis_note(result, iteration):
+        console.print(_t(basis), highlight=False)
     for c in result.get("one_time_costs") or []:
         console.print(_t(f"one-time cost (total, not per iteration): {c['problem']} [{c['knob']}: {c['change']}]"))
 
