@@ -330,13 +330,14 @@ class Export:
             sql += f" WHERE {where}"
         return self.query(sql, params, schema)
 
-    def query(self, sql: str, params: tuple = (), schema: dict | None = None) -> pl.DataFrame:
+    def query(self, sql: str, params: tuple = (), schema: dict | None = None, memo: bool = True) -> pl.DataFrame:
         """Run ``sql`` on the export and return the rows as a polars frame with ``schema``.
 
         ``schema`` ({name: polars dtype}) names the result columns in order and fixes their
         types; without it, names come from the SQL and types are inferred. With a cache
         (:attr:`cache`), a query already answered for this trace is read from Parquet; a
-        result of at most 200,000 rows is also kept in memory for repeats of the same query.
+        result of at most 200,000 rows is also kept in memory for repeats of the same query
+        (``memo=False``: not kept, for a table read once per run).
         Rows are fetched through the ADBC SQLite driver straight into Arrow when it is
         installed (:func:`tracekit.analyze.trace.fetch.reader`), else through the standard library's ``sqlite3``; both
         give equal frames. Raises :class:`TracekitError` when SQLite fails.
@@ -345,7 +346,7 @@ class Export:
         if mkey in self._memo:  # asked before in this run (several analyses share small tables)
             return self._memo[mkey]
         frame = self._query_uncached_memo(sql, params, schema, mkey)
-        if frame.height <= _MEMO_MAX_ROWS:
+        if memo and frame.height <= _MEMO_MAX_ROWS:
             self._memo[mkey] = frame
         return frame
 
