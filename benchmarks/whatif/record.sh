@@ -45,9 +45,10 @@ launcher_of() {  # NAME -> extra options of the deepspeed launcher
 }
 mkcfg() {  # NAME -> $W/NAME.ds.json
   python3 - "$1" "$W/$1.ds.json" "$TK/examples" <<'PY'
-import json, sys
+import json, re, sys
 name, path, ex = sys.argv[1:]
 fam, var = name.split("_", 1)
+var = re.sub(r"_r[0-9]+$", "", var)  # z3s_bf16_r2: the z3s_bf16 config recorded again
 var = var.rstrip("0123456789") if var.startswith("base") else var
 if fam in ("z3s", "z2s", "z3l", "z3x"):
     z = {"stage": 2 if fam == "z2s" else 3, "overlap_comm": True, "contiguous_gradients": True,
