@@ -26,7 +26,9 @@ RUNS = sorted(p.name[: -len(".sqlite.xz")] for p in (BENCH / "traces").glob("*.s
 #: also holds the start of the next iteration's range, without its phases)
 CUT_LAST = {"z3s_base": 4, "z3s_sg1e8": 4, "z3s_base3": 4, "z2s_base": 4, "so_base": 4, "zf_base": 4,
             "z3l_base": 4, "z3s_base4": 4, "z2s_base3": 4, "so_base2": 4, "zf_base2": 4,
-            "z3s_base6": 4, "z3s_sg2e7b": 4, "z3x_base": 4, "z3l_base3": 4}
+            "z3s_base6": 4, "z3s_sg2e7b": 4, "z3x_base": 4, "z3l_base3": 4,
+            "z3s_base8": 4, "z3s_base9": 4, "z3s_base10": 4, "z3l_base5": 4, "z3l_base6": 4, "z2s_base4": 4,
+            "z2s_base5": 4}
 
 
 def _table(title: str) -> list[list[str]]:
@@ -119,7 +121,8 @@ def test_noise_rows_are_the_two_baselines_means():
                  "z3l_base2": "z3l_base", "z3s_base5": "z3s_base4", "z3s_base4": "z3s_base",
                  "z2s_base3": "z2s_base", "so_base2": "so_base", "zf_base2": "zf_base",
                  "z3s_base7": "z3s_base6", "z3s_base6": "z3s_base", "z3x_base2": "z3x_base",
-                 "z3l_base3": "z3l_base", "z3l_base4": "z3l_base3"}[pair]
+                 "z3l_base3": "z3l_base", "z3l_base4": "z3l_base3", "z3s_base9": "z3s_base8",
+                 "z3l_base6": "z3l_base5", "z2s_base5": "z2s_base4", "z3s_base10": "z3s_base8"}[pair]
         a = statistics.fmean(v["wall_ns"] for v in SUMMARIES[first]["iterations"].values()) / 1e6
         b = statistics.fmean(v["wall_ns"] for v in SUMMARIES[pair]["iterations"].values()) / 1e6
         assert _num(r[2]) == pytest.approx(a, abs=0.051)
@@ -174,3 +177,45 @@ def test_between_run_constant_is_the_same_call_noise_pairs_spread():
         lo, hi = (_num(x) for x in r[6].split("-", 1))
         lo2, hi2 = (_num(x) for x in r[9].split("-", 1))
         assert lo <= lo2 and hi2 <= hi, r[0]
+
+
+def test_repeated_pairs_are_the_means_of_their_runs():
+    """Each row of the repeated-pairs table: every run's cell is that run's mean over its steady
+    iterations (summaries.json), the measured column their mean, the error % from the row's own
+    predicted and measured columns, the predicted column the mean of the per-baseline
+    predictions; the summary line's median / p90 / inside are recomputed from the rows."""
+    rows = _table("Repeated pairs (each side recorded 1-2 times in one call, interleaved; means)")
+    assert len(rows) >= 5
+    errs, inside = [], 0
+    for r in rows:
+        bases = re.findall(r"(\w+): ([\d,.]+) / [\d,.]+", r[2])
+        assert bases, r[2]
+        for b, ms in bases:
+            want = statistics.fmean(v["wall_ns"] for v in SUMMARIES[b]["iterations"].values()) / 1e6
+            assert _num(ms) == pytest.approx(want, abs=0.051), (r[0], b)
+        each_pred = [_num(x) for x in r[3].split("(")[1].rstrip(")").split(", ")]
+        assert len(each_pred) == len(bases)
+        assert _num(r[3]) == pytest.approx(statistics.fmean(each_pred), abs=0.06)
+        each_meas = [_num(x) for x in r[4].split("(")[1].rstrip(")").split(", ")]
+        assert _num(r[4]) == pytest.approx(statistics.fmean(each_meas), abs=0.06)
+        name = r[0].split(" ")[0]  # "z3s_mb2 x2": runs z3s_mb2_rK, K from the recording
+        runs = sorted(k for k in SUMMARIES if k.startswith(name + "_r"))
+        got = sorted(round(SUMMARIES[k]["iteration_ns"] / 1e6, 1) for k in runs)
+        for m in each_meas:  # each measured cell is one of that config's repeated runs
+            assert any(abs(m - g) <= 0.051 for g in got), (r[0], m, got)
+        meas = _num(r[4])
+        assert _num(r[5]) == pytest.approx(100 * (_num(r[3]) - meas) / meas, abs=0.11)
+        errs.append(abs(_num(r[5])))
+        lo, hi = (_num(x) for x in r[6].split("-", 1))
+        assert (r[7] == "yes") == (lo <= meas <= hi)
+        inside += r[7] == "yes"
+    errs.sort()
+    k = (len(errs) - 1) * 0.9
+    p90 = errs[int(k)] + (errs[min(int(k) + 1, len(errs) - 1)] - errs[int(k)]) * (k - int(k))
+    m = re.search(r"repeated pairs: (\d+); median \|error\| ([\d.]+) %, p90 \|error\| ([\d.]+) %; measured inside "
+                  r"the interval in (\d+) of (\d+)", RESULTS)
+    assert m
+    assert int(m.group(1)) == len(rows) == int(m.group(5))
+    assert float(m.group(2)) == pytest.approx(statistics.median(errs), abs=0.051)
+    assert float(m.group(3)) == pytest.approx(p90, abs=0.051)
+    assert int(m.group(4)) == inside

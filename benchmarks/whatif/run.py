@@ -93,6 +93,34 @@ PAIRS = {
                       "ZeRO-3 1.3B: no offload_optimizer (torch.optim.AdamW on the GPU)"),
     "z3l_fused": ("z3l_base3", "no_offload", {"gpu_optimizer": "fused"},
                   "ZeRO-3 1.3B: no offload_optimizer (DeepSpeed FusedAdam on the GPU)"),
+    # call D (2026-12-02 night): ZeRO-3 134 M, each config twice, interleaved; the pairs themselves
+    # are in REPEATS (means over the repeats); here the baseline's second recording
+    "z3s_base9": ("z3s_base8", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call D)"),
+    # call E: ZeRO-3 1.3 B, base / micro-batch 2 / base / micro-batch 2
+    "z3l_base6": ("z3l_base5", "noise", {}, "ZeRO-3 1.3B: baseline again (noise floor, call E)"),
+    # call F: ZeRO-2 134 M, base / bf16 / micro-batch 2, twice
+    "z2s_base5": ("z2s_base4", "noise", {}, "ZeRO-2 134M: baseline again (noise floor, call F)"),
+}
+#: repeated pairs: a baseline and a one-knob change each recorded 2 times in one call, interleaved
+#: (base, change, base, change), so that a drift of the host during the call falls on both sides.
+#: name -> (baseline runs, changed runs, scenario, scenario changes, what changed). The prediction
+#: is the mean of the predictions from each baseline's cut, the measured time the mean of the
+#: changed runs' means (each run weighs the same), the interval the mean of the intervals' ends.
+REPEATS = {
+    "z3s_mb2 x2": (("z3s_base8", "z3s_base9"), ("z3s_mb2_r2", "z3s_mb2_r3"), "larger_micro_batch", {},
+                   "ZeRO-3 134M: micro-batch 1 x gas 2 -> 2 x gas 1 (call D)"),
+    "z3s_bf16 x2": (("z3s_base8", "z3s_base9"), ("z3s_bf16_r2", "z3s_bf16_r3"), "bf16", {},
+                    "ZeRO-3 134M: fp16 -> bf16 (call D)"),
+    "z3s_sg2e7 x1": (("z3s_base8", "z3s_base9"), ("z3s_sg2e7_r2",), "sub_group_size", {"sub_group_size": 2e7},
+                     "ZeRO-3 134M: sub_group_size 1e9 -> 2e7 (call D; its second run skipped: time)"),
+    "z3s_sg2e7 x2": (("z3s_base10",), ("z3s_sg2e7_r3", "z3s_sg2e7_r4"), "sub_group_size", {"sub_group_size": 2e7},
+                     "ZeRO-3 134M: sub_group_size 1e9 -> 2e7 (call G: change, base, change)"),
+    "z3l_mb2 x2": (("z3l_base5", "z3l_base6"), ("z3l_mb2_r2", "z3l_mb2_r3"), "larger_micro_batch", {},
+                   "ZeRO-3 1.3B: micro-batch 1 x gas 2 -> 2 x gas 1 (call E)"),
+    "z2s_bf16 x2": (("z2s_base4", "z2s_base5"), ("z2s_bf16_r2", "z2s_bf16_r3"), "bf16", {},
+                    "ZeRO-2 134M: fp16 -> bf16 (call F)"),
+    "z2s_mb2 x2": (("z2s_base4", "z2s_base5"), ("z2s_mb2_r2", "z2s_mb2_r3"), "larger_micro_batch", {},
+                   "ZeRO-2 134M: micro-batch 1 x gas 2 -> 2 x gas 1 (call F)"),
 }
 #: noise pairs across calls (same config, different device calls): shown with the noise rows
 CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call 1"),
@@ -102,6 +130,7 @@ CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call
               "zf_base2": ("zf_base", "ZenFlow 134M: baseline of call 6 vs call 3"),
               "z3s_base6": ("z3s_base", "ZeRO-3 134M: baseline of call A vs call 1"),
               "z3l_base3": ("z3l_base", "ZeRO-3 1.3B: baseline of call C vs call 4"),
+              "z3s_base10": ("z3s_base8", "ZeRO-3 134M: baseline of call G vs call D"),
               "z3l_base4": ("z3l_base3", "ZeRO-3 1.3B: baseline again, the next call on the same warm machine, "
                                          "~2 min after call C's last run")}
 
@@ -297,6 +326,7 @@ def rows(traces: Path | None = None) -> dict:
                    predicted_phases_ms={p: round((pieces["phase_ns"].get(p, 0.0) + delta.get(p, 0.0)) / 1e6, 1)
                                         for p in PHASES})
         out.append(row)
+    reps = repeat_rows(summ, traces, man_dir, cache)
     modelled = [r for r in out if r["scenario"] not in (None, "noise")]
     errs = [abs(r["error_pct"]) for r in modelled]
     stats = {"pairs_modelled": len(modelled),
@@ -334,7 +364,59 @@ def rows(traces: Path | None = None) -> dict:
         meas = min(rs, key=lambda r: r["measured_ms"])["pair"]
         picks[base] = {"predicted_best": pred, "measured_best": meas, "same": pred == meas}
     stats["best_change"] = picks
-    return {"rows": out, "stats": stats, "from_cuts": traces is None}
+    re_errs = [abs(r["error_pct"]) for r in reps]
+    stats["repeated"] = {"pairs": len(reps),
+                         "median_abs_error_pct": round(statistics.median(re_errs), 1) if re_errs else None,
+                         "p90_abs_error_pct": round(percentile(re_errs, 0.9), 1) if re_errs else None,
+                         "inside_interval": sum(1 for r in reps if r["inside"]),
+                         "with_interval": sum(1 for r in reps if r["interval"] is not None)}
+    return {"rows": out, "repeated": reps, "stats": stats, "from_cuts": traces is None}
+
+
+def _predict(base: str, scenario: str, changes: dict, traces: Path | None, man_dir: Path, cache: dict) -> dict:
+    """The scenario's prediction from ``base``'s cut (or full export): ``predicted_ms``,
+    ``basis_ms`` (the baseline's mean over the iterations predicted from), ``interval`` and
+    ``phases_ms`` (ms per steady iteration), ``confidence``."""
+    from tracekit.analyze.sections import whatif
+
+    if base not in cache:
+        cache[base] = baseline_pieces(cut_trace(base, traces), man_dir / f"{base}.json")
+    pieces, sett = cache[base]
+    s = {r["scenario"]: r for r in whatif.predict(pieces, sett, changes)}[scenario]
+    delta = s.get("phase_delta_ns") or {"update": -s["saving_ns"]}
+    iv = s.get("interval_ns")
+    return {"predicted_ms": s["predicted_ns"] / 1e6, "basis_ms": pieces["iteration_ns"] / 1e6,
+            "interval": None if iv is None else (iv[0] / 1e6, iv[1] / 1e6), "confidence": s["confidence"],
+            "phases_ms": {p: (pieces["phase_ns"].get(p, 0.0) + delta.get(p, 0.0)) / 1e6 for p in PHASES}}
+
+
+def repeat_rows(summ: dict, traces: Path | None, man_dir: Path, cache: dict) -> list[dict]:
+    """One row per :data:`REPEATS` entry: the mean prediction over its baselines' cuts against
+    the mean of its changed runs' means (ms per steady iteration), error %, interval, inside."""
+    out = []
+    for name, (bases, runs, scenario, changes, what) in REPEATS.items():
+        preds = [_predict(b, scenario, changes, traces, man_dir, cache) for b in bases]
+        run_ms = [summ[r]["iteration_ns"] / 1e6 for r in runs]
+        base_ms = [summ[b]["iteration_ns"] / 1e6 for b in bases]
+        pred = statistics.fmean(p["predicted_ms"] for p in preds)
+        meas = statistics.fmean(run_ms)
+        ivs = [p["interval"] for p in preds]
+        iv = None if None in ivs else [round(statistics.fmean(i[0] for i in ivs), 1),
+                                       round(statistics.fmean(i[1] for i in ivs), 1)]
+        out.append({"pair": name, "change": what, "scenario": scenario, "baselines": list(bases), "runs": list(runs),
+                    "baseline_runs_ms": [round(x, 1) for x in base_ms],
+                    "prediction_basis_ms": [round(p["basis_ms"], 1) for p in preds],
+                    "predictions_ms": [round(p["predicted_ms"], 1) for p in preds],
+                    "measured_runs_ms": [round(x, 1) for x in run_ms],
+                    "predicted_ms": round(pred, 1), "measured_ms": round(meas, 1),
+                    "error_pct": round(100 * (pred - meas) / meas, 1), "interval": iv,
+                    "inside": None if iv is None else iv[0] <= meas <= iv[1],
+                    "confidence": preds[0]["confidence"],
+                    "predicted_phases_ms": {p: round(statistics.fmean(x["phases_ms"][p] for x in preds), 1)
+                                            for p in PHASES},
+                    "measured_phases_ms": {p: round(statistics.fmean(summ[r]["phase_ns"][p] / 1e6 for r in runs), 1)
+                                           for p in PHASES}})
+    return out
 
 
 def render(res: dict) -> str:
@@ -372,6 +454,24 @@ def render(res: dict) -> str:
             continue
         cells = [f"{r['predicted_phases_ms'][p]:,.1f} / {r['measured_phases_ms'][p]:,.1f}" for p in PHASES]
         L.append(f"| {r['pair']} | " + " | ".join(cells) + " |")
+    L += ["", "## Repeated pairs (each side recorded 1-2 times in one call, interleaved; means)", "",
+          "Predicted: the mean of the predictions from each baseline run's cut; measured: the mean of the changed "
+          "runs' means (ms per steady iteration, each run's steady iterations).", "",
+          "| pair | change | baselines ms (each run: all steady / prediction's basis) | predicted ms (each baseline) "
+          "| measured ms (each run) | error % | interval | inside | predicted / measured per phase: forward, backward, "
+          "update |",
+          "|---|---|---|---:|---:|---:|---|---|---|"]
+    for r in res.get("repeated", []):
+        bl = ", ".join(f"{b}: {a:,.1f} / {c:,.1f}" for b, a, c in
+                       zip(r["baselines"], r["baseline_runs_ms"], r["prediction_basis_ms"]))
+        iv = "-" if r["interval"] is None else f"{r['interval'][0]:,.1f}-{r['interval'][1]:,.1f}"
+        ins = "-" if r["inside"] is None else ("yes" if r["inside"] else "no")
+        ph = ", ".join(f"{r['predicted_phases_ms'][p]:,.1f} / {r['measured_phases_ms'][p]:,.1f}"
+                       for p in ("forward", "backward", "update"))
+        L.append(f"| {r['pair']} | {r['change']} | {bl} | {r['predicted_ms']:,.1f} "
+                 f"({', '.join(f'{x:,.1f}' for x in r['predictions_ms'])}) | {r['measured_ms']:,.1f} "
+                 f"({', '.join(f'{x:,.1f}' for x in r['measured_runs_ms'])}) | {r['error_pct']:+.1f} | {iv} | {ins} "
+                 f"| {ph} |")
     s = res["stats"]
     L += ["", "## Summary", "",
           f"- modelled pairs: {s['pairs_modelled']}; median |error| {s['median_abs_error_pct']} %, "
@@ -387,6 +487,9 @@ def render(res: dict) -> str:
           f"- between-run spread from the same-call noise rows ({', '.join(s['between_run']['pairs'])}; pooled relative "
           f"sd of the difference beyond the iteration noise): {s['between_run']['rel_sd_pct']} %; the model's "
           f"constant: {s['between_run']['model_rel_sd_pct']} %",
+          f"- repeated pairs: {s['repeated']['pairs']}; median |error| {s['repeated']['median_abs_error_pct']} %, "
+          f"p90 |error| {s['repeated']['p90_abs_error_pct']} %; measured inside the interval in "
+          f"{s['repeated']['inside_interval']} of {s['repeated']['with_interval']}",
           "- rank correlation (Spearman) of predicted vs measured per baseline (baseline + its modelled changes): "
           + ", ".join(f"{b}: {'n/a (< 2 modelled changes)' if v is None else v}" for b, v in s["rank_correlation"].items()),
           "- the best recorded change per baseline (>= 2 modelled changes; lowest predicted vs lowest measured ms): "
