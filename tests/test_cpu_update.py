@@ -375,7 +375,18 @@ def test_superoffload_advice_names_the_one_reduce_bucket(tmp_path):
     path.write_text(json.dumps(cfg))  # a config alone names no DeepSpeed version: clipping's default unknown
     res = analyze_path(trace, Options(ds_config=load_ds_config(trace, path)))
     (pred,) = [p for p in res["predictions"] if p["scenario"] == "superoffload_no_clipping"]
-    assert not pred["applicable"] and pred["why_not"].startswith("gradient_clipping unknown")
+    # the config leaves gradient_clipping unknown; the trace shows clipping on: more than one
+    # cpu_update_wait per update (one per CPU sub-group, superoffload_stage3.py _step_with_clipping)
+    con = sqlite3.connect(f"file:{trace}?mode=ro", uri=True)
+    waits = [n for (n,) in con.execute(
+        "SELECT (SELECT count(*) FROM NVTX_EVENTS w JOIN StringIds sw ON sw.id = w.textId WHERE sw.value = "
+        "'cpu_update_wait' AND w.start >= u.start AND w.end <= u.end) FROM NVTX_EVENTS u JOIN StringIds su "
+        "ON su.id = u.textId WHERE su.value = 'update' AND u.end IS NOT NULL")]
+    con.close()
+    assert waits and min(waits) >= 2
+    rows = {r["source"]: r["value"] for r in res["config"]["settings"] if r["key"] == "gradient_clipping"}
+    assert rows == {"unknown": None, "trace": "> 0"}
+    assert pred["applicable"] and pred["saving_ns"] > 0
     cfg["zero_optimization"]["reduce_bucket_size"] = 10_000_000
     cfg["gradient_clipping"] = 1.0
     path.write_text(json.dumps(cfg))

@@ -4,6 +4,7 @@
     python benchmarks/whatif/run.py --json           # the rows as JSON
     python benchmarks/whatif/run.py --traces DIR     # predict from full exports in DIR instead
     python benchmarks/whatif/run.py --summarize DIR  # rewrite summaries.json from full exports
+    python benchmarks/whatif/run.py --no-manifest    # statistics with each config inferred from its trace alone
 
 Each pair is a baseline run and a run with one DeepSpeed setting changed, recorded in the same
 device call (benchmarks/whatif/record.sh; README.md says what and how). The *prediction* is the
@@ -278,12 +279,14 @@ def between_run_spread(summ: dict, pairs: list[tuple[str, str]]) -> float:
     return max(statistics.fmean(acc), 0.0) ** 0.5 if acc else 0.0
 
 
-def rows(traces: Path | None = None) -> dict:
-    """Every pair of :data:`PAIRS` (and :data:`CROSS_CALL`): prediction, measurement, error."""
+def rows(traces: Path | None = None, manifests: bool = True) -> dict:
+    """Every pair of :data:`PAIRS` (and :data:`CROSS_CALL`) and of :data:`REPEATS`: prediction,
+    measurement, error. ``manifests=False``: each baseline's config is inferred from its trace
+    alone (no capture manifest, no DeepSpeed config), as for a trace recorded without tracekit."""
     from tracekit.analyze.sections import whatif
 
     summ = json.loads((HERE / "summaries.json").read_text())
-    man_dir = HERE / "manifests"
+    man_dir = HERE / ("manifests" if manifests else "no-such-manifests")
     cache: dict[str, tuple[dict, dict]] = {}
     out = []
     for name, (base, scenario, changes, what) in {**PAIRS, **{k: (b, "noise", {}, w) for k, (b, w) in
@@ -520,6 +523,11 @@ def main(argv: list[str]) -> int:
     except FileNotFoundError as exc:
         print(f"{exc.filename}: missing (record the runs with benchmarks/whatif/record.sh; README.md)", file=sys.stderr)
         return 2
+    if "--no-manifest" in argv:  # only the statistics: results.md is the run with manifests
+        res = rows(traces, manifests=False)
+        print(json.dumps({"stats": res["stats"], "errors": {r["pair"]: r["error_pct"] for r in res["rows"] + res["repeated"]
+                                                            if r["scenario"] not in (None, "noise")}}, indent=1))
+        return 0
     print(json.dumps(res, indent=1) if "--json" in argv else render(res), end="" if "--json" not in argv else "\n")
     return 0
 

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracekit.analyze.trace import dsconfig
+
 MIN_SAVING_SHARE = 0.005
 
 
@@ -169,11 +171,13 @@ def build_advice(pieces: dict, scenarios: list[dict], settings: dict) -> list[di
             "zero_optimization.sub_group_size", f"-> {s['sub_group_size']:.0e}")
     s = sc.get("superoffload_no_clipping")
     if s and s["applicable"]:
+        clip = settings.get("gradient_clipping")
+        clip_why = ("gradient_clipping on, from the trace: one wait per CPU sub-group inside the update"
+                    if clip == dsconfig.CLIPPING_ON else f"gradient_clipping {clip}, DeepSpeed's default since 0.19.3")
         add(s, f"SuperOffload steps every sub-group inside the update while the training waits: "
                f"{s['wait_ns'] / 1e6:,.1f} ms per iteration in cpu_update_wait ({ev}); with gradient clipping on "
-               f"(gradient_clipping {settings.get('gradient_clipping')}, DeepSpeed's default since 0.19.3) "
-               "SuperOffloadOptimizer_Stage3 skips its asynchronous path, which steps each finished sub-group in the "
-               "worker during the boundary backward",
+               f"({clip_why}) SuperOffloadOptimizer_Stage3 skips its asynchronous path, which steps each finished "
+               "sub-group in the worker during the boundary backward",
             "gradient_clipping", f"{settings.get('gradient_clipping')} -> 0.0 (only if the training can do without "
             "clipping: it changes the optimisation, not just the schedule)"
             + (f"; with zero_optimization.reduce_bucket_size {s['reduce_bucket_size']:.0e} -> "
@@ -226,7 +230,6 @@ def advise(export, model, loaded: dict, changes: dict | None = None) -> dict:
     (``settings`` from the config when there is one, else inferred from rank 0's trace.)
     """
     from tracekit.analyze.sections import whatif
-    from tracekit.analyze.trace import dsconfig
 
     ranks = model.derived(("whatif", "measure"), lambda: whatif.measure(export, model))  # the whatif section's
     inferred = dsconfig.infer_settings(whatif.trace_facts(ranks[0])) if ranks else {}

@@ -60,6 +60,7 @@ from tracekit.analyze.sections.whatif_pieces import (  # noqa: F401
     parameters,
     trace_facts,
 )
+from tracekit.analyze.trace import dsconfig
 
 #: Bytes the GPU reads and writes per parameter for the Adam arithmetic of one step, by
 #: implementation (fp32 state, the 16-bit gradient already made fp32):
@@ -615,7 +616,8 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
     clip = settings.get("gradient_clipping")
     micro = pieces.get("micro_steps") or 1
     bwd_boundary = pieces["phase_ns"].get("backward", 0.0) / micro
-    ok = so and isinstance(clip, (int, float)) and clip > 0 and wait > 0
+    clip_on = (isinstance(clip, (int, float)) and clip > 0) or clip == dsconfig.CLIPPING_ON
+    ok = so and clip_on and wait > 0
     s = min(wait, bwd_boundary) if ok else 0.0
     # partition_grads runs once per reduce bucket: a bucket holding every parameter means one call,
     # at backward's end, so no sub-group completes during backward (measured: docs/advice.md)
@@ -636,7 +638,8 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
         applicable=ok and s > 0,
         why="" if ok else ("not SuperOffload" if not so else
                            "gradient_clipping unknown (its default depends on the DeepSpeed version: give the "
-                           "capture manifest or set it in --ds-config)" if not isinstance(clip, (int, float)) else
+                           "capture manifest or set it in --ds-config)"
+                           if not isinstance(clip, (int, float)) and clip != dsconfig.CLIPPING_ON else
                            "gradient_clipping is already 0" if not clip else
                            "no wait for the CPU optimizer worker measured"),
         per_it=[min(w, b / micro) for w, b in zip(pieces["role_walls_ns"]["cpu_wait"],

@@ -581,6 +581,7 @@ def trace_facts(pieces: dict) -> dict:
         "forward_h2d_bytes_per_micro_step": fwd,
         "forward_h2d_kinds": pieces.get("forward_h2d_kinds") or [],
         "cpu_step_ns": sum(pieces["roles"][k]["cpu_ns"] for k in ("cpu_adam", "cpu_wait", "swap")),
+        "cpu_wait_calls": pieces["roles"]["cpu_wait"]["calls"],
         "update_ns": upd,
     }
 

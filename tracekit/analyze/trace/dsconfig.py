@@ -321,6 +321,11 @@ def config_value(cfg: dict, key: str, ds_version: str | None = None) -> tuple[ob
     return None, "unknown"
 
 
+#: the value :func:`infer_settings` gives ``gradient_clipping`` when the trace shows clipping on but
+#: not its threshold
+CLIPPING_ON = "> 0"
+
+
 def infer_settings(facts: dict) -> dict:
     """What the trace says of the config: ``{key: (value, how)}`` from ``facts``
     (:func:`tracekit.analyze.sections.whatif.trace_facts`: range names seen, micro-steps per iteration,
@@ -344,6 +349,14 @@ def infer_settings(facts: dict) -> dict:
     elif any(n.endswith("DeepSpeedZeroOptimizer_Stage3.step") for n in names):
         out["zero_optimization.offload_optimizer.super_offload"] = (
             False, "the optimizer step is DeepSpeedZeroOptimizer_Stage3.step, not SuperOffloadOptimizer_Stage3's")
+    waits = facts.get("cpu_wait_calls") or 0.0
+    if super_offload and waits >= 1.5:
+        # superoffload_stage3.py: with clip_grad set, step() takes _step_with_clipping, which waits
+        # for each CPU sub-group's step in turn (_wait_for_single_async_result); without it the
+        # sub-groups were stepped during backward and step() waits once (_wait_for_async_operations)
+        out["gradient_clipping"] = (
+            CLIPPING_ON, f"{waits:.0f} cpu_update_wait ranges per update: SuperOffload waits for each CPU sub-group's "
+                         "step inside step() only with gradient clipping on (once without it)")
     m = facts.get("micro_steps")
     if zenflow:
         out["zero_optimization.zenflow"] = (
