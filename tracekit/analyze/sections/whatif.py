@@ -130,13 +130,21 @@ def accumulation_round_trip_ns(pieces: dict) -> list[float]:
     run when ``micro_step_id > 0 or not is_gradient_accumulation_boundary()``) fetches the
     accumulated gradient back (H2D), adds it and copies the sum back (D2H) before the boundary's
     own fp32 D2H; with one micro-step per iteration neither runs. Their cost: the boundary's H2D
-    busy time plus the same bytes' share of its D2H busy time. Checked on the recorded
-    ``z2s_base3`` -> ``z2s_mb2`` pair: the boundary backward moves 268 MB H2D / 805 MB D2H at gas 2
-    and 0 / 536 MB at gas 1, and its wall drops ~52 ms where this cost is ~42 ms."""
+    time plus the same bytes' share of its D2H time, each direction's time the longer of its copy
+    busy time and the host time of its copy calls (the backward is host-bound here, and a pageable
+    copy holds the host for its staging: ``*_host_ns`` of ``boundary_backward_copies``). Checked on
+    the recorded ZeRO-2 134 M pairs (``z2s_base3`` -> ``z2s_mb2``, calls F and I): at gas 2 the
+    boundary backward moves 268 MB H2D / 805 MB D2H, at gas 1 0 / 536 MB; in ``z2s_base6`` its H2D
+    busy / host time is 25.7 / 38.3 ms and its D2H 46.7 / 68.5 ms per steady iteration, so the cost
+    is 61.1 ms (busy times alone: 41.3 ms), and the boundary wall at gas 1 (``z2s_mb2_r4``) is
+    62.7 ms shorter."""
     c = pieces.get("boundary_backward_copies") or {}
     out = []
-    for hb, hn, db, dn in zip(c.get("h2d_bytes", []), c.get("h2d_ns", []), c.get("d2h_bytes", []), c.get("d2h_ns", [])):
-        out.append(hn + (dn * min(hb / db, 1.0) if db > 0 else 0.0))
+    n = len(c.get("h2d_bytes", []))
+    hh, dh = c.get("h2d_host_ns") or [0.0] * n, c.get("d2h_host_ns") or [0.0] * n
+    for hb, hn, db, dn, hhn, dhn in zip(c.get("h2d_bytes", []), c.get("h2d_ns", []), c.get("d2h_bytes", []),
+                                        c.get("d2h_ns", []), hh, dh):
+        out.append(max(hn, hhn) + (max(dn, dhn) * min(hb / db, 1.0) if db > 0 else 0.0))
     return out
 
 

@@ -237,7 +237,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         iteration_walls = [sum(walls.get((i, ph), 0.0) for ph in phase_ns) for i in steady]
         last_wall, last_kern = _last_micro_step(ts, steady)
         nb_kern = _non_boundary_backward_kernels(ts, steady)
-        boundary_copies = _boundary_backward_copies(ts, steady)
+        boundary_copies = _boundary_backward_copies(ts, steady, copies)
         sg_fixed = _sub_group_fixed(rg, uw_s, uw_e)
         norm_fixed = _norm_fixed(role_iv["grad_norm"], ops, n, int(round(roles["copy_back"]["calls"])) or None)
         grad_tensors, launch_gap = _eager_loop(rg, ops, model.windows.filter(
@@ -444,16 +444,25 @@ def _non_boundary_backward_kernels(ts: pl.DataFrame, steady: list[int]) -> list[
     return [k.get(i) for i in steady]
 
 
-def _boundary_backward_copies(ts: pl.DataFrame, steady: list[int]) -> dict:
+def _boundary_backward_copies(ts: pl.DataFrame, steady: list[int], copies: pl.DataFrame) -> dict:
     """Host copies of the boundary backward micro-step of each steady iteration (aligned with
-    ``steady``): ``{"h2d_bytes", "h2d_ns", "d2h_bytes", "d2h_ns": [float]}`` (bytes; ns of copy
-    busy time, the phase table's ``h2d_busy_ns`` / ``d2h_busy_ns``); 0 where there is none.
-    ``ts``: the rank's phase table rows of the steady iterations."""
+    ``steady``): ``{"h2d_bytes", "h2d_ns", "d2h_bytes", "d2h_ns", "h2d_host_ns", "d2h_host_ns":
+    [float]}`` (bytes; ns of copy busy time, the phase table's ``h2d_busy_ns`` / ``d2h_busy_ns``;
+    ``*_host_ns``: the summed runtime-API time of those copies' calls, ``api_end - launch``, which
+    for a pageable copy includes the host's wait for its staging); 0 where there is none.
+    ``ts``: the rank's phase table rows of the steady iterations; ``copies``: its host copies with
+    ``iteration``, ``phase``, ``boundary``, ``direction``, ``host_ns``."""
     cols = ("h2d_bytes", "h2d_busy_ns", "d2h_bytes", "d2h_busy_ns")
     b = ts.filter((pl.col("phase") == "backward") & pl.col("boundary"))
     agg = {int(r["iteration"]): r for r in b.group_by("iteration").agg(
         [pl.col(c).sum() for c in cols]).iter_rows(named=True)}
-    return {k.replace("_busy", ""): [float(agg[i][k]) if i in agg else 0.0 for i in steady] for k in cols}
+    out = {k.replace("_busy", ""): [float(agg[i][k]) if i in agg else 0.0 for i in steady] for k in cols}
+    h = copies.filter((pl.col("phase") == "backward") & pl.col("boundary")).group_by("iteration", "direction").agg(
+        pl.col("host_ns").sum())
+    host = {(int(i), d): float(v) for i, d, v in h.iter_rows()}
+    for d in ("H2D", "D2H"):
+        out[f"{d.lower()}_host_ns"] = [host.get((i, d), 0.0) for i in steady]
+    return out
 
 
 def _sub_group_bytes(c: pl.DataFrame, copy_back_iv, iteration: int) -> list[int]:
