@@ -28,7 +28,8 @@ CUT_LAST = {"z3s_base": 4, "z3s_sg1e8": 4, "z3s_base3": 4, "z2s_base": 4, "so_ba
             "z3l_base": 4, "z3s_base4": 4, "z2s_base3": 4, "so_base2": 4, "zf_base2": 4,
             "z3s_base6": 4, "z3s_sg2e7b": 4, "z3x_base": 4, "z3l_base3": 4,
             "z3s_base8": 4, "z3s_base9": 4, "z3s_base10": 4, "z3l_base5": 4, "z3l_base6": 4, "z2s_base4": 4,
-            "z2s_base5": 4}
+            "z2s_base5": 4, "z3s_base11": 4, "z3s_base12": 4, "z3s_base13": 4, "z3s_base14": 4, "z2s_base6": 4,
+            "z2s_base7": 4, "so_base3": 4, "so_base4": 4}
 
 
 def _table(title: str) -> list[list[str]]:
@@ -122,7 +123,9 @@ def test_noise_rows_are_the_two_baselines_means():
                  "z2s_base3": "z2s_base", "so_base2": "so_base", "zf_base2": "zf_base",
                  "z3s_base7": "z3s_base6", "z3s_base6": "z3s_base", "z3x_base2": "z3x_base",
                  "z3l_base3": "z3l_base", "z3l_base4": "z3l_base3", "z3s_base9": "z3s_base8",
-                 "z3l_base6": "z3l_base5", "z2s_base5": "z2s_base4", "z3s_base10": "z3s_base8"}[pair]
+                 "z3l_base6": "z3l_base5", "z2s_base5": "z2s_base4", "z3s_base10": "z3s_base8",
+                 "z3s_base12": "z3s_base11", "z2s_base7": "z2s_base6", "so_base4": "so_base3",
+                 "z3s_base14": "z3s_base13"}[pair]
         a = statistics.fmean(v["wall_ns"] for v in SUMMARIES[first]["iterations"].values()) / 1e6
         b = statistics.fmean(v["wall_ns"] for v in SUMMARIES[pair]["iterations"].values()) / 1e6
         assert _num(r[2]) == pytest.approx(a, abs=0.051)
@@ -219,3 +222,18 @@ def test_repeated_pairs_are_the_means_of_their_runs():
     assert float(m.group(2)) == pytest.approx(statistics.median(errs), abs=0.051)
     assert float(m.group(3)) == pytest.approx(p90, abs=0.051)
     assert int(m.group(4)) == inside
+
+
+def test_best_repeated_change_is_recomputed_from_the_rows():
+    """The summary's best repeated change per set of baseline runs: recomputed from the repeated
+    table (rows grouped by their baseline runs; lowest predicted and lowest measured ms)."""
+    rows = _table("Repeated pairs (each side recorded 1-2 times in one call, interleaved; means)")
+    groups: dict[str, list] = {}
+    for r in rows:
+        key = "/".join(b for b, _ in re.findall(r"(\w+): ([\d,.]+) / [\d,.]+", r[2]))
+        groups.setdefault(key, []).append((r[0], _num(r[3]), _num(r[4])))
+    line = next(ln for ln in RESULTS.splitlines() if ln.startswith("- the best repeated change"))
+    want = {k: (min(v, key=lambda x: x[1])[0], min(v, key=lambda x: x[2])[0]) for k, v in groups.items() if len(v) >= 2}
+    assert len(want) >= 3
+    for key, (pred, meas) in want.items():
+        assert f"{key}: predicted {pred}, measured {meas} ({'same' if pred == meas else 'different'})" in line

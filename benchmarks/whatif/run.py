@@ -101,6 +101,11 @@ PAIRS = {
     "z3l_base6": ("z3l_base5", "noise", {}, "ZeRO-3 1.3B: baseline again (noise floor, call E)"),
     # call F: ZeRO-2 134 M, base / bf16 / micro-batch 2, twice
     "z2s_base5": ("z2s_base4", "noise", {}, "ZeRO-2 134M: baseline again (noise floor, call F)"),
+    # calls H-K (2026-12-03): each a baseline twice, interleaved with the changes (REPEATS)
+    "z3s_base12": ("z3s_base11", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call H)"),
+    "z2s_base7": ("z2s_base6", "noise", {}, "ZeRO-2 134M: baseline again (noise floor, call I)"),
+    "so_base4": ("so_base3", "noise", {}, "SuperOffload 134M: baseline again (noise floor, call J)"),
+    "z3s_base14": ("z3s_base13", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call K)"),
 }
 #: repeated pairs: a baseline and a one-knob change each recorded 2 times in one call, interleaved
 #: (base, change, base, change), so that a drift of the host during the call falls on both sides.
@@ -122,6 +127,24 @@ REPEATS = {
                     "ZeRO-2 134M: fp16 -> bf16 (call F)"),
     "z2s_mb2 x2": (("z2s_base4", "z2s_base5"), ("z2s_mb2_r2", "z2s_mb2_r3"), "larger_micro_batch", {},
                    "ZeRO-2 134M: micro-batch 1 x gas 2 -> 2 x gas 1 (call F)"),
+    "z3s_pin x2": (("z3s_base11", "z3s_base12"), ("z3s_pin_r2", "z3s_pin_r3"), "pin_memory", {},
+                   "ZeRO-3 134M: offload_optimizer.pin_memory false -> true (call H)"),
+    "z3s_nooffload x2": (("z3s_base11", "z3s_base12"), ("z3s_nooffload_r2", "z3s_nooffload_r3"), "no_offload",
+                         {"gpu_optimizer": "torch"},
+                         "ZeRO-3 134M: no offload_optimizer (torch.optim.AdamW on the GPU) (call H)"),
+    "z3s_sg1e8 x1": (("z3s_base11", "z3s_base12"), ("z3s_sg1e8_r2",), "sub_group_size", {"sub_group_size": 1e8},
+                     "ZeRO-3 134M: sub_group_size 1e9 -> 1e8 (call H; its second run skipped: time)"),
+    "z3s_sg1e8 x2": (("z3s_base13", "z3s_base14"), ("z3s_sg1e8_r3", "z3s_sg1e8_r4"), "sub_group_size",
+                     {"sub_group_size": 1e8}, "ZeRO-3 134M: sub_group_size 1e9 -> 1e8 (call K)"),
+    "z2s_mb2 x2b": (("z2s_base6", "z2s_base7"), ("z2s_mb2_r4", "z2s_mb2_r5"), "larger_micro_batch", {},
+                    "ZeRO-2 134M: micro-batch 1 x gas 2 -> 2 x gas 1 (call I)"),
+    "z2s_pin x2": (("z2s_base6", "z2s_base7"), ("z2s_pin_r2", "z2s_pin_r3"), "pin_memory", {},
+                   "ZeRO-2 134M: offload_optimizer.pin_memory false -> true (call I)"),
+    "z2s_nooffload x2": (("z2s_base6", "z2s_base7"), ("z2s_nooffload_r2", "z2s_nooffload_r3"), "no_offload",
+                         {"gpu_optimizer": "torch"},
+                         "ZeRO-2 134M: no offload_optimizer (torch.optim.AdamW on the GPU) (call I)"),
+    "so_noclip x2": (("so_base3", "so_base4"), ("so_noclip_r2", "so_noclip_r3"), "superoffload_no_clipping", {},
+                     "SuperOffload 134M: gradient_clipping 1.0 -> 0.0 (call J)"),
 }
 #: noise pairs across calls (same config, different device calls): shown with the noise rows
 CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call 1"),
@@ -367,6 +390,16 @@ def rows(traces: Path | None = None, manifests: bool = True) -> dict:
         meas = min(rs, key=lambda r: r["measured_ms"])["pair"]
         picks[base] = {"predicted_best": pred, "measured_best": meas, "same": pred == meas}
     stats["best_change"] = picks
+    # the same for the repeated pairs that share their baseline runs (one call's changes)
+    rpicks = {}
+    for bases in sorted({tuple(r["baselines"]) for r in reps}):
+        rs = [r for r in reps if tuple(r["baselines"]) == bases]
+        if len(rs) < 2:
+            continue
+        pred = min(rs, key=lambda r: r["predicted_ms"])["pair"]
+        meas = min(rs, key=lambda r: r["measured_ms"])["pair"]
+        rpicks["/".join(bases)] = {"predicted_best": pred, "measured_best": meas, "same": pred == meas}
+    stats["best_change_repeated"] = rpicks
     re_errs = [abs(r["error_pct"]) for r in reps]
     stats["repeated"] = {"pairs": len(reps),
                          "median_abs_error_pct": round(statistics.median(re_errs), 1) if re_errs else None,
@@ -497,7 +530,11 @@ def render(res: dict) -> str:
           + ", ".join(f"{b}: {'n/a (< 2 modelled changes)' if v is None else v}" for b, v in s["rank_correlation"].items()),
           "- the best recorded change per baseline (>= 2 modelled changes; lowest predicted vs lowest measured ms): "
           + ", ".join(f"{b}: predicted {v['predicted_best']}, measured {v['measured_best']} "
-                      f"({'same' if v['same'] else 'different'})" for b, v in s["best_change"].items())]
+                      f"({'same' if v['same'] else 'different'})" for b, v in s["best_change"].items()),
+          "- the best repeated change per set of baseline runs (>= 2 changes on the same baselines; lowest predicted "
+          "vs lowest measured ms): "
+          + ", ".join(f"{b}: predicted {v['predicted_best']}, measured {v['measured_best']} "
+                      f"({'same' if v['same'] else 'different'})" for b, v in s["best_change_repeated"].items())]
     return "\n".join(L) + "\n"
 
 
