@@ -76,8 +76,9 @@ def pageable_copies(model: PhaseModel, export: Export | None = None,
     ``api_name`` (resolved through ``export``'s StringIds when given, else null),
     ``host_ns``, ``blocking``, ``pinned_gbps`` (null when the trace has no pinned copy of that
     direction), ``pinned_ns``, ``exposed_ns``, ``saving_ns`` (ns), ``scenario`` and ``copy_back``
-    (the ZeRO-3 parameter copy-back, which pin_memory does not pin) from ``savings`` (:func:`tracekit.analyze.sections.whatif.pinning_by_copy`, matched by rank,
-    ``start`` and ``correlation_id``; null for a copy it lacks, and every copy without it).
+    (the ZeRO-3 parameter copy-back, which pin_memory does not pin) from ``savings``
+    (:func:`tracekit.analyze.sections.whatif.pinning_by_copy`, matched by rank, ``start`` and
+    ``correlation_id``; null for a copy it lacks, and every copy without it).
     Sorted by rank and start.
     """
     c = host_copies(model).filter(pl.col("host_kind") == "pageable")
