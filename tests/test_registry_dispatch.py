@@ -119,7 +119,11 @@ def test_the_analysis_is_the_registry_loop(monkeypatch):
     with Export.open(FIXTURE) as ex:
         model = phases.build(ex)
         want = overlap.overlap(model, by=("phase",))
-        copies = pageable.pageable_copies(model, ex)
+        from tracekit.analyze.sections import advice as advice_mod
+        from tracekit.analyze.trace import dsconfig
+
+        pinning = advice_mod.advise(ex, model, dsconfig.load(FIXTURE))["_pinning"]  # the saving's one voice
+        copies = pageable.pageable_copies(model, ex, savings=pinning)
         want_pg = pageable.pageable_summary(model, by=("phase", "sub_phase"), copies=copies)
     got = a.part("transfers").frames
     key = ["global_pid", "device", "phase"]

@@ -123,7 +123,12 @@ def test_copy_sizes_match_sql_buckets(sql, em):
 
 def test_pageable_copies_match_sql(sql, em):
     e, m = em
-    c = pageable.pageable_copies(m, e)
+    from tracekit.analyze.sections import whatif
+
+    assert pageable.pageable_copies(m, e)["saving_ns"].null_count() > 0  # no prediction given: no saving
+    # no settings: pin_memory is no lever, every steady copy is pageable_to_pinned's per-copy rule
+    (p,) = whatif.measure(e, m)
+    c = pageable.pageable_copies(m, e, savings=whatif.pinning_by_copy(p, {}))
     n, b, dur, host = sql.execute(
         """SELECT count(*), sum(m.bytes), sum(m."end" - m.start), sum(r."end" - r.start)
            FROM CUPTI_ACTIVITY_KIND_MEMCPY m JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = m.correlationId
@@ -152,12 +157,14 @@ def test_pageable_copies_match_sql(sql, em):
         return sum(max(0, min(b, ke) - max(a, ks)) for ks, ke in kern if ks < b and ke > a)
 
     total = 0.0
-    for ck, b_, s_, e_, hs, he in sql.execute(
-            'SELECT m.copyKind, m.bytes, m.start, m."end", r.start, r."end" FROM CUPTI_ACTIVITY_KIND_MEMCPY m '
-            "JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = m.correlationId "
+    steady = set(zip(*[c.filter(pl.col("saving_ns").is_not_null())[k].to_list() for k in ("start", "correlation_id")]))
+    assert 0 < len(steady) <= c.height  # the copies of the steady iterations (all of them in this cut)
+    for ck, b_, s_, e_, hs, he, cid in sql.execute(
+            'SELECT m.copyKind, m.bytes, m.start, m."end", r.start, r."end", m.correlationId '
+            "FROM CUPTI_ACTIVITY_KIND_MEMCPY m JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = m.correlationId "
             "WHERE (m.copyKind = 1 AND m.srcKind = 0) OR (m.copyKind = 2 AND m.dstKind = 0)"):
         d_ = e_ - s_
-        if d_ <= 0:
+        if d_ <= 0 or (s_, cid) not in steady:
             continue
         k = b_.bit_length() - 1 if b_ else -1
         cands = sorted((abs(kk - k), kk) for (c_, kk) in pinned if c_ == ck)

@@ -282,14 +282,21 @@ def test_synthetic_pageable_section_saving_by_hand(tmp_path):
 
     path = build(tmp_path / "synthetic_pageable_voice.sqlite", grad_pageable_ns=2 * MS)
     with Export.open(path) as ex:
-        c = pageable.pageable_copies(phases.build(ex), ex)
+        m = phases.build(ex)
+        (p,) = whatif.measure(ex, m)
+        # no settings: pin_memory is no lever, every copy is pageable_to_pinned's (the per-copy rule)
+        c = pageable.pageable_copies(m, ex, savings=whatif.pinning_by_copy(p, {}))
+        bare = pageable.pageable_copies(m, ex)
     pinned = B / 53.0
     d2h = c.filter(c["direction"] == "D2H")
     h2d = c.filter(c["direction"] == "H2D")
     assert d2h.height == h2d.height == 3  # one each per iteration
-    assert d2h["saving_ns"].to_list() == pytest.approx([2 * MS - pinned] * 3)
-    assert h2d["saving_ns"].to_list() == pytest.approx([4 * MS + 2000 - pinned] * 3)
+    steady = [i in p["iterations"] for i in d2h["iteration"].to_list()]
+    assert d2h["saving_ns"].to_list() == pytest.approx([2 * MS - pinned if s else None for s in steady])
+    assert h2d["saving_ns"].to_list() == pytest.approx([4 * MS + 2000 - pinned if s else None for s in steady])
+    assert set(c.filter(c["saving_ns"].is_not_null())["scenario"].to_list()) == {"pageable_to_pinned"}
     assert (c["pinned_gbps"] == 53.0).all()
+    assert bare["saving_ns"].null_count() == bare.height  # no prediction given: no saving of its own
 
 
 def test_pageable_section_and_advice_give_one_saving_advice_pair_base():
@@ -306,7 +313,7 @@ def test_pageable_section_and_advice_give_one_saving_advice_pair_base():
     with Export.open(path) as ex:
         m = phases.build(ex)
         (p,) = whatif.measure(ex, m)
-        c = pageable.pageable_copies(m, ex)
+        c = pageable.pageable_copies(m, ex, savings=whatif.pinning_by_copy(p, {}))
     its = p["iterations"]
     st = c.filter(pl.col("iteration").is_in(its))
     sc = {s["scenario"]: s for s in whatif.predict(p, {})}["pageable_to_pinned"]

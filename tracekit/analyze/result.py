@@ -207,7 +207,7 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
         "transfer_notes": tr.notes,
         **to_json(tr.multi_gpu),
         "findings": ctx.out["findings"],
-        **{k: v for k, v in ctx.out["advice"].items() if k != "_cpu_steps"},
+        **{k: v for k, v in ctx.out["advice"].items() if not k.startswith("_")},
         "incomplete_iterations": _incomplete(model),
         "cpu_update_notes": cu.notes,
     }

@@ -101,6 +101,7 @@ def config_and_advice(a: ReportData, b: ReportData, ra: dict, rb: dict, ds_confi
                             "metrics": {"wall_ns": diff, "cpu_ns": diff}}],
          "config": [{"key", "a", "b", "a_source", "b_source", "differs": bool}],
          "explanations": [{"key", "a", "b", "scenario", "applicable", "predicted_cost_ms",
+                           "predicted_cost_interval_ms",  # 95 %, [low, high], the scenario's
                            "predicted_b_iteration_ms", "b_iteration_ms", "basis", "confidence",
                            "phases": {phase: {"predicted_ms", "measured_delta_ms"}},
                            "measured_iteration_delta_ms",
@@ -108,7 +109,10 @@ def config_and_advice(a: ReportData, b: ReportData, ra: dict, rb: dict, ds_confi
 
     ``diff`` as in :func:`compare_data` (ns per steady iteration). ``predicted_cost_ms``: what
     B's setting costs per iteration by the what-if model run on B with A's value as the target
-    (positive = B slower because of it); ``phases``: the model's per-phase part of that cost and
+    (positive = B slower because of it), or, when B holds the value the scenario moves to (B pins,
+    runs bf16, drops the offload: ``model_run_on: "A"``), minus what A's advice says B's value saves
+    A; the same scenario, number, interval and confidence as that side's advice. The offload device
+    comes first. ``phases``: the model's per-phase part of that cost and
     the measured B - A of the phase. ``ds_config_a/_b``: a DeepSpeed config or manifest for A/B
     (default: the manifest beside each trace). Raises :class:`TracekitError` for a bad
     ``--ds-config`` file.
@@ -157,8 +161,9 @@ def config_and_advice(a: ReportData, b: ReportData, ra: dict, rb: dict, ds_confi
         scenario, applies, targets = EXPLAINERS[c["key"]]
         on_a = False
         if not applies(c["a"], c["b"]):
-            # B drops A's offload: the model run on A with B's setting (the saving is B's gain)
-            on_a = scenario == "no_offload" and applies(c["b"], c["a"])
+            # B has the setting the scenario moves to (B drops A's offload, pins, runs bf16, ...):
+            # the model run on A with B's setting, as A's advice gives it (the saving is B's gain)
+            on_a = applies(c["b"], c["a"])
             if not on_a:
                 continue
         side_p, side_s, other_s = (pa, sett_a, sett_b) if on_a else (pb, sett_b, sett_a)
@@ -180,11 +185,16 @@ def config_and_advice(a: ReportData, b: ReportData, ra: dict, rb: dict, ds_confi
              "predicted_b_iteration_ms": round(s["predicted_ns"] / 1e6, 3),
              "b_iteration_ms": round((pb["iteration_ns"] if on_a and pb else s["baseline_ns"]) / 1e6, 3),
              "basis": s["basis"], "confidence": s["confidence"], "phases": ph,
+             "predicted_cost_interval_ms": None if s.get("saving_interval_ns") is None else (
+                 [round(-x / 1e6, 3) for x in s["saving_interval_ns"][::-1]] if on_a
+                 else [round(x / 1e6, 3) for x in s["saving_interval_ns"]]),
              "advice": None if item is None else {k: item[k] for k in ("problem", "knob", "change",
                                                                          "saving_ms_per_iteration")}}
         if on_a:
             e["model_run_on"] = "A"
         expl.append(e)
+    # the offload device first (the knob that changes the most), then the others in config order
+    expl.sort(key=lambda e: e["key"] != "zero_optimization.offload_optimizer.device")
     return {"per_sub_phase": subs, "config": config, "explanations": expl}
 
 

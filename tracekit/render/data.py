@@ -367,14 +367,14 @@ def copy_sizes(data: ReportData, rank: dict, iterations_only: bool = True,
 def pageable_by_phase(data: ReportData, rank: dict, by: tuple[str, ...] = ("iteration", "phase")) -> pl.DataFrame:
     """Pageable H2D/D2H memcpys of one rank per group ``by`` (both directions together), from
     :func:`tracekit.analyze.sections.pageable.pageable_summary`: ``by``, ``pageable_count``,
-    ``pageable_bytes``, ``pageable_ns`` (summed durations), ``saving_ns`` (what pinning would
-    save)."""
+    ``pageable_bytes``, ``pageable_ns`` (summed durations). What pinning would save is the what-if
+    model's (the advice, ``analyze --section pageable``), not summed here (issue 21, one voice)."""
     key = "pageable:" + ",".join(by)
     full = data.cached(key, lambda: data.sections.pageable_summary(by))
     p = data.of_rank(full, rank)
     return p.group_by(list(by)).agg(
         pageable_count=pl.col("count").sum(), pageable_bytes=pl.col("bytes").sum(),
-        pageable_ns=pl.col("copy_ns").sum(), saving_ns=pl.col("saving_ns").sum(),
+        pageable_ns=pl.col("copy_ns").sum(),
     )
 
 

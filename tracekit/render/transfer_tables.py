@@ -49,7 +49,8 @@ SIZES = [
 PAGEABLE = [
     ("phase", "phase", _txt), ("sub-phase", "sub_phase", _txt), ("dir", "direction", _txt), ("count", "count", _num),
     ("MB", "bytes", _mb), ("copy ms", "copy_ns", _ms), ("GB/s", "gbps", _rate), ("pinned GB/s", "pinned_gbps", _rate),
-    ("saving ms", "saving_ns", _ms), ("host ms", "host_ns", _ms), ("blocking", "blocking_count", _num),
+    ("saving ms", "saving_ns", _ms), ("scenario", "scenario", _txt), ("host ms", "host_ns", _ms),
+    ("blocking", "blocking_count", _num),
 ]
 MEMORY = [
     ("iter", _it, _txt), ("phase", _phase, _txt), ("peak GB", "peak_bytes", _gb), ("min GB", "min_bytes", _gb),
@@ -101,7 +102,8 @@ def render_rank_transfers(console: Console, head: str, rank: dict, phase: str | 
     if "sizes" in tr:
         _table(console, f"{head}: copy sizes (power-of-two buckets) per phase", tr["sizes"].get("copy_sizes", []), SIZES, wide=wide)
     if "pageable" in tr:
-        _table(console, f"{head}: pageable copies per phase and sub-phase (saving = time vs pinned copies of that size)",
+        _table(console, f"{head}: pageable copies per phase and sub-phase (saving: the steady iterations' "
+               "part of the what-if scenario named, as the advice gives it)",
                tr["pageable"].get("pageable_phase", []), PAGEABLE, wide=wide)
     if "memory" in tr:
         _table(console, f"{head}: GPU memory in use (CUDA allocator view) per phase window",

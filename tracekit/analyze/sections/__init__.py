@@ -204,10 +204,32 @@ def _sizes(ctx: Context) -> dict:
     return {"copy_sizes": copy_sizes.copy_sizes(ctx.model, by=("phase",))} if ctx.selected("sizes") else {}
 
 
+def _pinning(ctx: Context):
+    """What pinning saves per pageable copy (:func:`tracekit.analyze.sections.whatif.pinning_by_copy`
+    of every rank): the advice's (``ctx.out["advice"]["_pinning"]``; the pageable section runs after
+    it), else the advice computed here (a run of the pageable section alone)."""
+    adv = ctx.out.get("advice")
+    if adv is None:
+        from tracekit.analyze.sections import advice
+        from tracekit.analyze.trace import dsconfig
+
+        loaded = ctx.ds_config if ctx.ds_config is not None else dsconfig.load(ctx.export.path)
+        adv = ctx.model.derived(("advice", "pinning"), lambda: advice.advise(ctx.export, ctx.model, loaded))
+    return adv.get("_pinning")
+
+
+def _pinning_scenarios(ctx: Context):
+    """The predictions the pageable findings quote (``pin_memory`` and ``pageable_to_pinned`` of
+    each rank, as the advice's JSON gives them), by ``(pid, device, scenario)``."""
+    adv = ctx.out.get("advice") or {}
+    return {(p["pid"], p["device"], p["scenario"]): p for p in adv.get("predictions") or []
+            if p["scenario"] in ("pin_memory", "pageable_to_pinned")}
+
+
 def _pageable(ctx: Context) -> dict:
     from tracekit.analyze.sections import pageable
 
-    copies = pageable.pageable_copies(ctx.model, ctx.export)
+    copies = pageable.pageable_copies(ctx.model, ctx.export, savings=_pinning(ctx))
     out = {"pageable_phase": pageable.pageable_summary(ctx.model, by=("phase", "sub_phase"), copies=copies)}
     if ctx.selected("pageable"):
         out["pageable"] = pageable.pageable_summary(ctx.model, by=PER_WINDOW, copies=copies)
@@ -220,9 +242,10 @@ def _pageable_findings(ctx: Context) -> dict:
     from tracekit.analyze.sections import pageable
 
     steady = ctx.steady_model()
-    pcopies = pageable.pageable_copies(steady, ctx.export)
+    pcopies = pageable.pageable_copies(steady, ctx.export, savings=_pinning(ctx))
     return {"pageable_phase": pageable.pageable_summary(steady, by=("phase", "sub_phase"), copies=pcopies),
-            "pageable_reference": pageable.pinned_reference(steady, pcopies, by=("phase", "sub_phase"))}
+            "pageable_reference": pageable.pinned_reference(steady, pcopies, by=("phase", "sub_phase")),
+            "pinning_scenarios": _pinning_scenarios(ctx)}
 
 
 def _memory(ctx: Context) -> dict:
@@ -445,10 +468,13 @@ def _findings(ctx: Context) -> dict:
         w = win.filter(pl.col("global_pid") == gpid)
         iters[(gpid, dev)] = {p: int(g["iteration"].n_unique()) for (p,), g in w.group_by(["phase"])}
     mg = {k: ctx.out[k] for k in ctx.produced["multi_gpu"]}
-    whole = fd.build_findings({**ff, **mg}, iters, ctx.pcie_threshold, forwards=forward_counts(model.windows))
+    whole = fd.build_findings({**ff, **mg, "pinning_scenarios": _pinning_scenarios(ctx)}, iters, ctx.pcie_threshold,
+                              forwards=forward_counts(model.windows))
+    # one iteration's findings: its copies keep their part of the steady iterations' predictions
+    adv = {"advice": ctx.out["advice"]} if "advice" in ctx.out else {}
     out = whole if ctx.iteration is None else fd.iteration_findings(
         ctx.export, model, ctx.iteration, ctx.pcie_threshold,
-        frames_of=lambda one: _findings_frames(ctx.export, one, one, {}, ctx.pcie_threshold))
+        frames_of=lambda one: _findings_frames(ctx.export, one, one, adv, ctx.pcie_threshold))
     for name in REGISTERED["findings"].after:
         if name in ctx.ran and REGISTERED[name].add_findings is not None:
             out = REGISTERED[name].add_findings(ctx, out)
@@ -482,7 +508,7 @@ REGISTERED: dict[str, Section] = {s.name: s for s in (
             {"pageable": WINDOW_KEYS, "pageable_phase": ("pid", "device", "phase", "sub_phase"),
              "pageable_copies": ("pid", "device", "start"),
              "pinned_bandwidth": ("direction", "bucket")},
-            findings=("pageable",), compute=_pageable, findings_frames=_pageable_findings),
+            findings=("pageable",), after=("advice",), compute=_pageable, findings_frames=_pageable_findings),
     Section("memory", "memory", "GPU memory peaks per window and phase (the event timeline goes to --out)",
             ("memory_peaks", "memory_phase", "memory_timeline"),
             {"memory_peaks": WINDOW_KEYS, "memory_phase": PHASE_KEYS,

@@ -119,7 +119,7 @@ def build_advice(pieces: dict, scenarios: list[dict], settings: dict) -> list[di
                f"({e / 1e6:,.1f} ms exposed; {ev}); {why}",
             "DeepSpeed code (not a config key)",
             "convert fp32 -> 16-bit into a pinned staging buffer (or on the GPU) before the H2D copy",
-            saving_ns=s["copy_back_saving_ns"], confidence="medium", fixable=False,
+            saving_ns=s["copy_back_saving_ns"], confidence=s.get("copy_back_confidence", "medium"), fixable=False,
             basis="the copy-back's pageable H2D at the pinned bandwidth of its size measured in this trace, times "
                   "its exposed share; the CPU conversion stays")
     s = sc.get("no_offload")
@@ -225,7 +225,9 @@ def advise(export, model, loaded: dict, changes: dict | None = None) -> dict:
          "advice": [items of every rank],  "one_time_costs": [...],
          "predictions": [{"pid", "device", **scenario}],
          "_cpu_steps": {(pid, device): {step label: CPU-only ns per iteration}}}  (not JSON: for
-         :func:`tracekit.analyze.sections.findings.name_cpu_steps`)
+         :func:`tracekit.analyze.sections.findings.name_cpu_steps`),
+         "_pinning": frame}  (not JSON: :func:`tracekit.analyze.sections.whatif.pinning_by_copy` of
+         every rank, what the pageable section and its findings print as pinning's saving)
 
     (``settings`` from the config when there is one, else inferred from rank 0's trace.)
     """
@@ -240,7 +242,7 @@ def advise(export, model, loaded: dict, changes: dict | None = None) -> dict:
         if k not in have and loaded.get("deepspeed_config") is not None:
             rows.append({"key": k, "value": v, "source": "trace", "how": how})
     sett = settings_map(rows)
-    items, once, preds, steps = [], [], [], {}
+    items, once, preds, steps, pinning = [], [], [], {}, []
     labels = {"overflow_check": "fp16 overflow check (has_overflow)", "unscale": "gradient unscale (unscale_and_clip_grads)",
               "copy_back": "parameter copy-back", "grad_norm": "gradient norm", "cpu_adam": "CPU optimizer step",
               "cpu_wait": "waiting for the CPU optimizer worker (cpu_update_wait)",
@@ -250,6 +252,7 @@ def advise(export, model, loaded: dict, changes: dict | None = None) -> dict:
             (labels[k] if not (k == "cpu_adam" and v.get("unmarked")) else "unmarked CPU optimizer step"): v["cpu_ns"]
             for k, v in p["roles"].items()}
         scen = whatif.predict(p, sett, changes)
+        pinning.append(whatif.pinning_by_copy(p, sett))
         items.extend(build_advice(p, scen, sett))
         once.extend(one_time_costs(p))
         preds.extend({"pid": p["pid"], "device": p["device"], "iterations": p["iterations"],
@@ -257,4 +260,5 @@ def advise(export, model, loaded: dict, changes: dict | None = None) -> dict:
     items.sort(key=lambda x: -x["saving_ms_per_iteration"])
     cfg = {k: loaded.get(k) for k in ("source", "path", "versions", "gpus", "note")}
     cfg["settings"] = rows
-    return {"config": cfg, "advice": items, "one_time_costs": once, "predictions": preds, "_cpu_steps": steps}
+    return {"config": cfg, "advice": items, "one_time_costs": once, "predictions": preds, "_cpu_steps": steps,
+            "_pinning": pl.concat(pinning) if pinning else None}

@@ -118,6 +118,32 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
                 add("exposed-copies", r["phase"], text, r["copy_exposed_ns"], exposed_ns=r["copy_exposed_ns"],
                     copy_busy_ns=r["copy_busy_ns"], overlap_ratio=r["overlap_ratio"])
 
+        preds = frames.get("pinning_scenarios") or {}
+
+        def voice(r):
+            """The prediction a pageable row's saving is part of: ``(per-iteration divisor, clause,
+            values)``; the clause names the scenario with its saving, interval and confidence as
+            the advice prints them (issue 21, one voice)."""
+            names = (r.get("scenario") or "").split("+")
+            name = "pin_memory" if "pin_memory" in names else "pageable_to_pinned"
+            p = preds.get((pid, dev, name))
+            if p is None:
+                return None, "", {}
+            cb = name == "pageable_to_pinned" and bool(r.get("copy_back")) and p.get("copy_back_saving_ns")
+            total = p["copy_back_saving_ns"] if cb else p["saving_ns"]
+            siv = p.get("copy_back_saving_interval_ns") if cb else p.get("saving_interval_ns")
+            conf = p.get("copy_back_confidence", p["confidence"]) if cb else p["confidence"]
+            what = {"pin_memory": "offload_optimizer.pin_memory false -> true",
+                    "pageable_to_pinned": "every pageable copy pinned"}[name]
+            if cb:
+                what = "the parameter copy-back's temporary pinned (DeepSpeed code)"
+            iv = "no interval" if siv is None else f"95 % interval {fmt_ms(siv[0], 1)} to {fmt_ms(siv[1], 1)} ms"
+            clause = (f" by the what-if model's {name}{' copy-back' if cb else ''} prediction ({what}: "
+                      f"{_ms(total)} per iteration in all, {iv}, {conf} confidence)")
+            n = len(p.get("iterations") or []) or None
+            return n, clause, {"scenario": name, "copy_back": bool(cb), "scenario_saving_ns": total,
+                               "saving_interval_ns": siv, "confidence": conf}
+
         pg = _rank_filter(frames.get("pageable_phase"), gpid, dev)
         refs = _rank_filter(frames.get("pageable_reference"), gpid, dev)
         refs = {} if refs is None else {(x["phase"], x["sub_phase"], x["direction"]): (x["ref_bytes"], x["ref_ns"])
@@ -132,13 +158,18 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
                 sub = _short(r.get("sub_phase"))
                 sub = f" in {sub}" if sub else ""
                 faster = r["pinned_gbps"] > r["gbps"]
+                n_pred, clause, pv = voice(r)
+                # per iteration: over the steady iterations the prediction covers (the warm-up is no
+                # part of it); one iteration's findings (--iteration) divide by their own 1
+                n = its.get(r["phase"], 0)
+                n = min(n, n_pred) if n_pred else n
+                each = f" ({_ms(r['saving_ns'] / n)} per iteration)" if n > 1 and r["phase"] != "other" else ""
                 text = (f"{where}: {_mb(r['bytes'])} of pageable {r['direction']}{sub} in {copies(r['count'])} at "
                         + (f"{r['gbps']:.1f} GB/s vs {r['pinned_gbps']:.1f} GB/s for pinned copies of that size in this "
                            "trace; " if faster else
                            f"{r['gbps']:.1f} GB/s (pinned copies of that size run no faster here: "
                            f"{r['pinned_gbps']:.1f} GB/s); ")
-                        + f"pinning would save ~{_ms(r['saving_ns'])}"
-                        f"{per_it(r['saving_ns'], r['phase']) if r['phase'] != 'other' else ''}"
+                        + f"pinning would save ~{_ms(r['saving_ns'])}{each}{clause}"
                         + ("" if faster else ", the launching thread's stall in the copy calls, which asynchronous "
                            "pinned copies do not have"))
                 if r["direction"] == "H2D" and r.get("sub_phase") and _COPY_BACK.search(r["sub_phase"]):
@@ -150,7 +181,9 @@ def build_findings(frames: dict[str, pl.DataFrame], iterations: dict[tuple[int, 
                         text += f" ({r['blocking_count']} blocking: synchronous or pageable D2H)"
                 add("pageable", r["phase"], text, r["saving_ns"], bytes=r["bytes"], gbps=r["gbps"],
                     pinned_gbps=r["pinned_gbps"], saving_ns=r["saving_ns"], host_ns=r["host_ns"],
-                    sub_phase=r.get("sub_phase"), direction=r["direction"])
+                    sub_phase=r.get("sub_phase"), direction=r["direction"], **pv)
+                if n and r["phase"] in its:
+                    rank_out[-1][1]["values"]["iterations"] = n
 
         ct = _rank_filter(frames.get("contention_phase"), gpid, dev)
         if ct is not None and ct.height:

@@ -14,12 +14,14 @@ the host thread in the call for about the copy's duration.
   pinned copies) for a copy of >= 1 MiB, or the trace has no pinned copy of that direction,
   :data:`FALLBACK_PINNED_GBPS` (what pinned copies reached on an H200);
 - ``pinned_ns`` = bytes / pinned_gbps: the time the same bytes would take pinned;
-  ``exposed_ns``: the copy's GPU time no kernel of its device hides; ``saving_ns`` =
-  max(max(host_ns, exposed_ns) - pinned_ns x exposed_ns / duration, 0): the iteration pays the
-  longer of the launching thread's stall in the call (driver staging) and the exposed GPU time,
-  and pinned the copy is as exposed as it was. This is the rule of the what-if model's
-  ``pageable_to_pinned`` scenario (:func:`tracekit.analyze.sections.whatif._pin_saving`), so the
-  section and the advice give the same saving (issue 21, "one voice");
+  ``exposed_ns``: the copy's GPU time no kernel of its device hides;
+- ``saving_ns`` and ``scenario``: what pinning saves, not computed here but taken from the what-if
+  model (:func:`tracekit.analyze.sections.whatif.pinning_by_copy`, the ``savings`` argument): each
+  copy of a steady iteration holds its part of the scenario the advice prints for it
+  (``pin_memory`` for the copies offload_optimizer.pin_memory pins, ``pageable_to_pinned`` for the
+  others, the ZeRO-3 parameter copy-back among them), so the section, its findings, the advice and
+  ``compare`` give one saving (issue 21, "one voice"). Copies outside the steady iterations
+  (start-up, the warm-up iteration, between iterations) are no part of a prediction: null;
 - ``blocking``: the copy blocks the host by contract: a synchronous API (a memcpy call whose
   name lacks ``Async``) or a pageable D2H; ``host_ns`` is the time the launching thread spent
   in the API call (null without a runtime record), reported for every copy.
@@ -44,7 +46,7 @@ MIN_PINNED_GBPS = 5.0
 COPY_COLUMNS = [
     "global_pid", "device", "iteration", "phase", "micro_step", "boundary", "sub_phase", "direction",
     "start", "end", "duration_ns", "bytes", "gbps", "api_name", "host_ns", "blocking",
-    "pinned_gbps", "pinned_ns", "exposed_ns", "saving_ns", "stream", "correlation_id",
+    "pinned_gbps", "pinned_ns", "exposed_ns", "saving_ns", "scenario", "copy_back", "stream", "correlation_id",
 ]
 
 
@@ -65,14 +67,19 @@ def pinned_bandwidth(model: PhaseModel, by_size: bool = False) -> pl.DataFrame:
     return out.with_columns(pinned_gbps=gbps("pinned_bytes", "pinned_ns")).sort(keys)
 
 
-def pageable_copies(model: PhaseModel, export: Export | None = None) -> pl.DataFrame:
+def pageable_copies(model: PhaseModel, export: Export | None = None,
+                    savings: pl.DataFrame | None = None) -> pl.DataFrame:
     """Every pageable H2D/D2H copy, one row each (see module doc for the definitions).
 
     Columns: :data:`COPY_COLUMNS` — attribution (``iteration, phase, micro_step, boundary,
     sub_phase``), ``direction, start, end, duration_ns`` (ns), ``bytes``, ``gbps``,
     ``api_name`` (resolved through ``export``'s StringIds when given, else null),
     ``host_ns``, ``blocking``, ``pinned_gbps`` (null when the trace has no pinned copy of that
-    direction), ``pinned_ns``, ``saving_ns``. Sorted by rank and start.
+    direction), ``pinned_ns``, ``exposed_ns``, ``saving_ns`` (ns), ``scenario`` and ``copy_back``
+    (the ZeRO-3 parameter copy-back, which pin_memory does not pin) from ``savings``
+    (:func:`tracekit.analyze.sections.whatif.pinning_by_copy`, matched by rank, ``start`` and
+    ``correlation_id``; null for a copy it lacks, and every copy without it).
+    Sorted by rank and start.
     """
     c = host_copies(model).filter(pl.col("host_kind") == "pageable")
     names = {}
@@ -96,12 +103,14 @@ def pageable_copies(model: PhaseModel, export: Export | None = None) -> pl.DataF
         .otherwise(pl.col("pinned_gbps")))
     c = _with_exposed(model, c)
     c = c.with_columns(pinned_ns=pl.col("bytes") / pl.col("pinned_gbps"))
-    share = pl.when(pl.col("duration_ns") > 0).then(pl.col("exposed_ns") / pl.col("duration_ns")).otherwise(0.0)
-    c = c.with_columns(saving_ns=pl.when(pl.col("duration_ns") > 0).then(pl.max_horizontal(
-        pl.max_horizontal(pl.col("host_ns").fill_null(0).cast(pl.Float64), pl.col("exposed_ns"))
-        - pl.col("pinned_ns") * share, pl.lit(0.0))).otherwise(0.0))
-    c = c.with_columns(saving_ns=pl.when(pl.col("pinned_gbps").is_null()).then(None).otherwise(pl.col("saving_ns")))
-    return c.sort([*RANK, "start", "correlation_id"]).select(COPY_COLUMNS)
+    keys = [*RANK, "start", "correlation_id"]
+    if savings is not None and savings.height and c.height:
+        sv = savings.select(*keys, "saving_ns", "scenario", "copy_back").cast({k: c.schema[k] for k in keys})
+        c = c.join(sv.unique(keys, keep="first"), on=keys, how="left")
+    else:
+        c = c.with_columns(saving_ns=pl.lit(None, pl.Float64), scenario=pl.lit(None, pl.String),
+                           copy_back=pl.lit(None, pl.Boolean))
+    return c.sort(keys).select(COPY_COLUMNS)
 
 
 def pinned_reference(model: PhaseModel, copies: pl.DataFrame, by=PHASE_KEYS) -> pl.DataFrame:
@@ -148,8 +157,10 @@ def pageable_summary(model: PhaseModel, by=PHASE_KEYS, copies: pl.DataFrame | No
 
     Columns: ``global_pid, device``, the ``by`` columns, ``direction``, ``count``, ``bytes``,
     ``copy_ns`` (summed durations), ``gbps`` (bytes / copy_ns), ``pinned_ns`` and
-    ``saving_ns`` (summed over copies), ``pinned_gbps`` (bytes / pinned_ns), ``blocking_count``,
-    ``blocking_host_ns`` (host time in the API calls of blocking copies), ``host_ns`` (host
+    ``saving_ns`` (summed over copies; null when none of them has one: see :func:`pageable_copies`),
+    ``scenario`` (the what-if scenarios its copies' savings come from, "+"-joined; null for none),
+    ``copy_back`` (any copy is the ZeRO-3 parameter copy-back), ``pinned_gbps`` (bytes / pinned_ns),
+    ``blocking_count``, ``blocking_host_ns`` (host time in the API calls of blocking copies), ``host_ns`` (host
     time in the API calls of all of them).
     """
     by = check_by(by)
@@ -160,11 +171,14 @@ def pageable_summary(model: PhaseModel, by=PHASE_KEYS, copies: pl.DataFrame | No
         bytes=pl.col("bytes").sum(),
         copy_ns=pl.col("duration_ns").sum(),
         pinned_ns=pl.col("pinned_ns").sum(),
-        saving_ns=pl.col("saving_ns").sum(),
+        saving_ns=pl.when(pl.col("saving_ns").is_not_null().any()).then(pl.col("saving_ns").sum()),
+        scenario=pl.col("scenario").drop_nulls().unique().sort().str.join("+"),
+        copy_back=pl.col("copy_back").any(),
         blocking_count=pl.col("blocking").sum().cast(pl.Int64),
         blocking_host_ns=pl.col("host_ns").filter(pl.col("blocking")).sum(),
         host_ns=pl.col("host_ns").sum(),
-    ).with_columns(gbps=gbps("bytes", "copy_ns"), pinned_gbps=gbps("bytes", "pinned_ns"))
+    ).with_columns(gbps=gbps("bytes", "copy_ns"), pinned_gbps=gbps("bytes", "pinned_ns"),
+                   scenario=pl.when(pl.col("scenario") != "").then(pl.col("scenario")))
     return sort_groups(out, by, ["direction"]).select(*keys, "count", "bytes", "copy_ns", "gbps", "pinned_gbps",
-                                                   "pinned_ns", "saving_ns", "blocking_count", "blocking_host_ns",
-                                                   "host_ns")
+                                                   "pinned_ns", "saving_ns", "scenario", "copy_back",
+                                                   "blocking_count", "blocking_host_ns", "host_ns")

@@ -193,8 +193,18 @@ def _pin_saving(pieces: dict, copies: pl.DataFrame) -> tuple[float, bool, list[s
     call, so the iteration pays the longer of the host's stall and the GPU copy time no kernel
     hides) and ``cost_pinned = bytes / pinned_gbps * exposed share`` (the pinned copy as exposed
     as the pageable one was; its API call returns at once)."""
-    n = len(pieces["iterations"])
+    per_copy, measured, bases = _pin_copy_savings(pieces, copies)
     total = 0.0
+    for x in per_copy:
+        total += x
+    return total / len(pieces["iterations"]), measured, bases
+
+
+def _pin_copy_savings(pieces: dict, copies: pl.DataFrame) -> tuple[list[float], bool, list[str]]:
+    """:func:`_pin_saving` copy by copy: ``([ns saved by each pageable copy of copies, in their
+    order], measured, bases)``; ``measured``: every pinned bandwidth used was measured in the trace
+    (none is :data:`FALLBACK_PINNED_GBPS`), ``bases``: where each came from."""
+    out = []
     measured = True
     bases = set()
     for r in copies.filter(pl.col("host_kind") == "pageable").iter_rows(named=True):
@@ -202,11 +212,12 @@ def _pin_saving(pieces: dict, copies: pl.DataFrame) -> tuple[float, bool, list[s
         measured &= m
         bases.add(why)
         if r["duration_ns"] <= 0:
+            out.append(0.0)
             continue
         share = r["exposed_ns"] / r["duration_ns"]
         now = max(r["host_ns"] or 0.0, r["exposed_ns"])
-        total += max(now - r["bytes"] / g * share, 0.0)
-    return total / n, measured, sorted(bases)
+        out.append(max(now - r["bytes"] / g * share, 0.0))
+    return out, measured, sorted(bases)
 
 
 def _pin_async(pieces: dict, copies: pl.DataFrame) -> tuple[dict, list[float]]:
@@ -223,6 +234,16 @@ def _pin_async(pieces: dict, copies: pl.DataFrame) -> tuple[dict, list[float]]:
     over the phase's pageable ``copies`` (``pinned_now``: the GPU time of the phase's copies that
     are pinned already, ``kernels``: its mean kernel busy time), and saves ``max(wall - new, 0)``.
     ``B_pinned``: :func:`pinned_bandwidth` of each copy's direction and size."""
+    sv, _ = _pin_async_parts(pieces, copies)
+    n = len(pieces["iterations"])
+    per_ph = {ph: float(np.mean(v)) for ph, v in sv.items()}
+    per_it = [sum(v[j] for v in sv.values()) for j in range(n)]
+    return per_ph, per_it
+
+
+def _pin_async_parts(pieces: dict, copies: pl.DataFrame) -> tuple[dict, dict]:
+    """The parts of :func:`_pin_async`: ``({phase: [saving ns in each steady iteration]},
+    {phase: [summed max(host_c, exposed_c) of its pageable copies in each steady iteration]})``."""
     n = len(pieces["iterations"])
     pos = {it: j for j, it in enumerate(pieces["iterations"])}
     cost, dev = {}, {}
@@ -234,16 +255,75 @@ def _pin_async(pieces: dict, copies: pl.DataFrame) -> tuple[dict, list[float]]:
         cost.setdefault(ph, [0.0] * n)[j] += max(r["host_ns"] or 0.0, r["exposed_ns"])
         dev.setdefault(ph, [0.0] * n)[j] += r["bytes"] / g
     already = pieces["copies"].filter(pl.col("host_kind") == "pinned")
-    per_ph, per_it = {}, [0.0] * n
+    sv = {}
     for ph in sorted(cost):
         walls = pieces["phase_walls_ns"].get(ph, [0.0] * n)
         a = already.filter(pl.col("phase") == ph)
         pinned_now = _per_it(pieces, a, a["duration_ns"].to_numpy())
         k = pieces["kernel_ns"].get(ph, 0.0)
-        sv = [max(w - max(w - c, d + p + k), 0.0) for w, c, d, p in zip(walls, cost[ph], dev[ph], pinned_now)]
-        per_ph[ph] = float(np.mean(sv))
-        per_it = [x + y for x, y in zip(per_it, sv)]
-    return per_ph, per_it
+        sv[ph] = [max(w - max(w - c, d + p + k), 0.0) for w, c, d, p in zip(walls, cost[ph], dev[ph], pinned_now)]
+    return sv, cost
+
+
+def pin_memory_lever(pieces: dict, settings: dict) -> tuple[bool, pl.DataFrame, bool, str]:
+    """``(lever, pinnable copies, copy_back_pinned_by_config, stage_why)``: whether
+    ``offload_optimizer.pin_memory`` false -> true is a change the run can make (optimizer offload
+    on, pin_memory not already true: the ``pin_memory`` scenario applies), and the copies of
+    ``pieces`` it pins (every copy but, in ZeRO-3, the parameter copy-back's temporary:
+    :func:`copy_back_pinned_by_pin_memory`)."""
+    copies = pieces["copies"]
+    cb_pinned, why = copy_back_pinned_by_pin_memory(pieces, settings)
+    pinnable = copies if cb_pinned else copies.filter(pl.col("role").is_null() | (pl.col("role") != "copy_back"))
+    offload = settings.get("zero_optimization.offload_optimizer.device")
+    pin = settings.get("zero_optimization.offload_optimizer.pin_memory")
+    return offload not in (None, "none") and pin is not True, pinnable, cb_pinned, why
+
+
+#: columns of :func:`pinning_by_copy`
+PINNING_COLUMNS = ("global_pid", "device", "start", "correlation_id", "scenario", "copy_back", "saving_ns")
+
+
+def pinning_by_copy(pieces: dict, settings: dict) -> pl.DataFrame:
+    """What pinning saves, copy by copy: the one voice of the pageable section, its findings, the
+    advice and ``compare`` (issue 21). One row per pageable copy of ``pieces``' steady iterations:
+    ``global_pid, device, start, correlation_id`` (the copy), ``scenario`` (the :func:`predict`
+    scenario whose prediction holds the copy), ``copy_back`` (bool: the ZeRO-3 parameter copy-back
+    that pin_memory does not pin, the advice's "DeepSpeed code" item) and ``saving_ns`` (ns, its part
+    of that scenario's saving in its iteration).
+
+    - When ``pin_memory`` false -> true is a lever (:func:`pin_memory_lever`), the copies it pins
+      belong to ``pin_memory``: each phase's saving in each steady iteration (:func:`_pin_async`)
+      is shared over the phase's pageable copies of that iteration in proportion to what each
+      costs now, ``max(host_c, exposed_c)`` (the saving never exceeds their sum). Their sum over
+      the copies, divided by the steady iterations, is ``pin_memory``'s ``saving_ns``, per phase
+      its ``phase_delta_ns``.
+    - Every other pageable copy (the ZeRO-3 copy-back, or all of them when pin_memory is already
+      true or there is no optimizer offload) belongs to ``pageable_to_pinned`` with the per-copy
+      rule (:func:`_pin_saving`); the copy-back's sum / iterations is ``copy_back_saving_ns``."""
+    lever, pinnable, cb_pinned, _ = pin_memory_lever(pieces, settings)
+    copies = pieces["copies"]
+    pos = {it: j for j, it in enumerate(pieces["iterations"])}
+    gp, dv = pieces["global_pid"], pieces["device"]
+    rows = []
+    rest = copies
+    if lever:
+        sv, cost = _pin_async_parts(pieces, pinnable)
+        for r in pinnable.filter(pl.col("host_kind") == "pageable").iter_rows(named=True):
+            ph, j = r["phase"], pos.get(r["iteration"])
+            c = max(r["host_ns"] or 0.0, r["exposed_ns"])
+            tot = cost[ph][j] if ph in cost and j is not None else 0.0
+            rows.append((gp, dv, r["start"], r["correlation_id"], "pin_memory", False,
+                         sv[ph][j] * c / tot if tot > 0 else 0.0))
+        rest = copies.head(0) if cb_pinned else copies.filter(pl.col("role") == "copy_back")
+    rest = rest.filter(pl.col("host_kind") == "pageable")
+    per_copy, _, _ = _pin_copy_savings(pieces, rest)
+    for r, saving in zip(rest.iter_rows(named=True), per_copy):
+        rows.append((gp, dv, r["start"], r["correlation_id"], "pageable_to_pinned",
+                     r["role"] == "copy_back" and not cb_pinned, saving))
+    schema = {"global_pid": pl.Int64, "device": copies.schema.get("device", pl.Int64),
+              "start": copies.schema["start"], "correlation_id": copies.schema["correlation_id"],
+              "scenario": pl.String, "copy_back": pl.Boolean, "saving_ns": pl.Float64}
+    return pl.DataFrame(rows, schema=schema, orient="row")
 
 
 #: the phase a scenario's saving is taken from, when it does not give ``phase_delta_ns`` itself
@@ -443,20 +523,20 @@ def predict(pieces: dict, settings: dict, changes: dict | None = None) -> list[d
                        per_it=_pin_per_it(pieces, copies) if s else None,
                        phase_delta_ns=_phase_delta(pieces, copies)))
     cb = copies.filter(pl.col("role") == "copy_back")
-    cb_pinned_by_config, stage_why = copy_back_pinned_by_pin_memory(pieces, settings)
-    s_cb, _, _ = _pin_saving(pieces, cb)
+    ok, pinnable, cb_pinned_by_config, stage_why = pin_memory_lever(pieces, settings)
+    s_cb, cb_measured, _ = _pin_saving(pieces, cb)
     # ZeRO-1/2: pin_memory pins the copy-back's source too, so no code change is needed for it
     out[-1]["copy_back_saving_ns"] = 0.0 if cb_pinned_by_config else s_cb
     cbi = interval(pieces, out[-1]["copy_back_saving_ns"],
                    None if cb_pinned_by_config or not s_cb else _pin_per_it(pieces, cb))
     out[-1]["copy_back_saving_interval_ns"] = cbi["saving_interval_ns"]
+    # the copy-back item's own confidence: the scenario's rule on its copies' bandwidths alone
+    out[-1]["copy_back_confidence"] = "high" if cb_measured else "medium"
 
     # 2. pin_memory false -> true: every pageable copy but (ZeRO-3) DeepSpeed's copy-back temporary
-    pinnable = copies if cb_pinned_by_config else copies.filter(pl.col("role").is_null() | (pl.col("role") != "copy_back"))
     _, measured, bases = _pin_saving(pieces, pinnable)
     pin_ph, pin_it = _pin_async(pieces, pinnable)
     s = sum(pin_ph.values())
-    ok = offload not in (None, "none") and pin is not True
     what = ("pageable copies, the parameter copy-back included (" + stage_why + ")" if cb_pinned_by_config else
             "pageable gradient copies (all but the parameter copy-back, whose fp32->16-bit temporary "
             "stays pageable)")

@@ -107,7 +107,8 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
 
     ``copies``: host copies launched in the steady iterations: ``iteration, phase,
     micro_step, boundary, role, direction, host_kind, bytes, duration_ns, exposed_ns,
-    host_ns`` (launching thread's time in the API call; null without a runtime record)``, bucket``.
+    host_ns`` (launching thread's time in the API call; null without a runtime record)``, bucket``,
+    and ``start, correlation_id`` (with the rank, what identifies a copy: :func:`whatif.pinning_by_copy`).
     ``bandwidth``: per ``direction, host_kind, bucket`` over the whole trace: ``bytes, ns,
     gbps``. ``roles[role]``: ``wall_ns`` (union of its ranges, per iteration), ``cpu_ns``
     (part with nothing running on the GPU), ``calls`` per iteration. All per-iteration values
@@ -206,7 +207,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
             (pl.col("global_pid") == gp) & (pl.col("phase") == "backward") & pl.col("iteration").is_in(steady)),
             c, ks, ke, steady)
         copies = c.select("iteration", "phase", "micro_step", "boundary", "role", "direction", "host_kind", "bytes",
-                          "duration_ns", "exposed_ns", "host_ns", "bucket")
+                          "duration_ns", "exposed_ns", "host_ns", "bucket", "start", "correlation_id")
         bw = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
         bw = bw.with_columns(bucket=pl.Series(size_bucket(bw["bytes"].to_numpy()), dtype=pl.Int64))
         bw = bw.group_by("direction", "host_kind", "bucket").agg(bytes=pl.col("bytes").sum(),
