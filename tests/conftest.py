@@ -321,6 +321,16 @@ def pytest_cmdline_main(config):
     return None
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: none without it (-p no:xdist)
+def pytest_configure_node(node):
+    """(pytest-xdist, in the controller) Tell each worker whether the run is ``--dist
+    loadgroup``: a worker parses the command line afresh, so the ``loadgroup`` that
+    :func:`pytest_cmdline_main` chose for a run without ``--dist`` never reached it, it wrote
+    no group into the node ids, and every ``xdist_group`` ran spread over the workers (each
+    module fixture and the session's zero-3 report computed on both)."""
+    node.workerinput["tracekit_loadgroup"] = node.config.option.dist == "loadgroup"
+
+
 def pytest_configure(config):
     """One cache folder per test session (per xdist worker), removed at the end: tracekit's
     caches (``TRACEKIT_CACHE_DIR``, which every cache of tracekit honours) never go beside the
@@ -329,6 +339,8 @@ def pytest_configure(config):
     placement set or drop ``TRACEKIT_CACHE_DIR`` themselves (monkeypatch or their own ``env``)."""
     import tempfile
 
+    if getattr(config, "workerinput", {}).get("tracekit_loadgroup"):
+        config.option.loadgroup = True  # see pytest_configure_node
     if hasattr(config, "workerinput"):
         # an xdist worker gets COLUMNS=80 and LINES=24 from its launcher, no terminal of the
         # user's: without them it lays out tables as a run of one process does
