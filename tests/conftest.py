@@ -83,13 +83,47 @@ def zero3_report_data():
 
 
 @pytest.fixture(scope="session")
-def zero3_report(tmp_path_factory):
-    """``write_report(ZERO3_CUT, OUT)`` once per session: (its ReportResult, OUT). Tests read
-    the files; one that changes them makes its own report."""
-    from tracekit.render.report import write_report
+def _zero3_report_run(tmp_path_factory) -> dict:
+    """``tracekit report ZERO3_CUT -o OUT --no-cache`` once per session (per xdist worker), in
+    this process (:func:`run_cli`), ``OUT`` two folders below a new one (the command creates
+    them): {"result": the ReportResult of the ``write_report`` call the command makes (the
+    library's defaults, ``cache=False``), "out": OUT, "steps": every ``step(message)`` that
+    call made, in order, "stdout", "stderr"}. One report instead of three (test_report.py's
+    CLI report and its progress test each computed the same one, ~8 s of CPU apiece)."""
+    import tracekit.render.report as R
 
-    out = tmp_path_factory.mktemp("zero3_report") / "r"
-    return write_report(ZERO3_CUT, out), out
+    out = tmp_path_factory.mktemp("zero3_report") / "nested" / "r"
+    run = {"out": out, "steps": []}
+    real = R.write_report
+
+    def write_report(*a, step=None, **k):
+        def recorded(message):
+            run["steps"].append(message)
+            if step is not None:
+                step(message)
+
+        run["result"] = real(*a, step=recorded, **k)
+        return run["result"]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(R, "write_report", write_report)  # the command imports it when it runs
+        rc, run["stdout"], run["stderr"] = run_cli("report", ZERO3_CUT, "-o", out, "--no-cache")
+    assert rc == 0 and "Traceback" not in run["stderr"], run["stderr"]
+    return run
+
+
+@pytest.fixture(scope="session")
+def zero3_report(_zero3_report_run):
+    """``tracekit report ZERO3_CUT -o OUT --no-cache`` once per session: (the ReportResult of
+    its ``write_report(ZERO3_CUT, OUT)`` call, OUT). Tests read the files; one that changes
+    them makes its own report."""
+    return _zero3_report_run["result"], _zero3_report_run["out"]
+
+
+@pytest.fixture(scope="session")
+def zero3_report_steps(_zero3_report_run) -> list[str]:
+    """The ``step(message)`` calls of :func:`zero3_report`'s ``write_report``, in order."""
+    return _zero3_report_run["steps"]
 
 
 def public_exports():
@@ -287,6 +321,16 @@ def pytest_cmdline_main(config):
     return None
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: none without it (-p no:xdist)
+def pytest_configure_node(node):
+    """(pytest-xdist, in the controller) Tell each worker whether the run is ``--dist
+    loadgroup``: a worker parses the command line afresh, so the ``loadgroup`` that
+    :func:`pytest_cmdline_main` chose for a run without ``--dist`` never reached it, it wrote
+    no group into the node ids, and every ``xdist_group`` ran spread over the workers (each
+    module fixture and the session's zero-3 report computed on both)."""
+    node.workerinput["tracekit_loadgroup"] = node.config.option.dist == "loadgroup"
+
+
 def pytest_configure(config):
     """One cache folder per test session (per xdist worker), removed at the end: tracekit's
     caches (``TRACEKIT_CACHE_DIR``, which every cache of tracekit honours) never go beside the
@@ -295,6 +339,8 @@ def pytest_configure(config):
     placement set or drop ``TRACEKIT_CACHE_DIR`` themselves (monkeypatch or their own ``env``)."""
     import tempfile
 
+    if getattr(config, "workerinput", {}).get("tracekit_loadgroup"):
+        config.option.loadgroup = True  # see pytest_configure_node
     if hasattr(config, "workerinput"):
         # an xdist worker gets COLUMNS=80 and LINES=24 from its launcher, no terminal of the
         # user's: without them it lays out tables as a run of one process does
@@ -357,12 +403,27 @@ def pytest_collection_modifyitems(config, items):
     # on short tests together, not one on a training while the other waits (xdist sends the
     # groups, largest first, then the other tests in this order)
     items.sort(key=lambda item: item.get_closest_marker("deepspeed") is None)
+    # the session's report of the zero-3 cut (~8 s of CPU) is written once in all, not once per
+    # worker: its users, and the other tests of a module group that holds one, are one group
+    shared = {item.path.name for item in items if _session_report_user(item) and _module_fixture_user(item)}
     for item in items:
         if "full_trace" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
             _xdist_group(config, item, "full_trace")
+        elif _session_report_user(item) or (item.path.name in shared and _module_fixture_user(item)):
+            _xdist_group(config, item, "session:zero3_report")
         elif _module_fixture_user(item):
             _xdist_group(config, item, f"module:{item.path.name}")
+
+
+def _session_report_user(item) -> bool:
+    """Whether ``item`` reads conftest's ``zero3_report`` (directly, through other fixtures, or
+    as test_report.py's ``test_report_on_every_fixture`` does for the zero-3 cut)."""
+    if "_zero3_report_run" in getattr(item, "fixturenames", ()):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return (getattr(item, "originalname", None) == "test_report_on_every_fixture" and callspec is not None
+            and callspec.params.get("trace") == ZERO3_CUT)
 
 
 def _xdist_group(config, item, name: str) -> None:

@@ -21,12 +21,10 @@ ONE_RANK = [f for f in FIGURES if f != "6_ranks"]
 
 
 @pytest.fixture(scope="module")
-def report_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("rep") / "nested" / "report"
-    rc, stdout, err = run("report", ZERO3_CUT, "-o", out)
-    assert rc == 0, err
-    assert "Traceback" not in err
-    return out
+def report_dir(zero3_report):
+    """``tracekit report ZERO3_CUT -o NEW/nested/r`` (conftest: run once per session, exit 0,
+    no traceback)."""
+    return zero3_report[1]
 
 
 def test_report_writes_figures_data_and_markdown(report_dir):
@@ -163,13 +161,11 @@ def test_summary_iteration_metrics_equal_phase_table():
     d.close()
 
 
-def test_progress_steps_are_reported(tmp_path):
+def test_progress_steps_are_reported(zero3_report_steps):
     """write_report calls step() for loading stages and each figure (the CLI shows them in a
-    rich status line on stderr while a large trace loads)."""
-    from tracekit.render.report import write_report
-
-    seen = []
-    write_report(ZERO3_CUT, tmp_path / "r", step=seen.append)
+    rich status line on stderr while a large trace loads): the calls of the session's report
+    of the fixture (conftest's ``zero3_report``)."""
+    seen = zero3_report_steps
     assert seen[:3] == ["opening the export", "finding phases and attributing GPU work", "per-phase breakdown"]
     assert sum(m.startswith("figure ") for m in seen) == len(FIGURES)
 
