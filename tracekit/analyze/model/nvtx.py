@@ -103,7 +103,7 @@ RANGE_COLUMNS = [
     "range_id",  # row number in NVTX_EVENTS order (int)
     "start",  # ns
     "end",  # ns; unclosed ranges are extended to the capture end
-    "event_type",  # 59 push/pop, 60 start/end
+    "event_type",  # Int8: 59 push/pop, 60 start/end
     "global_tid",
     "global_pid",
     "domain",  # domain name ("" = default)
@@ -178,7 +178,7 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
     if q is None:
         return pl.DataFrame(
             schema={
-                "range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
+                "range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int8,
                 "global_tid": pl.Int64, "global_pid": pl.Int64, "domain": pl.String,
                 "name": pl.String, "unclosed": pl.Boolean, "cross_thread": pl.Boolean,
             }
@@ -210,7 +210,9 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
             if m is not None:
                 top[k] = m if top[k] is None else max(top[k], m)
         keep = flags["keep"].fill_null(False)
-        pieces.append(chunk if keep.all() else chunk.filter(keep))
+        # the event type (59, 60: the query reads no other range type) kept as Int8: the frame
+        # is held for the whole run (issue 24)
+        pieces.append((chunk if keep.all() else chunk.filter(keep)).with_columns(pl.col("event_type").cast(pl.Int8)))
         del chunk, flags
     export.set_aside["nvtx_unusable_ranges"] = bad
     if capture_end is None:
@@ -267,7 +269,8 @@ def anomalies(export: Export, ranges: pl.DataFrame) -> dict[str, int]:
 
 
 def nest(ranges: pl.DataFrame) -> pl.DataFrame:
-    """Add ``parent`` (row index into the returned frame, -1 for a root) and ``depth``.
+    """Add ``parent`` (Int64, row index into the returned frame, -1 for a root) and ``depth``
+    (Int32, 0 for a root).
 
     Only push/pop ranges popped on their own thread nest; pass them already filtered.
     The frame must be sorted by (global_tid, start, -end) as :func:`load_ranges` returns it.
@@ -292,7 +295,7 @@ def nest(ranges: pl.DataFrame) -> pl.DataFrame:
             break
         cand[todo] = cand[cand[todo]]
         todo = todo[cand[todo] >= 0]
-    depth = np.zeros(n, dtype=np.int64)
+    depth = np.zeros(n, dtype=np.int32)  # (held with the model for the whole run: 4 bytes a range)
     todo = np.flatnonzero(cand >= 0)
     p = cand[todo]
     while todo.size:
