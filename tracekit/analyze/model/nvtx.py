@@ -106,7 +106,7 @@ RANGE_COLUMNS = [
     "event_type",  # Int8: 59 push/pop, 60 start/end
     "global_tid",
     "global_pid",
-    "domain",  # domain name ("" = default)
+    "domain",  # domain name ("" = default), Categorical
     "name",  # range name
     "unclosed",  # bool
     "cross_thread",  # bool: popped on another thread
@@ -179,7 +179,7 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
         return pl.DataFrame(
             schema={
                 "range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int8,
-                "global_tid": pl.Int64, "global_pid": pl.Int64, "domain": pl.String,
+                "global_tid": pl.Int64, "global_pid": pl.Int64, "domain": pl.Categorical,
                 "name": pl.String, "unclosed": pl.Boolean, "cross_thread": pl.Boolean,
             }
         )
@@ -243,7 +243,10 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
         name = g.select(pl.coalesce(pl.col("text"), pl.lit(name)))["text"]
     ranges = g.with_columns(
         name=name,
-        domain=names_of.column(g.select(global_pid(pl.col("global_tid")))["global_tid"], g["domain_id"]),
+        # (a few distinct names: Categorical, 4 bytes a range, not a 16-byte string view; held for
+        # the whole run, issue 24)
+        domain=names_of.column(g.select(global_pid(pl.col("global_tid")))["global_tid"], g["domain_id"])
+        .cast(pl.Categorical),
         unclosed=pl.col("end").is_null() | (pl.col("end") >= capture_end),
         cross_thread=pl.col("end_tid").is_not_null() & (pl.col("end_tid") != pl.col("global_tid")),
         global_pid=global_pid(pl.col("global_tid")),
