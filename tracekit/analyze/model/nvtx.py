@@ -272,8 +272,8 @@ def anomalies(export: Export, ranges: pl.DataFrame) -> dict[str, int]:
 
 
 def nest(ranges: pl.DataFrame) -> pl.DataFrame:
-    """Add ``parent`` (Int64, row index into the returned frame, -1 for a root) and ``depth``
-    (Int32, 0 for a root).
+    """Add ``parent`` (row index into the returned frame, -1 for a root; Int32, Int64 for
+    2**31 ranges or more) and ``depth`` (Int32, 0 for a root).
 
     Only push/pop ranges popped on their own thread nest; pass them already filtered.
     The frame must be sorted by (global_tid, start, -end) as :func:`load_ranges` returns it.
@@ -306,7 +306,9 @@ def nest(ranges: pl.DataFrame) -> pl.DataFrame:
         p = cand[p]
         keep = p >= 0
         todo, p = todo[keep], p[keep]
-    return ranges.with_columns(parent=pl.Series(cand), depth=pl.Series(depth))
+    # (held with the model for the whole run: 4 bytes a range where they do)
+    parent = cand.astype(np.int32) if n < 2**31 else cand
+    return ranges.with_columns(parent=pl.Series(parent), depth=pl.Series(depth))
 
 
 def innermost_at(
