@@ -236,7 +236,7 @@ def load_runtime(export: Export, launches_only: bool = False) -> pl.DataFrame:
     q = _runtime_query(export, launches_only)
     if q is None:
         return pl.DataFrame(schema=_RUNTIME_SCHEMA | {"global_pid": pl.Int64})
-    rt = export.query(*q)
+    rt = export.query(*q, memo=False)  # read once per model (load_gpu_ops): not kept in the memo
     rt = rt.with_columns(global_pid=global_pid(pl.col("launch_tid")))
     # correlation ids are unique per process; keep the first should an export repeat one
     return rt.unique(subset=["global_pid", "correlation_id"], keep="first", maintain_order=False)

@@ -103,10 +103,10 @@ RANGE_COLUMNS = [
     "range_id",  # row number in NVTX_EVENTS order (int)
     "start",  # ns
     "end",  # ns; unclosed ranges are extended to the capture end
-    "event_type",  # 59 push/pop, 60 start/end
+    "event_type",  # Int8: 59 push/pop, 60 start/end
     "global_tid",
     "global_pid",
-    "domain",  # domain name ("" = default)
+    "domain",  # domain name ("" = default), Categorical
     "name",  # range name
     "unclosed",  # bool
     "cross_thread",  # bool: popped on another thread
@@ -178,8 +178,8 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
     if q is None:
         return pl.DataFrame(
             schema={
-                "range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int64,
-                "global_tid": pl.Int64, "global_pid": pl.Int64, "domain": pl.String,
+                "range_id": pl.Int64, "start": pl.Int64, "end": pl.Int64, "event_type": pl.Int8,
+                "global_tid": pl.Int64, "global_pid": pl.Int64, "domain": pl.Categorical,
                 "name": pl.String, "unclosed": pl.Boolean, "cross_thread": pl.Boolean,
             }
         )
@@ -210,7 +210,9 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
             if m is not None:
                 top[k] = m if top[k] is None else max(top[k], m)
         keep = flags["keep"].fill_null(False)
-        pieces.append(chunk if keep.all() else chunk.filter(keep))
+        # the event type (59, 60: the query reads no other range type) kept as Int8: the frame
+        # is held for the whole run (issue 24)
+        pieces.append((chunk if keep.all() else chunk.filter(keep)).with_columns(pl.col("event_type").cast(pl.Int8)))
         del chunk, flags
     export.set_aside["nvtx_unusable_ranges"] = bad
     if capture_end is None:
@@ -241,7 +243,10 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
         name = g.select(pl.coalesce(pl.col("text"), pl.lit(name)))["text"]
     ranges = g.with_columns(
         name=name,
-        domain=names_of.column(g.select(global_pid(pl.col("global_tid")))["global_tid"], g["domain_id"]),
+        # (a few distinct names: Categorical, 4 bytes a range, not a 16-byte string view; held for
+        # the whole run, issue 24)
+        domain=names_of.column(g.select(global_pid(pl.col("global_tid")))["global_tid"], g["domain_id"])
+        .cast(pl.Categorical),
         unclosed=pl.col("end").is_null() | (pl.col("end") >= capture_end),
         cross_thread=pl.col("end_tid").is_not_null() & (pl.col("end_tid") != pl.col("global_tid")),
         global_pid=global_pid(pl.col("global_tid")),
@@ -267,7 +272,8 @@ def anomalies(export: Export, ranges: pl.DataFrame) -> dict[str, int]:
 
 
 def nest(ranges: pl.DataFrame) -> pl.DataFrame:
-    """Add ``parent`` (row index into the returned frame, -1 for a root) and ``depth``.
+    """Add ``parent`` (row index into the returned frame, -1 for a root; Int32, Int64 for
+    2**31 ranges or more) and ``depth`` (Int32, 0 for a root).
 
     Only push/pop ranges popped on their own thread nest; pass them already filtered.
     The frame must be sorted by (global_tid, start, -end) as :func:`load_ranges` returns it.
@@ -292,7 +298,7 @@ def nest(ranges: pl.DataFrame) -> pl.DataFrame:
             break
         cand[todo] = cand[cand[todo]]
         todo = todo[cand[todo] >= 0]
-    depth = np.zeros(n, dtype=np.int64)
+    depth = np.zeros(n, dtype=np.int32)  # (held with the model for the whole run: 4 bytes a range)
     todo = np.flatnonzero(cand >= 0)
     p = cand[todo]
     while todo.size:
@@ -300,7 +306,9 @@ def nest(ranges: pl.DataFrame) -> pl.DataFrame:
         p = cand[p]
         keep = p >= 0
         todo, p = todo[keep], p[keep]
-    return ranges.with_columns(parent=pl.Series(cand), depth=pl.Series(depth))
+    # (held with the model for the whole run: 4 bytes a range where they do)
+    parent = cand.astype(np.int32) if n < 2**31 else cand
+    return ranges.with_columns(parent=pl.Series(parent), depth=pl.Series(depth))
 
 
 def innermost_at(

@@ -274,7 +274,8 @@ def self_segments(model: PhaseModel, wm: pl.DataFrame) -> pl.DataFrame:
     out.append(plain.select("global_pid", "device", "iteration", sub_phase=pl.lit("(none)"), s="start", e="end"))
     ranged = wm.filter(pl.col("range_index").is_not_null())
     if ranged.height and nested.height:
-        nested = nested.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64))
+        # (the row numbers in the dtype of ``parent``, which they are joined with)
+        nested = nested.with_row_index("row").with_columns(pl.col("row").cast(nested.schema["parent"]))
         phase_rows = nested.join(
             ranged.select("range_index", "device", "iteration", w_end="end"), on="range_index"
         )

@@ -83,27 +83,30 @@ def api_group(name: str) -> str:
 def api_call_codes(export: Export, model: PhaseModel) -> tuple[pl.DataFrame, list[str], list[str]]:
     """Every CUDA API call of the threads that launched GPU work, with its name as a code:
     ``(calls, names, groups)``, ``calls`` with ``launch_tid, start, end`` (ns) and ``code``
-    (Int64, 1-based into ``names``,
+    (Int32, 1-based into ``names``,
     the distinct short names, sorted; ``groups[k]`` is the group of ``names[k]``). Computed once
-    per model; the strings are not repeated per call (a 10 GB trace has ~1.2 M calls)."""
+    per model; the strings are not repeated per call (a 10 GB trace has ~1.2 M calls), and the
+    rows read are not kept beside them (the query is not memoized: a 1x trace held both)."""
     def compute() -> tuple[pl.DataFrame, list[str], list[str]]:
         schema = {"launch_tid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "name_id": pl.Int64}
         cols = set(export.columns(TABLE))
         tids = model.ops["launch_tid"].drop_nulls().unique()
         if not {"globalTid", "start", "end"} <= cols or tids.len() == 0:
-            return pl.DataFrame(schema={**schema, "code": pl.Int64}).drop("name_id"), [], []
+            return pl.DataFrame(schema={**schema, "code": pl.Int32}).drop("name_id"), [], []
         name = "CASE WHEN typeof(nameId) = 'integer' THEN nameId END" if "nameId" in cols else "NULL"
         # rows whose times or thread are not integers (a damaged or edited export) are left out
         rt = export.query(f"""SELECT globalTid, start, "end", {name} FROM {TABLE}
                               WHERE typeof(globalTid) = 'integer' AND typeof(start) = 'integer'
-                                AND typeof("end") = 'integer' AND "end" > start""", schema=schema)
-        rt = rt.filter(pl.col("launch_tid").is_in(tids.implode()))
+                                AND typeof("end") = 'integer' AND "end" > start""", schema=schema, memo=False)
+        mine = rt.select(pl.col("launch_tid").is_in(tids.implode()))["launch_tid"]
+        if mine.null_count() or not mine.all():  # (most often every call is of such a thread: no copy)
+            rt = rt.filter(mine)
         ids = rt["name_id"].drop_nulls().unique().to_list()
         by_id = {i: short_name(s) for i, s in export.strings(ids).items()}
         names = sorted(set(by_id.values()) | {"?"})  # "?": a call with no name
         code = {n: k for k, n in enumerate(names, 1)}
         rt = rt.with_columns(code=pl.col("name_id").replace_strict({i: code[n] for i, n in by_id.items()},
-                                                                   default=code["?"], return_dtype=pl.Int64))
+                                                                   default=code["?"], return_dtype=pl.Int32))
         return rt.drop("name_id"), names, [api_group(n) for n in names]
 
     return model.derived("idle_api_call_codes", compute)
@@ -144,12 +147,19 @@ def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
         return union(np.clip(f["start"].to_numpy(), lo, hi), np.clip(f["end"].to_numpy(), lo, hi))
 
     b, c = clipped(busy), clipped(comm)
-    inside = (calls["end"].to_numpy() > lo) & (calls["start"].to_numpy() < hi)
-    cf = calls if inside.all() else calls.filter(pl.Series(inside))  # (most often all: no copy)
+    cs_all, ce_all = calls["start"].to_numpy(), calls["end"].to_numpy()
+    inside = (ce_all > lo) & (cs_all < hi)
+    every = bool(inside.all())
     # the calls made disjoint (where calls overlap, the one that began first keeps the overlap):
     # sorted by (clipped) start, a call keeps what lies past every earlier call's end (``run``);
-    # each run of intervals below makes its own pieces from its slice of these arrays
-    ss, se = np.clip(cf["start"].to_numpy(), lo, hi), np.clip(cf["end"].to_numpy(), lo, hi)
+    # each run of intervals below makes its own pieces from its slice of these arrays. (The calls
+    # inside taken as arrays and clipped in place: no copy of the calls' frame, one array a column;
+    # a 10 GB trace has ~1.2 M calls)
+    ss = cs_all.copy() if every else cs_all[inside]
+    se = ce_all.copy() if every else ce_all[inside]
+    del cs_all, ce_all
+    np.clip(ss, lo, hi, out=ss)
+    np.clip(se, lo, hi, out=se)
     order = np.argsort(ss, kind="stable") if ss.size and (ss[1:] < ss[:-1]).any() else None
     if order is not None:
         ss, se = ss[order], se[order]
@@ -158,7 +168,9 @@ def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
     # the call name of each in-API segment, as a code into the distinct names (0: no call); the
     # sums per (interval, category, name) are taken on one Int64 key
     name_of, group_of = [None, *codes_of[0]], [None, *codes_of[1]]
-    codes = cf["code"].to_numpy() if has_calls else np.zeros(0, np.int64)
+    codes = (calls["code"].to_numpy() if every else calls["code"].to_numpy()[inside]) if has_calls \
+        else np.zeros(0, np.int64)
+    del inside
     nn = len(name_of)
     # the elementary segments are made and summed for a run of neighbouring intervals at a time
     # (about _SEGMENT_BATCH edges each), so that their arrays do not grow with the trace: b, c and
@@ -229,7 +241,9 @@ def _rank_parts(model: PhaseModel, export: Export):
                 (pl.col("global_pid") == gpid) & (pl.col("device") == dev)).select("start", "end")
 
         tids = threads.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))["launch_tid"]
-        yield gpid, dev, of(active), of(comm), calls.filter(pl.col("launch_tid").is_in(tids.implode()))
+        mine = calls.select(pl.col("launch_tid").is_in(tids.implode()))["launch_tid"]
+        # (one rank's threads made every call, most often: the calls are not copied then)
+        yield gpid, dev, of(active), of(comm), calls if mine.all() else calls.filter(mine)
 
 
 def _breakdown(model: PhaseModel, export: Export, intervals: pl.DataFrame,

@@ -119,7 +119,11 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
     # (the four columns read here, picked before the filter: the ranges are not copied whole)
     ranges = ranges.select("global_pid", "name", "start", "end",
                            _keep=~pl.col("cross_thread") & (pl.col("event_type") == 59))
-    ranges = ranges.filter(pl.col("_keep")).drop("_keep")
+    keep = ranges["_keep"]
+    ranges = ranges.drop("_keep")
+    if keep.null_count() or not keep.all():  # (most often every range is kept: no copy then)
+        ranges = ranges.filter(keep)
+    del keep
     names = set(ranges["name"].drop_nulls().unique().to_list())
     role_expr = _role_expr(names)
     hc = host_copies(model)
@@ -143,7 +147,10 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         micro = ts.filter(pl.col("phase") == "backward").group_by("iteration").len()["len"]
         ops = model.ops.select("global_pid", "device", "kind", "start", "end", "direction", "bytes", "launch",
                                "launch_tid", "name_id").filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
-        rg = ranges.filter(pl.col("global_pid") == gp)  # the rank's ranges, once
+        mine = ranges.select(pl.col("global_pid") == gp)["global_pid"]
+        # the rank's ranges, once (one process's, most often every range: no copy then)
+        rg = ranges if mine.null_count() == 0 and mine.all() else ranges.filter(mine)
+        del mine
         kern = ops.select("kind", "start", "end", "device", "name_id").filter(pl.col("kind") == "kernel")
         ks, ke = union(kern["start"].to_numpy(), kern["end"].to_numpy())
         busy_s, busy_e = union(ops["start"].to_numpy(), ops["end"].to_numpy())
