@@ -380,26 +380,10 @@ def rows(traces: Path | None = None, manifests: bool = True) -> dict:
         rho[base] = None if rho[base] is None else round(rho[base], 2)
     stats["rank_correlation"] = rho
     # the model's pick among a baseline's recorded changes (lowest predicted time) against the
-    # measured best (lowest measured time), for baselines with >= 2 modelled changes
-    picks = {}
-    for base in sorted({r["baseline"] for r in modelled}):
-        rs = [r for r in modelled if r["baseline"] == base]
-        if len(rs) < 2:
-            continue
-        pred = min(rs, key=lambda r: r["predicted_ms"])["pair"]
-        meas = min(rs, key=lambda r: r["measured_ms"])["pair"]
-        picks[base] = {"predicted_best": pred, "measured_best": meas, "same": pred == meas}
-    stats["best_change"] = picks
-    # the same for the repeated pairs that share their baseline runs (one call's changes)
-    rpicks = {}
-    for bases in sorted({tuple(r["baselines"]) for r in reps}):
-        rs = [r for r in reps if tuple(r["baselines"]) == bases]
-        if len(rs) < 2:
-            continue
-        pred = min(rs, key=lambda r: r["predicted_ms"])["pair"]
-        meas = min(rs, key=lambda r: r["measured_ms"])["pair"]
-        rpicks["/".join(bases)] = {"predicted_best": pred, "measured_best": meas, "same": pred == meas}
-    stats["best_change_repeated"] = rpicks
+    # measured best (lowest measured time), for baselines with >= 2 modelled changes; the same for
+    # the repeated pairs that share their baseline runs (one call's changes)
+    stats["best_change"] = best_changes(modelled, lambda r: r["baseline"])
+    stats["best_change_repeated"] = best_changes(reps, lambda r: "/".join(r["baselines"]))
     re_errs = [abs(r["error_pct"]) for r in reps]
     stats["repeated"] = {"pairs": len(reps),
                          "median_abs_error_pct": round(statistics.median(re_errs), 1) if re_errs else None,
@@ -407,6 +391,19 @@ def rows(traces: Path | None = None, manifests: bool = True) -> dict:
                          "inside_interval": sum(1 for r in reps if r["inside"]),
                          "with_interval": sum(1 for r in reps if r["interval"] is not None)}
     return {"rows": out, "repeated": reps, "stats": stats, "from_cuts": traces is None}
+
+
+def best_changes(rs: list[dict], group) -> dict:
+    """Per group of rows (``group(row)``, sorted) with >= 2 rows: ``{"predicted_best",
+    "measured_best"}`` (the ``pair`` of the lowest ``predicted_ms`` / ``measured_ms``) and ``same``."""
+    out = {}
+    for key in sorted({group(r) for r in rs}):
+        g = [r for r in rs if group(r) == key]
+        if len(g) >= 2:
+            pred = min(g, key=lambda r: r["predicted_ms"])["pair"]
+            meas = min(g, key=lambda r: r["measured_ms"])["pair"]
+            out[key] = {"predicted_best": pred, "measured_best": meas, "same": pred == meas}
+    return out
 
 
 def _predict(base: str, scenario: str, changes: dict, traces: Path | None, man_dir: Path, cache: dict) -> dict:

@@ -194,10 +194,7 @@ def _pin_saving(pieces: dict, copies: pl.DataFrame) -> tuple[float, bool, list[s
     hides) and ``cost_pinned = bytes / pinned_gbps * exposed share`` (the pinned copy as exposed
     as the pageable one was; its API call returns at once)."""
     per_copy, measured, bases = _pin_copy_savings(pieces, copies)
-    total = 0.0
-    for x in per_copy:
-        total += x
-    return total / len(pieces["iterations"]), measured, bases
+    return sum(per_copy, 0.0) / len(pieces["iterations"]), measured, bases
 
 
 def _pin_copy_savings(pieces: dict, copies: pl.DataFrame) -> tuple[list[float], bool, list[str]]:
