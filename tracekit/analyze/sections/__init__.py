@@ -211,9 +211,8 @@ def _pinning(ctx: Context):
     adv = ctx.out.get("advice")
     if adv is None:
         from tracekit.analyze.sections import advice
-        from tracekit.analyze.trace import dsconfig
 
-        loaded = ctx.ds_config if ctx.ds_config is not None else dsconfig.load(ctx.export.path)
+        loaded = _loaded_config(ctx)
         adv = ctx.model.derived(("advice", "pinning"), lambda: advice.advise(ctx.export, ctx.model, loaded))
     return adv.get("_pinning")
 
@@ -403,14 +402,20 @@ def _whatif(ctx: Context) -> dict:
     return {"whatif": model.derived(("whatif", "measure"), lambda: whatif.measure(ctx.export, model))}
 
 
+def _loaded_config(ctx: Context) -> dict:
+    """The run's DeepSpeed config for the advice: ``ctx.ds_config``, else the trace's own
+    (:func:`tracekit.analyze.trace.dsconfig.load`)."""
+    from tracekit.analyze.trace import dsconfig
+
+    return ctx.ds_config if ctx.ds_config is not None else dsconfig.load(ctx.export.path)
+
+
 def _advice(ctx: Context) -> dict:
     """``advice``: :func:`tracekit.analyze.sections.advice.advise` with the config of
     ``ctx.ds_config`` (None: the trace's own, :func:`tracekit.analyze.trace.dsconfig.load`)."""
     from tracekit.analyze.sections import advice
-    from tracekit.analyze.trace import dsconfig
 
-    loaded = ctx.ds_config if ctx.ds_config is not None else dsconfig.load(ctx.export.path)
-    adv = advice.advise(ctx.export, ctx.model, loaded)
+    adv = advice.advise(ctx.export, ctx.model, _loaded_config(ctx))
     for name in REGISTERED["advice"].after:  # the advice other sections add
         if name in ctx.ran and REGISTERED[name].add_advice is not None:
             adv = REGISTERED[name].add_advice(ctx, adv)
