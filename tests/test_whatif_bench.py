@@ -29,7 +29,9 @@ CUT_LAST = {"z3s_base": 4, "z3s_sg1e8": 4, "z3s_base3": 4, "z2s_base": 4, "so_ba
             "z3s_base6": 4, "z3s_sg2e7b": 4, "z3x_base": 4, "z3l_base3": 4,
             "z3s_base8": 4, "z3s_base9": 4, "z3s_base10": 4, "z3l_base5": 4, "z3l_base6": 4, "z2s_base4": 4,
             "z2s_base5": 4, "z3s_base11": 4, "z3s_base12": 4, "z3s_base13": 4, "z3s_base14": 4, "z2s_base6": 4,
-            "z2s_base7": 4, "so_base3": 4, "so_base4": 4}
+            "z2s_base7": 4, "so_base3": 4, "so_base4": 4, "z3s_base15": 4, "z3s_base16": 4, "z3s_base17": 4,
+            "z3s_base18": 4, "z3s_base19": 4, "z3s_base20": 4, "z3s_base21": 4, "z3s_base22": 4, "z3s_base23": 4,
+            "z3s_base24": 4, "z3s_base25": 4}
 
 
 def _table(title: str) -> list[list[str]]:
@@ -125,7 +127,8 @@ def test_noise_rows_are_the_two_baselines_means():
                  "z3l_base3": "z3l_base", "z3l_base4": "z3l_base3", "z3s_base9": "z3s_base8",
                  "z3l_base6": "z3l_base5", "z2s_base5": "z2s_base4", "z3s_base10": "z3s_base8",
                  "z3s_base12": "z3s_base11", "z2s_base7": "z2s_base6", "so_base4": "so_base3",
-                 "z3s_base14": "z3s_base13"}[pair]
+                 "z3s_base14": "z3s_base13", "z3s_base16": "z3s_base15", "z3s_base18": "z3s_base17",
+                 "z3s_base20": "z3s_base19", "z3s_base22": "z3s_base21", "z3s_base24": "z3s_base23"}[pair]
         a = statistics.fmean(v["wall_ns"] for v in SUMMARIES[first]["iterations"].values()) / 1e6
         b = statistics.fmean(v["wall_ns"] for v in SUMMARIES[pair]["iterations"].values()) / 1e6
         assert _num(r[2]) == pytest.approx(a, abs=0.051)
@@ -187,7 +190,7 @@ def test_repeated_pairs_are_the_means_of_their_runs():
     iterations (summaries.json), the measured column their mean, the error % from the row's own
     predicted and measured columns, the predicted column the mean of the per-baseline
     predictions; the summary line's median / p90 / inside are recomputed from the rows."""
-    rows = _table("Repeated pairs (each side recorded 1-2 times in one call, interleaved; means)")
+    rows = _table("Repeated pairs (each side recorded 1-4 times in one call, interleaved; means)")
     assert len(rows) >= 5
     errs, inside = [], 0
     for r in rows:
@@ -227,7 +230,7 @@ def test_repeated_pairs_are_the_means_of_their_runs():
 def test_best_repeated_change_is_recomputed_from_the_rows():
     """The summary's best repeated change per set of baseline runs: recomputed from the repeated
     table (rows grouped by their baseline runs; lowest predicted and lowest measured ms)."""
-    rows = _table("Repeated pairs (each side recorded 1-2 times in one call, interleaved; means)")
+    rows = _table("Repeated pairs (each side recorded 1-4 times in one call, interleaved; means)")
     groups: dict[str, list] = {}
     for r in rows:
         key = "/".join(b for b, _ in re.findall(r"(\w+): ([\d,.]+) / [\d,.]+", r[2]))
@@ -237,3 +240,28 @@ def test_best_repeated_change_is_recomputed_from_the_rows():
     assert len(want) >= 3
     for key, (pred, meas) in want.items():
         assert f"{key}: predicted {pred}, measured {meas} ({'same' if pred == meas else 'different'})" in line
+
+
+def _p90(v: list[float]) -> float:
+    s = sorted(v)
+    k = (len(s) - 1) * 0.9
+    return s[int(k)] + (s[min(int(k) + 1, len(s) - 1)] - s[int(k)]) * (k - int(k))
+
+
+def test_error_by_number_of_changed_runs_is_recomputed_from_the_tables():
+    """The summary's |error| by the number of changed runs a measured time is the mean of: the
+    modelled single pairs (one run) and each repeated row by the count of its per-run measured
+    cells, from the two tables' own error columns."""
+    groups: dict[str, list[float]] = {"1": [abs(_num(r[5])) for r in _table("Pairs") if "(no scenario)" not in r[3]]}
+    for r in _table("Repeated pairs (each side recorded 1-4 times in one call, interleaved; means)"):
+        n = len(r[4].split("(")[1].rstrip(")").split(", "))
+        groups.setdefault("1" if n == 1 else "2" if n == 2 else "3-4", []).append(abs(_num(r[5])))
+    line = next(ln for ln in RESULTS.splitlines() if ln.startswith("- |error| by the number of changed runs"))
+    got = re.findall(r"(1|2|3-4) runs?: (\d+) pairs, median ([\d.]+) %, p90 ([\d.]+) %, max ([\d.]+) %", line)
+    assert sorted(k for k, *_ in got) == sorted(groups) and len(groups) == 3
+    for k, n, med, p90, mx in got:
+        v = groups[k]
+        assert int(n) == len(v)
+        assert float(med) == pytest.approx(statistics.median(v), abs=0.051)
+        assert float(p90) == pytest.approx(_p90(v), abs=0.051)
+        assert float(mx) == pytest.approx(max(v), abs=0.051)
