@@ -33,6 +33,16 @@ CUT_LAST = {"z3s_base": 4, "z3s_sg1e8": 4, "z3s_base3": 4, "z2s_base": 4, "so_ba
             "z3s_base18": 4, "z3s_base19": 4, "z3s_base20": 4, "z3s_base21": 4, "z3s_base22": 4, "z3s_base23": 4,
             "z3s_base24": 4, "z3s_base25": 4}
 
+#: results.md's heading of the repeated-pairs table
+REPEATED = "Repeated pairs (each side recorded 1-4 times in one call, interleaved; means)"
+
+
+def _p90(v: list[float]) -> float:
+    """The 0.9 quantile of ``v``, linear between order statistics (as run.py's ``percentile``)."""
+    s = sorted(v)
+    k = (len(s) - 1) * 0.9
+    return s[int(k)] + (s[min(int(k) + 1, len(s) - 1)] - s[int(k)]) * (k - int(k))
+
 
 def _table(title: str) -> list[list[str]]:
     """Data rows of the Markdown table under ``## title`` in results.md (cells stripped)."""
@@ -108,8 +118,7 @@ def test_results_measured_columns_are_the_summaries_means():
 def test_results_statistics_recomputed_from_the_table():
     rows = [r for r in _table("Pairs") if "(no scenario)" not in r[3]]
     errs = sorted(abs(_num(r[5])) for r in rows)
-    k = (len(errs) - 1) * 0.9
-    p90 = errs[int(k)] + (errs[min(int(k) + 1, len(errs) - 1)] - errs[int(k)]) * (k - int(k))
+    p90 = _p90(errs)
     m = re.search(r"modelled pairs: (\d+); median \|error\| ([\d.]+) %, p90 \|error\| ([\d.]+) %", RESULTS)
     assert m
     assert int(m.group(1)) == len(rows)
@@ -190,7 +199,7 @@ def test_repeated_pairs_are_the_means_of_their_runs():
     iterations (summaries.json), the measured column their mean, the error % from the row's own
     predicted and measured columns, the predicted column the mean of the per-baseline
     predictions; the summary line's median / p90 / inside are recomputed from the rows."""
-    rows = _table("Repeated pairs (each side recorded 1-4 times in one call, interleaved; means)")
+    rows = _table(REPEATED)
     assert len(rows) >= 5
     errs, inside = [], 0
     for r in rows:
@@ -215,9 +224,7 @@ def test_repeated_pairs_are_the_means_of_their_runs():
         lo, hi = (_num(x) for x in r[6].split("-", 1))
         assert (r[7] == "yes") == (lo <= meas <= hi)
         inside += r[7] == "yes"
-    errs.sort()
-    k = (len(errs) - 1) * 0.9
-    p90 = errs[int(k)] + (errs[min(int(k) + 1, len(errs) - 1)] - errs[int(k)]) * (k - int(k))
+    p90 = _p90(errs)
     m = re.search(r"repeated pairs: (\d+); median \|error\| ([\d.]+) %, p90 \|error\| ([\d.]+) %; measured inside "
                   r"the interval in (\d+) of (\d+)", RESULTS)
     assert m
@@ -230,7 +237,7 @@ def test_repeated_pairs_are_the_means_of_their_runs():
 def test_best_repeated_change_is_recomputed_from_the_rows():
     """The summary's best repeated change per set of baseline runs: recomputed from the repeated
     table (rows grouped by their baseline runs; lowest predicted and lowest measured ms)."""
-    rows = _table("Repeated pairs (each side recorded 1-4 times in one call, interleaved; means)")
+    rows = _table(REPEATED)
     groups: dict[str, list] = {}
     for r in rows:
         key = "/".join(b for b, _ in re.findall(r"(\w+): ([\d,.]+) / [\d,.]+", r[2]))
@@ -242,18 +249,12 @@ def test_best_repeated_change_is_recomputed_from_the_rows():
         assert f"{key}: predicted {pred}, measured {meas} ({'same' if pred == meas else 'different'})" in line
 
 
-def _p90(v: list[float]) -> float:
-    s = sorted(v)
-    k = (len(s) - 1) * 0.9
-    return s[int(k)] + (s[min(int(k) + 1, len(s) - 1)] - s[int(k)]) * (k - int(k))
-
-
 def test_error_by_number_of_changed_runs_is_recomputed_from_the_tables():
     """The summary's |error| by the number of changed runs a measured time is the mean of: the
     modelled single pairs (one run) and each repeated row by the count of its per-run measured
     cells, from the two tables' own error columns."""
     groups: dict[str, list[float]] = {"1": [abs(_num(r[5])) for r in _table("Pairs") if "(no scenario)" not in r[3]]}
-    for r in _table("Repeated pairs (each side recorded 1-4 times in one call, interleaved; means)"):
+    for r in _table(REPEATED):
         n = len(r[4].split("(")[1].rstrip(")").split(", "))
         groups.setdefault("1" if n == 1 else "2" if n == 2 else "3-4", []).append(abs(_num(r[5])))
     line = next(ln for ln in RESULTS.splitlines() if ln.startswith("- |error| by the number of changed runs"))

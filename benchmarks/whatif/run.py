@@ -415,7 +415,7 @@ def by_runs(modelled: list[dict], reps: list[dict]) -> dict:
     """|error| % of every modelled pair grouped by how many changed runs its measured side is
     the mean of: "1" (the single pairs and the repeated rows of one changed run), "2", "3-4";
     per group ``{"pairs", "median_abs_error_pct", "p90_abs_error_pct", "max_abs_error_pct"}``.
-    The drift between runs (12.59 % sd on this machine) averages out over more runs; the
+    The drift between runs (whatif.BETWEEN_RUN_REL_SD, its sd) averages out over more runs; the
     model's own error is what is left."""
     groups = {"1": [abs(r["error_pct"]) for r in modelled]}
     for r in reps:
