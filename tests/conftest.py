@@ -14,6 +14,8 @@ sys.path.insert(0, str(HERE))  # for tests/synthetic.py
 
 FIXTURES = HERE / "fixtures"
 ZERO3_CUT = FIXTURES / "ds_zero3_offload_iter1-2.sqlite"
+#: iteration 1 of ZERO3_CUT alone (tests/fixtures/README.md): a mutation can leave it no usable iteration
+ZERO3_ONE_ITERATION = FIXTURES / "ds_zero3_offload_iter1.sqlite"
 
 
 def unpack_fixtures(folder: Path = FIXTURES) -> list[Path]:

@@ -3,7 +3,9 @@ analyzes it (exit 0, a report on stdout, nothing on stderr) or refuses it with o
 (exit 2, ``tracekit: error: ...``), never a traceback or an internal error, and never changes
 the trace's bytes.
 
-Each case is a synthetic mutation of the fixture ``tests/fixtures/ds_zero3_offload_iter1-2.sqlite``:
+Each case is a synthetic mutation of the fixture ``tests/fixtures/ds_zero3_offload_iter1.sqlite``
+(iteration 1 of the ZeRO-3 cut alone: a third less to read per case than the two-iteration cut,
+and a mutation that spoils that one iteration leaves the analysis no usable window at all):
 every table tracekit reads dropped, every column it reads dropped (and the required ones also
 renamed), NULLs, negative and huge values (each in a different tenth of the rows) in every
 column it reads, text in its numeric columns, and the file truncated at many offsets. The
@@ -18,7 +20,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import ZERO3_CUT
+from conftest import ZERO3_ONE_ITERATION as BASE
 from test_robustness import cli
 
 #: Tables and columns tracekit reads (tracekit/analyze/*.py), as the fixture has them.
@@ -52,7 +54,7 @@ REQUIRED = {  # as tracekit.analyze.trace.export.REQUIRED_COLUMNS says (written 
 
 def _fixture_columns() -> dict[str, dict[str, bool]]:
     """{table: {column: is the INTEGER PRIMARY KEY}} of the fixture."""
-    con = sqlite3.connect(f"file:{ZERO3_CUT}?mode=ro", uri=True)
+    con = sqlite3.connect(f"file:{BASE}?mode=ro", uri=True)
     try:
         tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         return {t: {r[1]: bool(r[5]) for r in con.execute(f'PRAGMA table_info("{t}")')} for t in tables}
@@ -90,7 +92,7 @@ def _cases() -> list[tuple[str, tuple]]:
     for t, cols in REQUIRED.items():
         for c in cols:
             cases.append((f"rename-column-{t}.{c}", ("sql", f'ALTER TABLE "{t}" RENAME COLUMN "{c}" TO "{c}_x"', None)))
-    size = ZERO3_CUT.stat().st_size
+    size = BASE.stat().st_size
     for k in range(1, 16):
         cases.append((f"truncate-{k}of16", ("truncate", size * k // 16, None)))
     cases.append(("truncate-header", ("truncate", 100, None)))
@@ -154,7 +156,7 @@ def _one_command_tree():
 @pytest.mark.parametrize("how", [c[1] for c in CASES], ids=[c[0] for c in CASES])
 def test_mutated_trace_gives_a_report_or_one_line(tmp_path, how):
     p = tmp_path / "synthetic_mutated.sqlite"
-    shutil.copyfile(ZERO3_CUT, p)
+    shutil.copyfile(BASE, p)
     _mutate(p, how)
     before = _sha(p)
     # findings run every analysis; the timeline is the one section they do not need

@@ -139,7 +139,9 @@ def _window_metrics(model: PhaseModel) -> pl.DataFrame:
         o = active.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
         busy = busy_in_windows(o["start"].to_numpy(), o["end"].to_numpy(), w["start"].to_numpy(), w["end"].to_numpy())
         idle.append(w.select("window_id", "device").with_columns(gpu_busy_ns=pl.Series(busy)))
-    out = out.join(pl.concat(idle), on=["window_id", "device"], how="left") if idle else out
+    # no window (every phase range of the trace unusable): the column all the same, empty
+    out = (out.join(pl.concat(idle), on=["window_id", "device"], how="left") if idle
+           else out.with_columns(gpu_busy_ns=pl.lit(None, pl.Int64)))
     out = out.with_columns(gpu_idle_ns=pl.col("wall_ns") - pl.col("gpu_busy_ns").fill_null(0))
     fill = {m: pl.col(m).fill_null(0).cast(pl.Int64) for m in METRICS}
     return out.with_columns(**fill).drop("gpu_busy_ns").sort("global_pid", "device", "start").select(
