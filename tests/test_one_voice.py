@@ -114,7 +114,8 @@ def _check_rank(d: dict, rank: dict) -> dict:
         else:
             continue
         assert a["saving_ms_per_iteration"] == pytest.approx(s / 1e6, abs=1e-3)
-        assert a["saving_interval_ms"] == pytest.approx([x / 1e6 for x in siv], abs=1e-3)
+        # one steady iteration (ds_zero3_offload_iter1): no spread to give an interval from
+        assert a["saving_interval_ms"] == (None if siv is None else pytest.approx([x / 1e6 for x in siv], abs=1e-3))
         assert a["confidence"] == conf
         seen["advice"] += 1
     # the findings quote the scenario they are part of, and their own part of it

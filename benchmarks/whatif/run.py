@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import re
 import shutil
 import statistics
 import sys
@@ -113,6 +114,10 @@ PAIRS = {
     "z3s_base20": ("z3s_base19", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call M, runs 1/3)"),
     "z3s_base22": ("z3s_base21", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call M, runs 5/7)"),
     "z3s_base24": ("z3s_base23", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call N, runs 1/3)"),
+    # calls O-Q (2026-12-03 night): the same, for micro-batch 2 (ZeRO-3 134 M and 1.3 B) and SuperOffload
+    "z3s_base27": ("z3s_base26", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call O, runs 1/3)"),
+    "z3s_base29": ("z3s_base28", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call O, runs 5/7)"),
+    "z3l_base8": ("z3l_base7", "noise", {}, "ZeRO-3 1.3B: baseline again (noise floor, call P, runs 1/3)"),
 }
 #: repeated pairs: a baseline and a one-knob change each recorded 2 (calls D-K) or 3-4 times (calls L-N) in one call, interleaved
 #: (base, change, base, change), so that a drift of the host during the call falls on both sides.
@@ -162,6 +167,15 @@ REPEATS = {
     "z3s_sg1e8 x3": (("z3s_base23", "z3s_base24", "z3s_base25"), ("z3s_sg1e8_r5", "z3s_sg1e8_r6", "z3s_sg1e8_r7"),
                      "sub_group_size", {"sub_group_size": 1e8},
                      "ZeRO-3 134M: sub_group_size 1e9 -> 1e8 (call N: base, change, 3 times; the 4th skipped: time)"),
+    "z3s_mb2 x3": (("z3s_base26", "z3s_base27", "z3s_base28", "z3s_base29"), ("z3s_mb2_r4", "z3s_mb2_r5", "z3s_mb2_r6"),
+                   "larger_micro_batch", {},
+                   "ZeRO-3 134M: micro-batch 1 x gas 2 -> 2 x gas 1 (call O: base, change, 3 times, base)"),
+    "z3l_mb2 x2b": (("z3l_base7", "z3l_base8", "z3l_base9"), ("z3l_mb2_r4", "z3l_mb2_r5"), "larger_micro_batch", {},
+                    "ZeRO-3 1.3B: micro-batch 1 x gas 2 -> 2 x gas 1 (call P: base, change, twice, base)"),
+    # call N read the other way: the 1e8 runs are the baselines, the 1e9 runs the changed side
+    "z3s_base@sg1e8 x3": (("z3s_sg1e8_r5", "z3s_sg1e8_r6", "z3s_sg1e8_r7"), ("z3s_base23", "z3s_base24", "z3s_base25"),
+                          "sub_group_size", {"sub_group_size": 1e9},
+                          "ZeRO-3 134M: sub_group_size 1e8 -> 1e9 (call N read in reverse)"),
 }
 #: noise pairs across calls (same config, different device calls): shown with the noise rows
 CROSS_CALL = {"z3s_base3": ("z3s_base", "ZeRO-3 134M: baseline of call 2 vs call 1"),
@@ -408,6 +422,7 @@ def rows(traces: Path | None = None, manifests: bool = True) -> dict:
                          "inside_interval": sum(1 for r in reps if r["inside"]),
                          "with_interval": sum(1 for r in reps if r["interval"] is not None)}
     stats["by_runs"] = by_runs(modelled, reps)
+    stats["by_change"] = by_change(modelled, reps)
     return {"rows": out, "repeated": reps, "stats": stats, "from_cuts": traces is None}
 
 
@@ -424,6 +439,44 @@ def by_runs(modelled: list[dict], reps: list[dict]) -> dict:
     return {k: {"pairs": len(v), "median_abs_error_pct": round(statistics.median(v), 1),
                 "p90_abs_error_pct": round(percentile(v, 0.9), 1), "max_abs_error_pct": round(max(v), 1)}
             for k, v in groups.items() if v}
+
+
+def change_key(baseline: str, scenario: str, changes: dict) -> str:
+    """The change a pair records, the same for every recording of it: the baseline's family (the
+    run name before ``_``: z3s, z2s, z3l, z3x, so, zf), the baseline's own variant where it is not a
+    plain baseline (``z3s_sg1e8`` for the reverse pairs, ``z3s_sg2e7b`` for the ratio pair), the
+    scenario and its changes; e.g. ``z3s: sub_group_size sub_group_size=2e+07``."""
+    fam, var = baseline.split("_", 1)
+    var = re.sub(r"_r[0-9]+$", "", var)  # z3s_sg1e8_r5: the z3s_sg1e8 config recorded again (record.sh)
+    base = fam if var.startswith("base") else f"{fam}_{var}"
+    return " ".join([f"{base}:", scenario] + [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                             for k, v in sorted(changes.items())])
+
+
+def by_change(modelled: list[dict], reps: list[dict]) -> dict:
+    """Every recording of one change pooled (:func:`change_key`): the single pairs and the repeated
+    rows of it, each error weighted by ``1 / (1 / n_baselines + 1 / n_changed)`` (the inverse of its
+    variance when every run drifts by the same between-run sd, whatif.BETWEEN_RUN_REL_SD: a pair of
+    one run per side weighs 0.5, 4 runs per side 2). Returns ``{"changes": {key: {"error_pct",
+    "rows", "runs", "weight"}}, "median_abs_error_pct", "p90_abs_error_pct", "max_abs_error_pct"}``;
+    ``rows``: ``[pair, error_pct, weight]`` of each pair pooled, ``runs``: their changed runs."""
+    acc: dict[str, list[tuple[str, float, float, int]]] = {}
+    for r in modelled:
+        key = change_key(r["baseline"], r["scenario"], PAIRS[r["pair"]][2])
+        acc.setdefault(key, []).append((r["pair"], r["error_pct"], 0.5, 1))
+    for r in reps:
+        key = change_key(r["baselines"][0], r["scenario"], REPEATS[r["pair"]][3])
+        nb, nc = len(r["baselines"]), len(r["runs"])
+        acc.setdefault(key, []).append((r["pair"], r["error_pct"], 1 / (1 / nb + 1 / nc), nc))
+    changes = {}
+    for key, v in sorted(acc.items()):
+        w = sum(x[2] for x in v)
+        changes[key] = {"error_pct": round(sum(x[1] * x[2] for x in v) / w, 1),
+                        "rows": [[x[0], x[1], round(x[2], 2)] for x in v],
+                        "runs": sum(x[3] for x in v), "weight": round(w, 2)}
+    errs = [abs(c["error_pct"]) for c in changes.values()]
+    return {"changes": changes, "median_abs_error_pct": round(statistics.median(errs), 1),
+            "p90_abs_error_pct": round(percentile(errs, 0.9), 1), "max_abs_error_pct": round(max(errs), 1)}
 
 
 def best_changes(rs: list[dict], group) -> dict:
@@ -538,6 +591,15 @@ def render(res: dict) -> str:
                  f"({', '.join(f'{x:,.1f}' for x in r['predictions_ms'])}) | {r['measured_ms']:,.1f} "
                  f"({', '.join(f'{x:,.1f}' for x in r['measured_runs_ms'])}) | {r['error_pct']:+.1f} | {iv} | {ins} "
                  f"| {ph} |")
+    bc = res["stats"]["by_change"]
+    L += ["", "## Per change (every recording of a change pooled)", "",
+          "Each change's error: the mean of the errors of every pair that records it (the Pairs and the Repeated "
+          "tables), weighted by 1 / (1 / baseline runs + 1 / changed runs): 0.5 for one run per side, 2 for four "
+          "(the inverse of the error's variance when each run drifts by the same between-run sd).", "",
+          "| change | pairs (error %, weight) | changed runs | error % |", "|---|---|---:|---:|"]
+    for key, c in bc["changes"].items():
+        parts = ", ".join(f"{n} ({e:+.1f}, {w:.2f})" for n, e, w in c["rows"])
+        L.append(f"| {key} | {parts} | {c['runs']} | {c['error_pct']:+.1f} |")
     s = res["stats"]
     L += ["", "## Summary", "",
           f"- modelled pairs: {s['pairs_modelled']}; median |error| {s['median_abs_error_pct']} %, "
@@ -560,6 +622,8 @@ def render(res: dict) -> str:
           "the repeated rows of one changed run): "
           + "; ".join(f"{k} run{'s' if k != '1' else ''}: {v['pairs']} pairs, median {v['median_abs_error_pct']} %, "
                       f"p90 {v['p90_abs_error_pct']} %, max {v['max_abs_error_pct']} %" for k, v in s["by_runs"].items()),
+          f"- per change, every recording pooled: {len(bc['changes'])} changes; median |error| "
+          f"{bc['median_abs_error_pct']} %, p90 |error| {bc['p90_abs_error_pct']} %, max {bc['max_abs_error_pct']} %",
           "- rank correlation (Spearman) of predicted vs measured per baseline (baseline + its modelled changes): "
           + ", ".join(f"{b}: {'n/a (< 2 modelled changes)' if v is None else v}" for b, v in s["rank_correlation"].items()),
           "- the best recorded change per baseline (>= 2 modelled changes; lowest predicted vs lowest measured ms): "
