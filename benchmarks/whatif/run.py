@@ -26,6 +26,10 @@ the interval without the between-run term (``--json``: ``interval_within_run``,
 spread; the Summary recomputes the between-run term from the same-call ones
 (:func:`between_run_spread`; ``--json``: ``stats["between_run"]``) beside the model's constant. A pair whose change has no scenario in the model is shown
 with the baseline as the prediction ("no scenario") and counted apart in the statistics.
+*Per change*: every pair that records one change (the same family, scenario and changes:
+:func:`change_key`), single and repeated, pooled by :func:`by_change` (each error weighted by
+``1 / (1 / baseline runs + 1 / changed runs)``); its median / p90 are the benchmark's estimate of
+the model's error with the drift between runs averaged down.
 Rank correlation: Spearman's rho of predicted vs measured iteration time over a baseline and its
 changed runs (the baseline counts with predicted = measured = its own time), for baselines with
 at least 2 modelled changes.
