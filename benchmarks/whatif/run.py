@@ -118,10 +118,12 @@ PAIRS = {
     "z3s_base20": ("z3s_base19", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call M, runs 1/3)"),
     "z3s_base22": ("z3s_base21", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call M, runs 5/7)"),
     "z3s_base24": ("z3s_base23", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call N, runs 1/3)"),
-    # calls O-Q (2026-12-03 night): the same, for micro-batch 2 (ZeRO-3 134 M and 1.3 B) and SuperOffload
+    # calls O-Q (2026-12-03 night): the same, for micro-batch 2 (ZeRO-3 134 M and 1.3 B) and SuperOffload's clipping
     "z3s_base27": ("z3s_base26", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call O, runs 1/3)"),
     "z3s_base29": ("z3s_base28", "noise", {}, "ZeRO-3 134M: baseline again (noise floor, call O, runs 5/7)"),
     "z3l_base8": ("z3l_base7", "noise", {}, "ZeRO-3 1.3B: baseline again (noise floor, call P, runs 1/3)"),
+    "so_base6": ("so_base5", "noise", {}, "SuperOffload 134M: baseline again (noise floor, call Q, runs 1/3)"),
+    "so_base8": ("so_base7", "noise", {}, "SuperOffload 134M: baseline again (noise floor, call Q, runs 5/7)"),
 }
 #: repeated pairs: a baseline and a one-knob change each recorded 2 (calls D-K) or 3-4 times (calls L-N) in one call, interleaved
 #: (base, change, base, change), so that a drift of the host during the call falls on both sides.
@@ -176,6 +178,9 @@ REPEATS = {
                    "ZeRO-3 134M: micro-batch 1 x gas 2 -> 2 x gas 1 (call O: base, change, 3 times, base)"),
     "z3l_mb2 x2b": (("z3l_base7", "z3l_base8", "z3l_base9"), ("z3l_mb2_r4", "z3l_mb2_r5"), "larger_micro_batch", {},
                     "ZeRO-3 1.3B: micro-batch 1 x gas 2 -> 2 x gas 1 (call P: base, change, twice, base)"),
+    "so_noclip x3": (("so_base5", "so_base6", "so_base7", "so_base8"), ("so_noclip_r4", "so_noclip_r5", "so_noclip_r6"),
+                     "superoffload_no_clipping", {},
+                     "SuperOffload 134M: gradient_clipping 1.0 -> 0.0 (call Q: base, change, 3 times, base)"),
     # call N read the other way: the 1e8 runs are the baselines, the 1e9 runs the changed side
     "z3s_base@sg1e8 x3": (("z3s_sg1e8_r5", "z3s_sg1e8_r6", "z3s_sg1e8_r7"), ("z3s_base23", "z3s_base24", "z3s_base25"),
                           "sub_group_size", {"sub_group_size": 1e9},
