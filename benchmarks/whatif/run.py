@@ -125,7 +125,7 @@ PAIRS = {
     "so_base6": ("so_base5", "noise", {}, "SuperOffload 134M: baseline again (noise floor, call Q, runs 1/3)"),
     "so_base8": ("so_base7", "noise", {}, "SuperOffload 134M: baseline again (noise floor, call Q, runs 5/7)"),
 }
-#: repeated pairs: a baseline and a one-knob change each recorded 2 (calls D-K) or 3-4 times (calls L-N) in one call, interleaved
+#: repeated pairs: a baseline and a one-knob change each recorded 2 (calls D-K) or 3-4 times (calls L-Q) in one call, interleaved
 #: (base, change, base, change), so that a drift of the host during the call falls on both sides.
 #: name -> (baseline runs, changed runs, scenario, scenario changes, what changed). The prediction
 #: is the mean of the predictions from each baseline's cut, the measured time the mean of the

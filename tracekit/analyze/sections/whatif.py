@@ -368,7 +368,7 @@ def _sd(v) -> float:
 #: ``d = (mean_B - mean_A) / mean_A`` and its within-run part ``w^2 = (s_A^2 / n_A + s_B^2 / n_B) /
 #: mean_A^2`` (``s`` the sample sd of a run's steady iteration walls, ``n`` their count), pooled over
 #: the pairs as ``sqrt(mean(d^2 - w^2))`` (a pooled estimate, not one per model size: the 1.3 B and
-#: 2.7 B models have one or two such pairs each, too few for a spread of their own). The pairs and
+#: 2.7 B models have three and one such pairs, too few for a spread of their own). The pairs and
 #: the count are :data:`BETWEEN_RUN_PAIRS`; ``tests/test_whatif_bench.py`` recomputes the value from
 #: ``benchmarks/whatif/summaries.json``.
 BETWEEN_RUN_REL_SD = 0.1141
