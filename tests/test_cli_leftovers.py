@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -328,7 +329,9 @@ def test_default_screen_marks_savings_within_noise():
     noisy = [a["saving_interval_ms"] is not None and a["saving_interval_ms"][0] <= 0 <= a["saving_interval_ms"][1]
              for a in items]
     assert items and any(noisy)
-    rc, screen, _ = run_cli("analyze", DS, env={"COLUMNS": "80"})
+    # a width of its own, and the session's cache folder (conftest): never a cache beside the fixture
+    rc, screen, _ = run_cli("analyze", DS,
+                            env={"COLUMNS": "80", "TRACEKIT_CACHE_DIR": os.environ["TRACEKIT_CACHE_DIR"]})
     assert rc == 0
     rows = [ln for ln in screen.splitlines() if re.match(r"^\d+\s", ln) and "%" in ln][: len(items)]
     assert len(rows) == len(items)
@@ -344,7 +347,8 @@ def test_across_ranks_table_says_its_totals():
     rc, js, _ = run_cli("analyze", ZERO3, "--json")
     total = sum(ph["wall_ns"] for it in json.loads(js)["ranks"][0]["iterations"] if not it.get("unclosed")
                 for ph in it["phases"] if ph["phase"] == "forward")
-    rc, out, _ = run_cli("analyze", ZERO3, ZERO3, env={"COLUMNS": "200"})
+    rc, out, _ = run_cli("analyze", ZERO3, ZERO3,
+                         env={"COLUMNS": "200", "TRACEKIT_CACHE_DIR": os.environ["TRACEKIT_CACHE_DIR"]})
     assert rc == 0
     fwd = next(ln for ln in out.splitlines() if ln.split()[:1] == ["forward"])
     assert f"{total / 1e6:,.1f}" in fwd.split(), (fwd, total)
