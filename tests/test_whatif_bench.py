@@ -58,6 +58,16 @@ def _num(cell: str) -> float:
     return float(re.match(r"[+-]?[\d,]+\.?\d*", cell).group(0).replace(",", ""))
 
 
+def _each(cell: str) -> list[float]:
+    """The per-run values of a repeated-table cell ``"MEAN (A, B, ...)"``."""
+    return [_num(x) for x in cell.split("(")[1].rstrip(")").split(", ")]
+
+
+def _baselines(cell: str) -> list[tuple[str, str]]:
+    """``(run, ms)`` of each baseline of a repeated-table baselines cell ``"RUN: MS / BASIS, ..."``."""
+    return re.findall(r"(\w+): ([\d,.]+) / [\d,.]+", cell)
+
+
 def test_every_run_has_a_cut_trace_and_eight_steady_iterations():
     assert set(RUNS) == set(SUMMARIES)
     for run, s in SUMMARIES.items():
@@ -208,16 +218,16 @@ def test_repeated_pairs_are_the_means_of_their_runs():
     assert len(rows) >= 5
     errs, inside = [], 0
     for r in rows:
-        bases = re.findall(r"(\w+): ([\d,.]+) / [\d,.]+", r[2])
+        bases = _baselines(r[2])
         assert bases, r[2]
         for b, ms in bases:
             want = statistics.fmean(v["wall_ns"] for v in SUMMARIES[b]["iterations"].values()) / 1e6
             assert _num(ms) == pytest.approx(want, abs=0.051), (r[0], b)
-        each_pred = [_num(x) for x in r[3].split("(")[1].rstrip(")").split(", ")]
+        each_pred = _each(r[3])
         assert len(each_pred) == len(bases)
         # each cell and the mean are rounded to 0.1 ms apart: they may differ by 0.05 + 0.05
         assert _num(r[3]) == pytest.approx(statistics.fmean(each_pred), abs=0.1)
-        each_meas = [_num(x) for x in r[4].split("(")[1].rstrip(")").split(", ")]
+        each_meas = _each(r[4])
         assert _num(r[4]) == pytest.approx(statistics.fmean(each_meas), abs=0.1)
         # "z3s_mb2 x2": runs z3s_mb2_rK, K from the recording; "z3s_base@sg1e8 x3": runs z3s_baseK
         name = r[0].split(" ")[0].split("@")[0]
@@ -248,7 +258,7 @@ def test_best_repeated_change_is_recomputed_from_the_rows():
     rows = _table(REPEATED)
     groups: dict[str, list] = {}
     for r in rows:
-        key = "/".join(b for b, _ in re.findall(r"(\w+): ([\d,.]+) / [\d,.]+", r[2]))
+        key = "/".join(b for b, _ in _baselines(r[2]))
         groups.setdefault(key, []).append((r[0], _num(r[3]), _num(r[4])))
     line = next(ln for ln in RESULTS.splitlines() if ln.startswith("- the best repeated change"))
     want = {k: (min(v, key=lambda x: x[1])[0], min(v, key=lambda x: x[2])[0]) for k, v in groups.items() if len(v) >= 2}
@@ -263,7 +273,7 @@ def test_error_by_number_of_changed_runs_is_recomputed_from_the_tables():
     cells, from the two tables' own error columns."""
     groups: dict[str, list[float]] = {"1": [abs(_num(r[5])) for r in _table("Pairs") if "(no scenario)" not in r[3]]}
     for r in _table(REPEATED):
-        n = len(r[4].split("(")[1].rstrip(")").split(", "))
+        n = len(_each(r[4]))
         groups.setdefault("1" if n == 1 else "2" if n == 2 else "3-4", []).append(abs(_num(r[5])))
     line = next(ln for ln in RESULTS.splitlines() if ln.startswith("- |error| by the number of changed runs"))
     got = re.findall(r"(1|2|3-4) runs?: (\d+) pairs, median ([\d.]+) %, p90 ([\d.]+) %, max ([\d.]+) %", line)
@@ -288,8 +298,7 @@ def test_per_change_table_pools_every_recording_of_a_change():
         if "(no scenario)" not in r[3]:
             rows[r[0]] = (r[1], _num(r[5]), 0.5, 1)
     for r in _table(REPEATED):
-        nb = len(re.findall(r"(\w+): [\d,.]+ / [\d,.]+", r[2]))
-        nc = len(r[4].split("(")[1].rstrip(")").split(", "))
+        nb, nc = len(_baselines(r[2])), len(_each(r[4]))
         rows[r[0]] = (r[1], _num(r[5]), 1 / (1 / nb + 1 / nc), nc)
 
     def what(text: str) -> str:
