@@ -284,6 +284,7 @@ def test_iteration_advice_basis_in_json_and_no_note_without_it():
 
 
 # ---------------------------------------------------------------- 5. report on several ranks
+@pytest.mark.usefixtures("cheap_figures")
 def test_report_of_two_ranks_says_which_rank_it_shows(tmp_path):
     """No fixture holds two GPUs (tests/fixtures/README.md): the two-process trace of
     test_report.py (rank 1, pid 20, 10 % slower). Both report.md and report.html name the rank
@@ -311,6 +312,7 @@ def test_report_of_two_ranks_says_which_rank_it_shows(tmp_path):
         assert (out_dir / "6_ranks.png").exists()
 
 
+@pytest.mark.usefixtures("cheap_figures")
 def test_report_of_one_rank_names_no_rank(tmp_path):
     rc, out, err = run_cli("report", ZERO2, "-o", tmp_path / "r", "--no-cache")
     assert rc == 0, err

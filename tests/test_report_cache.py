@@ -128,6 +128,7 @@ def test_second_report_is_stored_files(trace, tmp_path):
     assert report_entries(trace) == [entry]  # --no-cache wrote nothing
 
 
+@pytest.mark.usefixtures("cheap_figures")
 def test_report_json_on_a_hit(trace, tmp_path):
     rc, out1, err, _ = here(tmp_path, "report", trace, "-o", tmp_path / "r", "--json")
     assert rc == 0, err
@@ -138,6 +139,7 @@ def test_report_json_on_a_hit(trace, tmp_path):
     assert sorted(a["files"]) == sorted(str(p) for p in (tmp_path / "r").rglob("*") if p.is_file())
 
 
+@pytest.mark.usefixtures("cheap_figures")
 def test_changed_trace_or_options_are_a_miss(trace, tmp_path):
     assert here(tmp_path, "report", trace, "-o", tmp_path / "r")[0] == 0
     (old,) = report_entries(trace)
@@ -164,6 +166,7 @@ def test_changed_trace_or_options_are_a_miss(trace, tmp_path):
     assert len(report_entries(trace)) == 1
 
 
+@pytest.mark.usefixtures("cheap_figures")
 def test_other_iteration_reads_no_query_from_sqlite(trace, tmp_path, monkeypatch):
     from tracekit.analyze.trace.export import Export
     from tracekit.render.report import write_report
@@ -213,6 +216,7 @@ def test_other_iteration_reads_no_query_from_sqlite(trace, tmp_path, monkeypatch
     assert write_report(trace, tmp_path / "e", iteration=2, cache=True).cached
 
 
+@pytest.mark.usefixtures("cheap_figures")
 def test_library_default_keeps_no_cache(trace, tmp_path):
     from tracekit.render.report import write_report
 
@@ -220,6 +224,7 @@ def test_library_default_keeps_no_cache(trace, tmp_path):
     assert not (tmp_path / "t.sqlite.tracekit-cache").exists()
 
 
+@pytest.mark.usefixtures("cheap_figures")
 def test_out_files_replaced_never_written_through(trace, tmp_path):
     """A link named like a report file is replaced (its target untouched), a user's own file in
     ``--out`` stays, on the first run and on a hit alike."""
@@ -264,6 +269,7 @@ KILLED = ("import os,signal,sys\n"
           "from tracekit.cli import main\nsys.exit(main(sys.argv[2:]))\n")
 
 
+@pytest.mark.usefixtures("cheap_figures")
 def test_killed_report_temporaries_removed_by_the_next(trace, tmp_path):
     """A report killed between writing a temporary and renaming it leaves
     ``.tmp-tk-<pid>-<random>-<host>`` in ``--out``, ``data/`` or the ``--perfetto`` folder; the
@@ -350,6 +356,7 @@ def test_forged_entries_are_a_miss(trace, tmp_path):
     assert rc == 0 and "matplotlib" in mods, err
 
 
+@pytest.mark.usefixtures("cheap_figures")
 def test_perfetto_file_is_stored_too(trace, tmp_path):
     rc, _, err, _ = here(tmp_path, "report", trace, "-o", tmp_path / "r", "--perfetto", tmp_path / "p1.json")
     assert rc == 0, err
@@ -399,6 +406,7 @@ def test_second_compare_is_stored(pair, tmp_path):
     assert rc == 0 and "polars" in mods, err
 
 
+@pytest.mark.usefixtures("cheap_figures")
 def test_key_follows_every_manifest_the_report_reads(tmp_path):
     """The key hashes every path where the trace's manifest may lie
     (dsconfig.manifest_candidates, which titles and advice both follow): a manifest appearing,

@@ -158,6 +158,7 @@ def test_compare_prints_paths_as_data(tmp_path):
     assert "\x1b" not in out
 
 
+@pytest.mark.usefixtures("cheap_figures")
 def test_report_md_escapes_trace_text(tmp_path):
     trace = _trace_with_name(tmp_path, "*x*|`y`" + OSC, "r_[1]_.sqlite")
     rc, out, err = run_cli("report", trace, "-o", tmp_path / "rep")

@@ -228,6 +228,7 @@ def test_many_traces_leave_unclosed_iteration_out(tmp_path):
     assert "rank1.sqlite pid 642: iteration 2 left out" in " ".join(text.split())
 
 
+@pytest.mark.usefixtures("cheap_figures")
 def test_report_md_names_the_unclosed_iteration(tmp_path):
     path, steps = _unclose(tmp_path, "null")
     out = tmp_path / "rep"
