@@ -138,7 +138,7 @@ def test_signal_during_commit_waits_for_the_whole_set(tmp_path, monkeypatch):
 
     def replace(a, b, **kw):
         if not calls:
-            os.kill(os.getpid(), signal.SIGINT)  # ^C after the first rename
+            signal.raise_signal(signal.SIGINT)  # ^C after the first rename, to this thread
         calls.append(b)
         return real(a, b, **kw)
 

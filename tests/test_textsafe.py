@@ -198,3 +198,21 @@ def test_report_files_hold_no_raw_control_characters(tmp_path):
     page = (out_dir / "report.html").read_text()
     assert "\x1b" not in page and "\x07" not in page
     assert "\\x1b]0;pwned\\x07" in page
+
+
+@pytest.mark.usefixtures("cheap_figures")
+def test_wrote_lines_show_control_characters_escaped(tmp_path):
+    """The success lines of report, analyze --out and trim name paths the user chose: a control
+    character in them is printed as its escape, never as the raw byte (a terminal would run it)."""
+    odd = tmp_path / "o\x1b[31mut\x07"
+    odd.mkdir()
+    rc, out, err = run_cli("report", FX, "-o", odd / "rep")
+    assert rc == 0, err
+    assert "\x1b" not in out + err and "\x07" not in out + err
+    assert f"wrote {tmp_path}/o\\x1b[31mut\\x07/rep/report.md, " in out
+    rc, out, err = run_cli("analyze", FX, "--section", "sizes", "--out", odd / "csv")
+    assert rc == 0, err
+    assert "\x1b" not in out + err and f"files to {tmp_path}/o\\x1b[31mut\\x07/csv (" in err
+    rc, out, err = run_cli("trim", FX, odd / "t.sqlite", "--iterations", "1")
+    assert rc == 0, err
+    assert "\x1b" not in out + err and f"wrote {tmp_path}/o\\x1b[31mut\\x07/t.sqlite (" in out

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 from tracekit.errors import TracekitError
 from tracekit.options import Options as _Options
+from tracekit.textsafe import clean
 from tracekit.vocab import PHASES as PHASE_CHOICES  # noqa: F401 (the phases --phase accepts)
 
 _DEFAULTS = _Options()  # the defaults shown by --help are those of tracekit.options.Options
@@ -76,7 +77,7 @@ def _write_out(a, out: Path, fmt: str, output=None):
     written = write_analysis(a, out, fmt, output)
     for note in a.notes:
         print(f"note: {note}", file=sys.stderr)
-    line = f"wrote {len(written)} files to {out} ({a.path})"
+    line = f"wrote {len(written)} files to {clean(out)} ({clean(a.path)})"
     if output is not None:
         return line
     print(line, file=sys.stderr)

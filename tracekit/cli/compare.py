@@ -10,6 +10,7 @@ import typer
 
 from tracekit.cli.common import check_rank_gas
 from tracekit.errors import TracekitError
+from tracekit.textsafe import clean
 
 
 def register(app: typer.Typer) -> None:
@@ -102,6 +103,6 @@ def register(app: typer.Typer) -> None:
             print(f"regression: {r['what']} {r['a_ms']:,.1f} -> {r['b_ms']:,.1f} ms per iteration "
                   f"(mean per steady iteration, {r['pct']:+.1f}% > {fail_above:g}%)", file=sys.stderr)
         if written and not as_json:
-            print("wrote " + ", ".join(str(p) for p in written))
+            print("wrote " + ", ".join(clean(p) for p in written))
         if slow:
             raise typer.Exit(1)

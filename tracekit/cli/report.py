@@ -11,6 +11,7 @@ import typer
 
 from tracekit.cli.common import check_rank_gas
 from tracekit.errors import TracekitError
+from tracekit.textsafe import clean
 
 
 def register(app: typer.Typer) -> None:
@@ -79,7 +80,7 @@ def register(app: typer.Typer) -> None:
             return
         for note in res.notes:
             print(f"note: {note}", file=sys.stderr)
-        print(f"wrote {res.out_dir / 'report.md'}, {res.out_dir / 'report.html'}"
-              + (f", {perfetto}" if perfetto is not None else "") + f" and {len(res.figures)} figures "
+        print(f"wrote {clean(res.out_dir / 'report.md')}, {clean(res.out_dir / 'report.html')}"
+              + (f", {clean(perfetto)}" if perfetto is not None else "") + f" and {len(res.figures)} figures "
               f"({len(res.files)} files) for pid {res.rank['pid']} GPU {res.rank['device']}, "
               f"iteration {res.iteration} shown in time")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
+from tracekit.textsafe import clean
+
 
 def register(app: "typer.Typer") -> None:
     """Add ``trim`` to ``app``."""
@@ -34,6 +36,6 @@ def register(app: "typer.Typer") -> None:
         t0, t1 = out["window_ns"]
         kept = sum(out["rows"].values())
         size = dst.stat().st_size
-        print(f"wrote {dst} ({size / 1e6:.1f} MB, {kept} rows): "
+        print(f"wrote {clean(dst)} ({size / 1e6:.1f} MB, {kept} rows): "
               f"{f'iterations {iterations}' if iterations else f'time range {time_range}'}, "
               f"window {t0}..{t1} ns ({(t1 - t0) / 1e6:.1f} ms)")
