@@ -143,8 +143,13 @@ def test_signal_during_commit_waits_for_the_whole_set(tmp_path, monkeypatch):
         return real(a, b, **kw)
 
     monkeypatch.setattr(output.os, "replace", replace)
-    with pytest.raises(KeyboardInterrupt):
-        s.commit()
+    # the handler a user's process has (an xdist worker may run with SIGINT ignored)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            s.commit()
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert len(calls) == 5 and [(out / n).read_bytes() for n in names] == [n.encode() for n in names]
 
 
