@@ -113,7 +113,7 @@ def analyze(path: str | Path, options: Options | dict | None = None, **kwargs) -
 
             prefetch_series(export)  # the GPU_METRICS scan overlaps the phase model and other sections
         # the per-bin timeline rows are built when the JSON is asked for, not for the tables
-        result, parts = compute(export, opts, defer_timeline=True)
+        result, parts = compute(export, opts, defer_timeline=True, keep_ranges=True)
     a = Analysis(path, opts, result, parts)
     if key is not None:
         a._put_result(tc, key)  # the stored result is the whole JSON

@@ -112,7 +112,8 @@ def analyze_export(export: Export, options: Options | dict | None = None) -> dic
     return compute(export, Options.of(options))[0]
 
 
-def compute(export: Export, options: Options, step=None, defer_timeline: bool = False) -> tuple[dict, dict]:
+def compute(export: Export, options: Options, step=None, defer_timeline: bool = False,
+            keep_ranges: bool = False) -> tuple[dict, dict]:
     """The analysis of an open export: ``(result, parts)``, ``result`` the dict of the module doc
     and ``parts`` what it was built from, ``{"model": PhaseModel, "table": phase_table,
     "totals": totals, "sub_phases": {phase: sub_phase_table}, "transfers": TransferResult}``
@@ -126,10 +127,16 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
     terminal view prints) instead of the per-bin ``throughput_timeline`` rows, and
     ``parts["timeline_deferred"]`` lists ``(that dict, global_pid, device)`` so that
     :meth:`tracekit.analysis.Analysis.to_json` builds the rows only when asked (issue 13).
+
+    ``keep_ranges``: the model holds only the NVTX ranges the sections read
+    (:func:`range_keep`; the others are reloaded from the trace if a later reader asks for them,
+    :func:`tracekit.analyze.model.phases.ranges_for`), so that they do not stay in memory for the
+    whole run (issue 24).
     """
     step = step or (lambda _m: None)
     step("finding phases and attributing GPU work")
-    model = phases.build(export, phase_map=list(options.phase_map) if options.phase_map else None, gas=options.gas)
+    model = phases.build(export, phase_map=list(options.phase_map) if options.phase_map else None, gas=options.gas,
+                         keep=range_keep(options) if keep_ranges else None)
     ctx = Context(export, model, tuple(options.sections or ()), options.pcie_threshold, options.bin_ns,
                   phase=options.phase, iteration=options.iteration, ds_config=options.ds_config)
 
@@ -222,6 +229,19 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
     if deferred:
         parts["timeline_deferred"] = deferred
     return result, parts
+
+
+def range_keep(options: Options) -> phases.RangeKeep:
+    """The NVTX ranges the sections of an analysis with ``options`` read
+    (:class:`tracekit.analyze.model.phases.RangeKeep`): those in the ``update`` windows (the idle
+    section's sub-phases) and in the windows of ``options.phase`` (the sub-phase table), and by name
+    the what-if model's steps and the CPU update's ranges."""
+    from tracekit.analyze.sections.cpu_update import CPU_STEP, CPU_WAIT
+    from tracekit.analyze.sections.whatif_pieces import RANGE_NAMES
+
+    kept = {"update", *([options.phase] if options.phase else [])}
+    names = "|".join(f"(?:{p})" for p in (RANGE_NAMES, CPU_STEP, CPU_WAIT))
+    return phases.RangeKeep(phases=frozenset(kept), names=names)
 
 
 def _incomplete(model: phases.PhaseModel) -> list[dict]:

@@ -227,10 +227,13 @@ def trace_config(data) -> RunConfig:
     if "run_config" not in data._cache:
         names: list[str] = []
         r = data.model.ranges
-        for col in ("name", "text"):
-            if hasattr(r, "columns") and col in r.columns:
-                names = [n for n in r[col].unique().to_list()[:5000] if n]
-                break
+        if getattr(data.model, "range_names", None) is not None:  # (a model that keeps part of its ranges)
+            names = [n for n in data.model.range_names[:5000] if n]
+        else:
+            for col in ("name", "text"):
+                if hasattr(r, "columns") and col in r.columns:
+                    names = [n for n in r[col].unique().to_list()[:5000] if n]
+                    break
         settings = None
         if data.analysis is not None:  # what analyze says: the config's values or the trace's
             settings = ((data.analysis.to_json() or {}).get("config") or {}).get("settings")

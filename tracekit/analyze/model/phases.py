@@ -121,6 +121,21 @@ class PhaseModel:
     unclosed: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=_UNCLOSED_SCHEMA))
     #: results derived from this model by other modules (e.g. per-window metrics), computed once
     cache: dict = field(default_factory=dict, repr=False)
+    #: None: :attr:`ranges` holds every nested range. Else the model was built with a
+    #: :class:`RangeKeep` (issue 24): :attr:`ranges` holds only the ranges of its ``phases``'
+    #: windows, of the ``tracekit`` domain, the phase ranges and the ranges named by its pattern;
+    #: :func:`ranges_for` reloads the rest from :attr:`path` when a reader needs them.
+    ranges_scope: frozenset | None = None
+    #: with a :class:`RangeKeep`: the what-if model's NVTX ranges (``global_pid, name, start, end``
+    #: of the push/pop ranges popped on their own thread, as :func:`tracekit.analyze.model.nvtx.load_ranges`
+    #: gives them, in the kept windows or named by the pattern) and ``step_range_names``, the
+    #: distinct names of all such ranges; None without one (the what-if model reads the export)
+    step_ranges: pl.DataFrame | None = None
+    step_range_names: frozenset | None = None
+    #: the distinct range names of the nested ranges (all of them, also with a :class:`RangeKeep`)
+    range_names: list | None = None
+    #: the trace the model was built from (what :func:`ranges_for` reloads)
+    path: str | None = None
 
     def derived(self, key, compute):
         """``compute()``, computed once per model: the value kept in :attr:`cache` under ``key``
@@ -130,6 +145,21 @@ class PhaseModel:
             self.cache[key] = compute()
         return self.cache[key]
 
+
+
+@dataclass(frozen=True)
+class RangeKeep:
+    """What of the NVTX ranges a model built by :func:`build` keeps for the whole run (issue 24:
+    the ranges are the largest frame of the model, ~1.2 M rows in a 10 GB trace, and most lie in
+    forward and backward, where no section of ``tracekit analyze`` reads them).
+
+    ``phases``: the phases whose windows' nested ranges are kept (the sub-phases of ``update``,
+    and of ``--phase``); ``names``: a regex of range names kept wherever they are (the what-if
+    model's steps, :data:`tracekit.analyze.sections.whatif_pieces.RANGE_NAMES`). The ``tracekit``
+    domain's ranges and the phase ranges themselves are always kept."""
+
+    phases: frozenset
+    names: str
 
 
 def _match(names: pl.Expr, patterns: dict[str, str]) -> pl.Expr:
@@ -247,11 +277,13 @@ def build(
     export: Export,
     phase_map: list[str] | None = None,
     gas: int | None = None,
+    keep: RangeKeep | None = None,
 ) -> PhaseModel:
     """Find phase windows and iterations in ``export`` and attribute its GPU operations.
 
     ``phase_map``: ``["PHASE=REGEX", ...]`` (see :func:`parse_phase_map`); ``gas``: gradient
-    accumulation steps, used only when updates must be inferred.
+    accumulation steps, used only when updates must be inferred; ``keep``: hold only part of the
+    NVTX ranges (:class:`RangeKeep`; None: all of them, in :attr:`PhaseModel.ranges`).
 
     A trace without NVTX ranges gets the whole-trace model: every process's source is
     :data:`NO_NVTX` and all its GPU work is 'other'.
@@ -269,7 +301,8 @@ def build(
 
     prefetch_runtime(export)
     ops = load_gpu_ops(export)
-    ranges = set_aside_unclosed(export, nvtx.load_ranges(export), ops)
+    loaded = nvtx.load_ranges(export)
+    ranges = set_aside_unclosed(export, loaded, ops)
     anomalies = nvtx.anomalies(export, ranges)
     cand, source, mapped = _candidates(ranges, pmap)
     if pmap and not mapped:
@@ -320,16 +353,97 @@ def build(
     windows = _tile(phase_windows, span)
     nested = _nested(ranges, source)
     ops = _attribute(ops, windows, nested)
+    nested_source = dict(source)  # (what _nested read: a reload nests the same way)
     for pid in pids:
         source.setdefault(int(pid), NO_NVTX if no_nvtx else "none")
-    return PhaseModel(
+    model = PhaseModel(
         windows=windows,
         ops=ops,
         ranges=nested,
         source=source,
         anomalies=anomalies,
         unclosed=_unclosed_table(windows, ranges),
+        path=str(export.path),
     )
+    if keep is not None:
+        model.cache["nested_source"] = nested_source
+        _keep_ranges(model, loaded, keep)
+        del loaded, ranges, nested
+        # (the load is not kept with the export either: the what-if model reads model.step_ranges)
+        export._memo.pop(("nvtx.load_ranges", None), None)
+    return model
+
+
+def _in_windows(frame: pl.DataFrame, spans: pl.DataFrame) -> pl.Series:
+    """Whether each row of ``frame`` (``global_pid, start``) starts inside one of ``spans``
+    (``global_pid, start, end``: ns, closed at both ends, may overlap) of its process."""
+    out = np.zeros(frame.height, dtype=bool)
+    if not frame.height or not spans.height:
+        return pl.Series(out)
+    gp = frame["global_pid"].to_numpy()
+    st = frame["start"].to_numpy()
+    for (pid,), sp in spans.group_by(["global_pid"]):
+        sp = sp.sort("start")
+        a, b = sp["start"].to_numpy(), sp["end"].to_numpy()
+        b = np.maximum.accumulate(b)  # (sorted by start: the furthest end so far covers)
+        mine = np.flatnonzero(gp == pid)
+        j = np.searchsorted(a, st[mine], side="right") - 1
+        out[mine] = (j >= 0) & (st[mine] <= b[np.maximum(j, 0)])
+    return pl.Series(out)
+
+
+def _keep_ranges(model: PhaseModel, loaded: pl.DataFrame, keep: RangeKeep) -> None:
+    """Narrow ``model.ranges`` to what ``keep`` says (:class:`RangeKeep`) and set
+    ``step_ranges`` / ``step_range_names`` from ``loaded`` (:func:`tracekit.analyze.model.nvtx.load_ranges`)."""
+    w = model.windows
+    nested = model.ranges
+    model.range_names = nested["name"].drop_nulls().unique().to_list()
+    spans = w.filter(pl.col("phase").is_in(list(keep.phases))).select("global_pid", "start", "end", "range_index")
+    # the phase ranges' own spans too: their nested ranges are what self_segments reads
+    own = spans.filter(pl.col("range_index").is_not_null()).select("range_index").join(
+        nested.select("range_index", "global_pid", "start", "end"), on="range_index")
+    spans = pl.concat([spans.drop("range_index"), own.drop("range_index")])
+    named = pl.col("name").fill_null("").str.contains(keep.names)
+    flags = nested.select(
+        "global_pid", "start",
+        k=(pl.col("domain") == TRACEKIT_DOMAIN).fill_null(False) | named
+        | pl.col("range_index").is_in(w["range_index"].drop_nulls().implode()))
+    mask = (flags["k"] | _in_windows(flags, spans)).to_numpy()
+    # ``parent`` is a row of the frame (nvtx.nest): renumbered to the kept rows; a parent left
+    # out (an outer range begun before the kept windows) becomes -1, as a root's
+    par = nested["parent"].to_numpy()
+    pos = np.cumsum(mask) - 1
+    has = par >= 0
+    has[has] = mask[par[has]]
+    new_parent = np.where(has, pos[np.maximum(par, 0)], -1).astype(par.dtype)[mask]
+    model.ranges = nested.filter(pl.Series(mask)).with_columns(parent=pl.Series(new_parent))
+    model.ranges_scope = frozenset(keep.phases)
+    # the what-if model's ranges: as it read them from load_ranges (the ends as recorded)
+    upd = w.filter(pl.col("phase") == "update").select("global_pid", "start", "end")
+    st = loaded.select("global_pid", "name", "start", "end",
+                       _keep=~pl.col("cross_thread") & (pl.col("event_type") == enums.NVTX_PUSH_POP))
+    st = st.filter(pl.col("_keep")).drop("_keep")
+    model.step_range_names = frozenset(st["name"].drop_nulls().unique().to_list())
+    mask = st.select(named)["name"] | _in_windows(st, upd)
+    model.step_ranges = st.filter(mask)
+
+
+def ranges_for(model: PhaseModel, phases: set | frozenset | None = None) -> pl.DataFrame:
+    """The nested NVTX ranges (:attr:`PhaseModel.ranges`' columns) a reader of the windows of
+    ``phases`` (None: of any phase) needs: :attr:`PhaseModel.ranges` when it holds them, else all
+    of them, reloaded once from :attr:`PhaseModel.path` (a model built with a :class:`RangeKeep`
+    asked for another phase: the same frame the build nested). Raises :class:`TracekitError` when
+    the trace can no longer be read."""
+    scope = model.ranges_scope
+    if scope is None or (phases is not None and set(phases) <= scope):
+        return model.ranges
+
+    def reload() -> pl.DataFrame:
+        with Export.open(model.path) as export:
+            loaded = set_aside_unclosed(export, nvtx.load_ranges(export), model.ops)
+            return _nested(loaded, model.cache.get("nested_source", model.source))
+
+    return model.derived("all_nested_ranges", reload)
 
 
 
@@ -353,7 +467,10 @@ def drop_iterations(model: PhaseModel, drop: pl.DataFrame, unclosed: pl.DataFram
     return PhaseModel(windows=model.windows.join(drop, on=keys, how="anti"),
                       ops=model.ops.join(drop, on=keys, how="anti"), ranges=model.ranges, source=model.source,
                       anomalies=model.anomalies,
-                      unclosed=model.unclosed if unclosed is None else unclosed)
+                      unclosed=model.unclosed if unclosed is None else unclosed,
+                      ranges_scope=model.ranges_scope, step_ranges=model.step_ranges,
+                      step_range_names=model.step_range_names, range_names=model.range_names, path=model.path,
+                      cache={k: v for k, v in model.cache.items() if k in ("nested_source", "all_nested_ranges")})
 
 
 def _phase_windows(c: pl.DataFrame, last_gpu: int, gas: int | None) -> tuple[pl.DataFrame, bool]:

@@ -270,7 +270,9 @@ def sub_phase_table(model: PhaseModel, phase: str) -> pl.DataFrame:
 def self_segments(model: PhaseModel, wm: pl.DataFrame) -> pl.DataFrame:
     """``wm`` are rows of :func:`rank_windows`. Self-time segments ``global_pid, device, iteration, sub_phase, s, e`` of the ranges
     nested in each window of ``wm`` (and of the phase range itself as ``(none)``)."""
-    nested = model.ranges
+    from tracekit.analyze.model.phases import ranges_for
+
+    nested = ranges_for(model, set(wm["phase"].unique().to_list()) if "phase" in wm.columns else None)
     out = []
     plain = wm.filter(pl.col("range_index").is_null())
     out.append(plain.select("global_pid", "device", "iteration", sub_phase=pl.lit("(none)"), s="start", e="end"))

@@ -115,16 +115,19 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
     are means over the steady iterations. Ranks without a complete iteration are left out.
     """
     table = breakdown.phase_table(model)
-    ranges = nvtx.load_ranges(export)
-    # (the four columns read here, picked before the filter: the ranges are not copied whole)
-    ranges = ranges.select("global_pid", "name", "start", "end",
-                           _keep=~pl.col("cross_thread") & (pl.col("event_type") == 59))
-    keep = ranges["_keep"]
-    ranges = ranges.drop("_keep")
-    if keep.null_count() or not keep.all():  # (most often every range is kept: no copy then)
-        ranges = ranges.filter(keep)
-    del keep
-    names = set(ranges["name"].drop_nulls().unique().to_list())
+    if model.step_ranges is not None:  # the ranges the build kept for this model (RangeKeep, issue 24)
+        ranges, names = model.step_ranges, set(model.step_range_names)
+    else:
+        ranges = nvtx.load_ranges(export)
+        # (the four columns read here, picked before the filter: the ranges are not copied whole)
+        ranges = ranges.select("global_pid", "name", "start", "end",
+                               _keep=~pl.col("cross_thread") & (pl.col("event_type") == 59))
+        keep = ranges["_keep"]
+        ranges = ranges.drop("_keep")
+        if keep.null_count() or not keep.all():  # (most often every range is kept: no copy then)
+            ranges = ranges.filter(keep)
+        del keep
+        names = set(ranges["name"].drop_nulls().unique().to_list())
     role_expr = _role_expr(names)
     hc = host_copies(model)
     gpu = _device_info(export)
@@ -392,6 +395,10 @@ def _norm_fixed(norm_iv, ops: pl.DataFrame, n_iterations: int, sub_groups: int |
 #: (the D2H of each partition into the CPU gradient buffer and its accumulation there); the range
 #: is pushed only with optimizer offload.
 GRAD_OFFLOAD_RANGE = "grad_copy_to_host"
+#: every range name :func:`measure` reads outside the update windows (or may read inside them by
+#: name): what a model built with a :class:`tracekit.analyze.model.phases.RangeKeep` keeps by name
+RANGE_NAMES = "|".join(f"(?:{p})" for p in (*ROLES.values(), GRAD_TENSOR_RANGES, SUB_GROUP_FIXED_RANGES,
+                                              f"^{GRAD_OFFLOAD_RANGE}$"))
 
 
 def _grad_offload(rng: pl.DataFrame, bwd: pl.DataFrame, c: pl.DataFrame, ks, ke, steady: list[int]) -> dict:

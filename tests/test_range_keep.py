@@ -1,0 +1,128 @@
+"""A model that keeps part of its NVTX ranges (issue 24, :class:`phases.RangeKeep`): the kept
+subset is exactly what the rule says (checked row by row with a plain Python loop over the full
+frame), a reader of other phases gets every range back, and the analysis computed on it equals
+the one computed on the whole model, on real fixtures with DeepSpeed, tracekit and worker ranges."""
+
+import json
+import re
+
+import polars as pl
+import pytest
+from conftest import FIXTURES, ZERO3_CUT
+
+from tracekit.analysis import Analysis, analyze
+from tracekit.analyze.model import phases
+from tracekit.analyze.result import range_keep
+from tracekit.analyze.sections import breakdown, whatif_pieces
+from tracekit.analyze.trace.export import Export
+from tracekit.options import SECTIONS, Options
+
+#: ZeRO-3 with DeepSpeed's ranges only; SuperOffload with tracekit's ranges and a CPU worker;
+#: ZeRO-2 with tracekit's capture ranges
+TRACES = [ZERO3_CUT, FIXTURES / "superoffload_cut.sqlite", FIXTURES / "zero2_offload_gas2_cut.sqlite"]
+
+
+def _models(path, keep):
+    with Export.open(path) as e:
+        full = phases.build(e)
+    with Export.open(path) as e:
+        kept = phases.build(e, keep=keep)
+        memo_left = ("nvtx.load_ranges", None) in e._memo
+    return full, kept, memo_left
+
+
+def _expected_rows(full: phases.PhaseModel, keep: phases.RangeKeep) -> list[int]:
+    """The rule, row by row: the range_index of every nested range to keep."""
+    pat = re.compile(keep.names)
+    spans = {}  # pid -> [(start, end)] of the kept phases' windows and of their phase ranges
+    by_index = {r["range_index"]: r for r in full.ranges.iter_rows(named=True)}
+    phase_ranges = set()
+    for w in full.windows.iter_rows(named=True):
+        if w["range_index"] is not None:
+            phase_ranges.add(w["range_index"])
+        if w["phase"] in keep.phases:
+            spans.setdefault(w["global_pid"], []).append((w["start"], w["end"]))
+            r = by_index.get(w["range_index"])
+            if r is not None:
+                spans[w["global_pid"]].append((r["start"], r["end"]))
+    out = []
+    for r in full.ranges.iter_rows(named=True):
+        inside = any(a <= r["start"] <= b for a, b in spans.get(r["global_pid"], ()))
+        if (r["domain"] == "tracekit" or pat.search(r["name"] or "") or r["range_index"] in phase_ranges
+                or inside):
+            out.append(r["range_index"])
+    return out
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_kept_ranges_follow_the_rule(path):
+    keep = range_keep(Options())
+    full, kept, memo_left = _models(path, keep)
+    assert not memo_left  # the whole load is not kept with the export either
+    want = _expected_rows(full, keep)
+    assert kept.ranges["range_index"].to_list() == want
+    assert 0 < kept.ranges.height <= full.ranges.height
+    # the kept rows are the full model's rows, column for column, but ``parent`` (a row of the
+    # frame): it names the same range, or -1 where that range was left out
+    rows = full.ranges.filter(pl.col("range_index").is_in(want))
+    assert kept.ranges.drop("parent").equals(rows.drop("parent"))
+    full_index = full.ranges["range_index"].to_list()
+    kept_index = kept.ranges["range_index"].to_list()
+    for r, p in zip(rows.iter_rows(named=True), kept.ranges["parent"].to_list()):
+        was = full_index[r["parent"]] if r["parent"] >= 0 else None
+        assert (kept_index[p] if p >= 0 else None) == (was if was in want else None)
+    assert kept.ranges_scope == frozenset({"update"})
+    assert sorted(kept.range_names) == sorted(full.ranges["name"].drop_nulls().unique().to_list())
+    # every other part of the model is the same
+    assert kept.windows.equals(full.windows) and kept.ops.equals(full.ops)
+
+
+def test_shared_trace_keeps_a_small_part(full_trace):
+    """On the shared trace most ranges are in forward and backward: the model keeps few."""
+    full, kept, _ = _models(full_trace, range_keep(Options()))
+    assert full.ranges.height == 74344
+    assert kept.ranges.height == len(_expected_rows(full, range_keep(Options())))
+    assert kept.ranges.height < full.ranges.height / 20
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_other_phases_reload_every_range(path):
+    full, kept, _ = _models(path, range_keep(Options()))
+    assert phases.ranges_for(kept, {"update"}) is kept.ranges
+    assert phases.ranges_for(kept, {"forward"}).equals(full.ranges)
+    assert phases.ranges_for(kept).equals(full.ranges)
+    for phase in ("forward", "backward", "update"):
+        assert breakdown.sub_phase_table(kept, phase).equals(breakdown.sub_phase_table(full, phase))
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_what_if_pieces_read_the_kept_ranges(path):
+    full, kept, _ = _models(path, range_keep(Options()))
+    with Export.open(path) as e:
+        a = whatif_pieces.measure(e, full)
+    with Export.open(path) as e:
+        b = whatif_pieces.measure(e, kept)
+    assert len(a) == len(b) and a
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            if isinstance(x[k], pl.DataFrame):
+                assert x[k].equals(y[k]), k
+            else:
+                assert x[k] == y[k], k
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_analysis_equals_the_whole_model(path, tmp_path):
+    """`tracekit analyze` keeps part of the ranges; `Analysis.of_export` (report, compare) keeps
+    them all: every section's JSON is the same, with --phase forward too."""
+    for opts in (Options(sections=SECTIONS), Options(sections=SECTIONS, phase="forward")):
+        lean = analyze(path, opts, cache=False)
+        assert lean.model.ranges_scope is not None
+        with Export.open(path) as e:
+            whole = Analysis.of_export(e, opts)
+        assert whole.model.ranges_scope is None
+        a, b = lean.to_json(), whole.to_json()
+        assert json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+        # frames read later from the model (sub-phases of another phase) are the same too
+        assert lean.sub_phase_table("backward").equals(whole.sub_phase_table("backward"))
