@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sqlite3
 
+import polars as pl
+import pytest
 from conftest import ZERO3_CUT
 
 from tracekit.analyze.model import gpu_ops, nvtx
@@ -81,3 +83,42 @@ def test_gpu_ops_launch_columns_match_a_plain_sql_join():
     want = sorted(want, key=lambda r: tuple(-1 if v is None else v for v in r))
     assert got == want
     assert sum(r[3] is not None for r in got) > 0.9 * len(got)  # nearly every op has its launching call
+
+
+@pytest.mark.parametrize("chunk_rows", [7, 1000])
+def test_launches_read_in_small_chunks_are_the_plain_sql_rows(monkeypatch, chunk_rows):
+    """The runtime table read in rowid chunks, each cut to the launches before the next is read
+    (issue 24), gives the rows of the plain SQL filter, whatever the chunk size; a correlation id
+    given twice within a process keeps its first call."""
+    monkeypatch.setattr(gpu_ops, "_CHUNK_ROWS", chunk_rows)
+    want = sorted(_sql(
+        'SELECT correlationId, start, "end", nameId, globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME '
+        'WHERE correlationId > 0 AND correlationId IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL '
+        'UNION SELECT correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY UNION SELECT correlationId FROM '
+        'CUPTI_ACTIVITY_KIND_MEMSET)'))
+    with Export.open(ZERO3_CUT, cache=False) as ex:
+        rt = gpu_ops.load_runtime(ex, launches_only=True)
+        ids = pl.Series(sorted({r[0] for r in want}))
+        assert rt.equals(gpu_ops.load_runtime(ex, launches_only=True, ids=ids))
+    got = sorted(rt.select("correlation_id", "api_start", "api_end", "api_name_id", "launch_tid").iter_rows())
+    assert got == want
+
+
+def test_repeated_correlation_id_keeps_the_first_call(tmp_path):
+    """A synthetic export (built here) whose runtime table gives one
+    correlation id twice in one process: the first call in table order is the launch."""
+    import sqlite3
+
+    db = tmp_path / "synthetic_repeated_correlation.sqlite"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
+    con.execute('CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INT, "end" INT, globalTid INT, '
+                'correlationId INT, nameId INT)')
+    tid = (7 << 24) + 3
+    con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, ?, ?, ?)",
+                    [(100, 110, tid, 5, 1), (200, 230, tid, 5, 2), (300, 305, tid, 6, 1), (400, 410, tid, 0, 1)])
+    con.commit()
+    con.close()
+    with Export.open(db, cache=False) as ex:
+        rt = gpu_ops.load_runtime(ex, launches_only=True, ids=pl.Series([5, 6]))
+    assert rt.select("correlation_id", "api_start", "api_end").rows() == [(5, 100, 110), (6, 300, 305)]

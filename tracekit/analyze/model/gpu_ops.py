@@ -132,7 +132,7 @@ def load_gpu_ops(export: Export) -> pl.DataFrame:
         dst_kind=pl.col("dst_kind_id").replace_strict(mem_labels, default=None, return_dtype=pl.String),
         bytes=pl.col("bytes").fill_null(0),
     )
-    runtime = load_runtime(export, launches_only=True)
+    runtime = load_runtime(export, launches_only=True, ids=ops["correlation_id"].drop_nulls().unique())
     api = ["api_start", "api_end", "api_name_id", "launch_tid"]
     if runtime.height:
         # joined on the two key columns only, the api columns then put beside the ops (no copy
@@ -201,42 +201,71 @@ _RUNTIME_SCHEMA = {
 }
 
 
-def _runtime_query(export: Export, launches_only: bool = False) -> tuple[str, tuple, dict] | None:
-    """``(sql, params, schema)`` of the runtime rows :func:`load_runtime` reads; None when the
-    table lacks the columns to join on. ``launches_only``: only calls whose correlation id is
-    one of a kernel, memcpy or memset (the calls that launched GPU work: about a quarter of
-    the runtime rows of a DeepSpeed trace)."""
+def _runtime_query(export: Export) -> tuple[str, tuple, dict] | None:
+    """``(sql, params, schema)`` of the runtime rows :func:`load_runtime` reads (in rowid chunks,
+    :data:`_CHUNK_ROWS` each); None when the table lacks the columns to join on."""
     cols = set(export.columns("CUPTI_ACTIVITY_KIND_RUNTIME"))
     if not {"correlationId", "globalTid", "start"} <= cols:
         return None
     name = "nameId" if "nameId" in cols else "NULL"
     sql = f"""SELECT correlationId, start, "end", {name}, globalTid
             FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId > 0"""
-    if launches_only:
-        ops = [f"SELECT correlationId FROM {quote_ident(t)}" for t in _TABLES.values()
-               if "correlationId" in export.columns(t)]
-        sql += f" AND correlationId IN ({' UNION ALL '.join(ops)})" if ops else " AND 0"
     return (sql, (), _RUNTIME_SCHEMA)
 
 
+#: CUPTI_ACTIVITY_KIND_RUNTIME rowids per chunk of :func:`load_runtime`' read: at most three
+#: chunks are held at a time, each cut to the launches at once (issue 24: the rows held do not
+#: grow with the calls that launched nothing, three quarters of a DeepSpeed trace's calls)
+_CHUNK_ROWS = 32_768
+
+
+def _chunk_args(q: tuple[str, tuple, dict]) -> dict:
+    sql, params, schema = q
+    return {"sql": sql, "params": params, "schema": schema, "table": "CUPTI_ACTIVITY_KIND_RUNTIME",
+            "chunk_rows": _CHUNK_ROWS, "workers": 1}
+
+
+def _launch_ids(export: Export) -> pl.Series:
+    """The correlation ids of every kernel, memcpy and memset of the export (any process)."""
+    parts = [export.query(f"SELECT correlationId AS correlation_id FROM {quote_ident(t)}",
+                          schema={"correlation_id": pl.Int64}, memo=False)["correlation_id"]
+             for t in _TABLES.values() if "correlationId" in export.columns(t)]
+    return pl.concat(parts).drop_nulls().unique() if parts else pl.Series("correlation_id", [], pl.Int64)
+
+
 def prefetch_runtime(export: Export, launches_only: bool = True) -> bool:
-    """Start reading the rows of :func:`load_runtime` (by default those :func:`load_gpu_ops`
-    reads: ``launches_only``) in a background thread (the largest table the phase model reads
-    after NVTX_EVENTS), so that the scan overlaps the other reads."""
-    q = _runtime_query(export, launches_only)
-    return q is not None and export.prefetch(*q)
+    """Start reading the first chunks of the rows of :func:`load_runtime` in a background thread
+    (the largest table the phase model reads after NVTX_EVENTS), so that the scan overlaps the
+    other reads. The same chunks serve ``launches_only`` or not (the filter is applied as they
+    are consumed); False when there is nothing to start."""
+    q = _runtime_query(export)
+    return q is not None and export.prefetch_chunks(**_chunk_args(q))
 
 
-def load_runtime(export: Export, launches_only: bool = False) -> pl.DataFrame:
+def load_runtime(export: Export, launches_only: bool = False, ids: pl.Series | None = None) -> pl.DataFrame:
     """CUDA runtime calls that have a correlation id: ``correlation_id, api_start, api_end,
     api_name_id, launch_tid, global_pid`` (ns; Int64). Calls with correlation id 0 launch
     nothing. ``launches_only``: only the calls whose correlation id is one of a kernel, memcpy
     or memset of the export (what :func:`load_gpu_ops` joins; any call sharing such an id
-    is kept, so the join finds what it would find among all the calls)."""
-    q = _runtime_query(export, launches_only)
+    is kept, so the join finds what it would find among all the calls); ``ids``: those
+    correlation ids when the caller has them (else read from the GPU tables).
+
+    The table is read in rowid chunks, each filtered before the next is read (a correlation id
+    repeated within a process keeps its first call in rowid order)."""
+    q = _runtime_query(export)
     if q is None:
         return pl.DataFrame(schema=_RUNTIME_SCHEMA | {"global_pid": pl.Int64})
-    rt = export.query(*q, memo=False)  # read once per model (load_gpu_ops): not kept in the memo
+    if launches_only and ids is None:
+        ids = _launch_ids(export)
+    wanted = None if not launches_only else ids.implode()
+    pieces = []
+    for chunk in export.query_chunks(**_chunk_args(q)):
+        pieces.append(chunk if wanted is None else chunk.filter(pl.col("correlation_id").is_in(wanted)))
+        del chunk
+    rt = pl.concat(pieces) if pieces else pl.DataFrame(schema=_RUNTIME_SCHEMA)
+    del pieces
     rt = rt.with_columns(global_pid=global_pid(pl.col("launch_tid")))
     # correlation ids are unique per process; keep the first should an export repeat one
-    return rt.unique(subset=["global_pid", "correlation_id"], keep="first", maintain_order=False)
+    if rt.select(pl.struct("global_pid", "correlation_id").is_duplicated().any()).item():
+        rt = rt.unique(subset=["global_pid", "correlation_id"], keep="first", maintain_order=True)
+    return rt

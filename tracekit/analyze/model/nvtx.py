@@ -200,6 +200,12 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
     # read in rowid chunks, each cut at once to its usable ranges (NVTX_EVENTS order kept)
     names_of = Domains()
     pieces, bad, top = [], 0, [None, None]
+    # each range's name as a code into ``values`` (the text, or the string of its textId; "" for
+    # neither), made chunk by chunk: the rows held until the sort carry 4 bytes of name, not a
+    # 16-byte view of the text beside the id, and the end thread only as ``cross_thread`` (issue 24)
+    values: list[str] = [""]
+    by_text: dict[str, int] = {}
+    by_id: dict[int, int] = {}
     for chunk in export.query_chunks(**_chunk_args(q)):
         for row in chunk.filter(et == enums.NVTX_DOMAIN_CREATE).select("global_tid", "domain_id", "text").iter_rows():
             names_of.add(*row)
@@ -212,8 +218,30 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
         keep = flags["keep"].fill_null(False)
         # the event type (59, 60: the query reads no other range type) kept as Int8: the frame
         # is held for the whole run (issue 24)
-        pieces.append((chunk if keep.all() else chunk.filter(keep)).with_columns(pl.col("event_type").cast(pl.Int8)))
+        c = chunk if keep.all() else chunk.filter(keep)
         del chunk, flags
+        for t in c["text"].drop_nulls().unique().to_list():
+            if t not in by_text:
+                by_text[t] = len(values)
+                values.append(t)
+        new_ids = [i for i in c.filter(pl.col("text").is_null())["text_id"].drop_nulls().unique().to_list()
+                   if i not in by_id]
+        found = export.strings(new_ids) if new_ids else {}
+        for i in new_ids:
+            if i in found:
+                by_id[i] = len(values)
+                values.append(found[i])
+            else:
+                by_id[i] = 0  # an id StringIds lacks: "" as before
+        code = (pl.when(pl.col("text").is_not_null())
+                .then(pl.col("text").replace_strict(by_text, default=0, return_dtype=pl.UInt32))
+                .otherwise(pl.col("text_id").replace_strict(by_id, default=0, return_dtype=pl.UInt32))
+                .fill_null(0))
+        pieces.append(c.select(
+            "range_id", "start", "end", pl.col("event_type").cast(pl.Int8), "global_tid", "domain_id",
+            name_code=code,
+            cross_thread=pl.col("end_tid").is_not_null() & (pl.col("end_tid") != pl.col("global_tid"))))
+        del c
     export.set_aside["nvtx_unusable_ranges"] = bad
     if capture_end is None:
         capture_end = export.capture_end()
@@ -237,14 +265,7 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
     del raw, idx
     # names and domains gathered from small tables of the distinct values: the rows share the
     # text of one value (no string is copied per range)
-    text_ids = g.filter(pl.col("text").is_null())["text_id"].drop_nulls().unique().to_list()
-    names = export.strings(text_ids)
-    name_values = pl.Series([*names.values(), ""], dtype=pl.String)
-    name_code = {int(i): k for k, i in enumerate(names)}
-    name_idx = g["text_id"].replace_strict(name_code, default=len(names), return_dtype=pl.UInt32)
-    name = name_values.gather(name_idx.fill_null(len(names)))
-    if g["text"].null_count() < g.height:
-        name = g.select(pl.coalesce(pl.col("text"), pl.lit(name)))["text"]
+    name = pl.Series(values, dtype=pl.String).gather(g.drop_in_place("name_code"))
     ranges = g.with_columns(
         name=name,
         # (a few distinct names: Categorical, 4 bytes a range, not a 16-byte string view; held for
@@ -252,7 +273,6 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
         domain=names_of.column(g.select(global_pid(pl.col("global_tid")))["global_tid"], g["domain_id"])
         .cast(pl.Categorical),
         unclosed=pl.col("end").is_null() | (pl.col("end") >= capture_end),
-        cross_thread=pl.col("end_tid").is_not_null() & (pl.col("end_tid") != pl.col("global_tid")),
         global_pid=global_pid(pl.col("global_tid")),
     ).with_columns(end=pl.col("end").fill_null(capture_end))
     return ranges.select(RANGE_COLUMNS)

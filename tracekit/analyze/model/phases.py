@@ -54,7 +54,7 @@ from tracekit.analyze.model.unclosed import (  # noqa: F401  (the unclosed names
     _unclosed_table,
     set_aside_unclosed,
 )
-from tracekit.analyze.trace import enums
+from tracekit.analyze.trace import enums, heap
 from tracekit.analyze.trace.export import Export
 from tracekit.userfiles import shown
 from tracekit.vocab import NO_NVTX
@@ -301,7 +301,9 @@ def build(
 
     prefetch_runtime(export)
     ops = load_gpu_ops(export)
+    heap.release()  # (the reads' C buffers: see tracekit.analyze.trace.heap)
     loaded = nvtx.load_ranges(export)
+    heap.release()
     ranges = set_aside_unclosed(export, loaded, ops)
     anomalies = nvtx.anomalies(export, ranges)
     cand, source, mapped = _candidates(ranges, pmap)

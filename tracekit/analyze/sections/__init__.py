@@ -615,6 +615,9 @@ def run(ctx: Context, names=None, before: Callable[[Section], None] | None = Non
         if before is not None:
             before(s)
         got = s.compute(ctx)
+        from tracekit.analyze.trace.heap import release
+
+        release()  # the C heap's pages the section's reads freed (tracekit.analyze.trace.heap)
         ctx.out.update(got)
         ctx.produced[s.name] = tuple(got)
         ctx.ran.append(s.name)
