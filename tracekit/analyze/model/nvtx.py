@@ -156,6 +156,10 @@ def _ranges_query(export: Export) -> tuple[str, tuple, dict] | None:
 #: ``_CHUNK_WORKERS + 2`` chunks are held at a time: the read's memory does not grow with the trace).
 _CHUNK_ROWS = 32_768
 _CHUNK_WORKERS = 1
+#: chunks whose kept rows are copied into one frame of polars' own: a column taken from a chunk
+#: as ADBC returned it keeps that chunk's whole Arrow batch alive (its text and every column it
+#: dropped; :func:`tracekit.analyze.trace.fetch.query_adbc`), ~3x the rows kept (issue 24)
+_COMPACT_EVERY = 8
 
 
 def _chunk_args(q: tuple[str, tuple, dict]) -> dict:
@@ -204,6 +208,7 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
     # neither), made chunk by chunk: the rows held until the sort carry 4 bytes of name, not a
     # 16-byte view of the text beside the id, and the end thread only as ``cross_thread`` (issue 24)
     values: list[str] = [""]
+    pending: list[pl.DataFrame] = []  # the last chunks' kept rows, still in the reader's buffers
     by_text: dict[str, int] = {}
     by_id: dict[int, int] = {}
     for chunk in export.query_chunks(**_chunk_args(q)):
@@ -237,11 +242,17 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
                 .then(pl.col("text").replace_strict(by_text, default=0, return_dtype=pl.UInt32))
                 .otherwise(pl.col("text_id").replace_strict(by_id, default=0, return_dtype=pl.UInt32))
                 .fill_null(0))
-        pieces.append(c.select(
+        pending.append(c.select(
             "range_id", "start", "end", pl.col("event_type").cast(pl.Int8), "global_tid", "domain_id",
             name_code=code,
             cross_thread=pl.col("end_tid").is_not_null() & (pl.col("end_tid") != pl.col("global_tid"))))
         del c
+        if len(pending) == _COMPACT_EVERY:
+            pieces.append(pl.concat(pending, rechunk=True))  # (fetch.py: a kept column holds its batch)
+            pending.clear()
+    if pending:
+        pieces.append(pl.concat(pending, rechunk=True))
+        pending.clear()
     export.set_aside["nvtx_unusable_ranges"] = bad
     if capture_end is None:
         capture_end = export.capture_end()

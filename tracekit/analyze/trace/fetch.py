@@ -75,7 +75,12 @@ def query_adbc(export, sql: str, params: tuple, schema: dict | None) -> pl.DataF
     whose ADBC connection is opened on first use and kept in its ``_adbc``) fetched through ADBC
     (Arrow batches, no Python objects per row); None when it cannot
     (driver missing, a parameter it cannot inline, a column whose values do not fit the
-    type ADBC inferred from the first rows): the caller then uses sqlite3."""
+    type ADBC inferred from the first rows): the caller then uses sqlite3.
+
+    The frame's columns are ADBC's Arrow buffers, not copies, and any one of them kept keeps its
+    whole batch alive (every column of it, the text included): a caller that keeps a few
+    columns of many results copies them (``pl.concat(..., rechunk=True)``), as
+    :func:`tracekit.analyze.model.nvtx.load_ranges` does (issue 24)."""
     try:
         literal_sql = _inline_params(sql, params)
         if literal_sql is None:
