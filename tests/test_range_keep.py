@@ -48,8 +48,7 @@ def _expected_rows(full: phases.PhaseModel, keep: phases.RangeKeep) -> list[int]
     out = []
     for r in full.ranges.iter_rows(named=True):
         inside = any(a <= r["start"] <= b for a, b in spans.get(r["global_pid"], ()))
-        if (r["domain"] == "tracekit" or pat.search(r["name"] or "") or r["range_index"] in phase_ranges
-                or inside):
+        if pat.search(r["name"] or "") or r["range_index"] in phase_ranges or inside:
             out.append(r["range_index"])
     return out
 
@@ -63,14 +62,19 @@ def test_kept_ranges_follow_the_rule(path):
     assert kept.ranges["range_index"].to_list() == want
     assert 0 < kept.ranges.height <= full.ranges.height
     # the kept rows are the full model's rows, column for column, but ``parent`` (a row of the
-    # frame): it names the same range, or -1 where that range was left out
+    # frame) and ``depth``: a kept parent is the same range; else -1 or a kept range around it
     rows = full.ranges.filter(pl.col("range_index").is_in(want))
-    assert kept.ranges.drop("parent").equals(rows.drop("parent"))
+    assert kept.ranges.drop("parent", "depth").equals(rows.drop("parent", "depth"))
     full_index = full.ranges["range_index"].to_list()
-    kept_index = kept.ranges["range_index"].to_list()
-    for r, p in zip(rows.iter_rows(named=True), kept.ranges["parent"].to_list()):
+    kept_rows = kept.ranges.to_dicts()
+    wanted = set(want)
+    for r, k in zip(rows.iter_rows(named=True), kept_rows):
         was = full_index[r["parent"]] if r["parent"] >= 0 else None
-        assert (kept_index[p] if p >= 0 else None) == (was if was in want else None)
+        now = kept_rows[k["parent"]] if k["parent"] >= 0 else None
+        if was in wanted:
+            assert now is not None and now["range_index"] == was
+        elif now is not None:
+            assert now["global_tid"] == k["global_tid"] and now["start"] <= k["start"] and now["end"] >= k["end"]
     assert kept.ranges_scope == frozenset({"update"})
     assert sorted(kept.range_names) == sorted(full.ranges["name"].drop_nulls().unique().to_list())
     # every other part of the model is the same

@@ -177,7 +177,105 @@ def prefetch_ranges(export: Export) -> bool:
             and export.prefetch_chunks(**_chunk_args(q)))
 
 
-def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
+class Thin:
+    """What a read of the NVTX ranges for the phase model alone keeps (:func:`load_thin_ranges`,
+    issue 24): of a DeepSpeed trace's ranges ~97 % hold no launch of GPU work and lie outside
+    the update (``get_all_parameters`` alone is 56 k of 74 k per 4 iterations), and no reader of
+    the model looks at those. A range is kept when it holds a launch of its own thread (it can be
+    the innermost range of an op, :func:`innermost_at`), its name matches ``keep_names`` (phases,
+    iterations, the steps read by name), it starts inside a range named by ``update_names`` of
+    its process (the update's sub-phases and steps), it was never popped, it is a start/end or
+    a cross-thread range (the anomaly counts). The rest is counted into :attr:`span` (per
+    process, the first start and last end: the process's span and last activity) and
+    :attr:`names` (the distinct names: ``global_pid, domain_id, name, event_type, cross_thread``).
+
+    ``launches``: per ``global_tid``, the sorted launch times (ns) of its GPU work. Built for
+    rowid order = start order (nearly every export); :attr:`ordered` is False when a chunk went
+    back in time, and then the caller reads the whole table instead."""
+
+    def __init__(self, launches: dict, keep_names: str, update_names: str) -> None:
+        self.launches = launches
+        self.keep_names, self.update_names = keep_names, update_names
+        self.ordered = True
+        self.dropped = 0
+        self.span = pl.DataFrame(schema={"global_pid": pl.Int64, "start": pl.Int64, "end": pl.Int64})
+        self.names: pl.DataFrame | None = None
+        self._names: list[pl.DataFrame] = []
+        self._last_start: int | None = None
+        self._update_end: dict[int, int] = {}  # per process, the furthest end of an update range so far
+        self._matches: tuple[np.ndarray, np.ndarray] = (np.zeros(0, bool), np.zeros(0, bool))
+
+    def _match(self, values: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Per name code, whether the name matches ``keep_names`` / ``update_names`` (polars'
+        regexes, as every later filter of the model; computed once per new name)."""
+        known = len(self._matches[0])
+        if known < len(values):
+            new = pl.Series(values[known:], dtype=pl.String)
+            self._matches = tuple(np.concatenate([old, new.str.contains(pat).fill_null(False).to_numpy()])
+                                  for old, pat in zip(self._matches, (self.keep_names, self.update_names)))
+        return self._matches
+
+    def mask(self, c: pl.DataFrame, values: list[str], forms: pl.Expr) -> np.ndarray:
+        """Which rows of the chunk ``c`` (usable ranges with ``name_code`` and ``cross_thread``)
+        to keep; the others are counted. ``forms``: true for a range never popped."""
+        st = c["start"].to_numpy()
+        if st.size:
+            if (self._last_start is not None and st[0] < self._last_start) or (np.diff(st) < 0).any():
+                self.ordered = False
+            self._last_start = int(st[-1]) if self._last_start is None else max(self._last_start, int(st[-1]))
+        keep_n, upd_n = self._match(values)
+        code = c["name_code"].to_numpy()
+        flags = c.select(k=forms | (pl.col("event_type") == enums.NVTX_START_END) | pl.col("cross_thread"),
+                         pid=global_pid(pl.col("global_tid")))
+        keep = flags["k"].fill_null(True).to_numpy() | keep_n[code]
+        is_upd = upd_n[code]
+        tid = c["global_tid"].fill_null(-1).to_numpy()
+        pid = flags["pid"].fill_null(-1).to_numpy()
+        en = c["end"].fill_null(np.iinfo(np.int64).max).to_numpy()
+        for t in np.unique(tid):  # holds a launch of its own thread: start <= launch < end
+            la = self.launches.get(int(t))
+            if la is None or not la.size:
+                continue
+            m = np.flatnonzero(tid == t)
+            keep[m] |= np.searchsorted(la, st[m], side="left") < np.searchsorted(la, en[m], side="left")
+        for p in np.unique(pid):  # starts inside an update range of its process seen so far
+            m = np.flatnonzero(pid == p)
+            ends = np.where(is_upd[m], en[m], np.iinfo(np.int64).min)
+            reach = np.maximum.accumulate(np.maximum(ends, self._update_end.get(int(p), np.iinfo(np.int64).min)))
+            keep[m] |= st[m] <= reach
+            self._update_end[int(p)] = int(reach[-1])
+        nest = c.select("global_tid", "domain_id", "name_code", "event_type", "cross_thread").unique()
+        self._names.append(nest)
+        drop = ~keep
+        if drop.any():
+            self.dropped += int(drop.sum())
+            gone = c.filter(pl.Series(drop)).group_by(global_pid(pl.col("global_tid")).alias("global_pid")).agg(
+                pl.col("start").min(), pl.col("end").max())
+            self.span = pl.concat([self.span, gone.cast(self.span.schema)]).group_by("global_pid").agg(
+                pl.col("start").min(), pl.col("end").max())
+        return keep
+
+    def finish(self, names_of: "Domains", values: list[str]) -> None:
+        """:attr:`names` from the distinct rows seen, with the domain and name strings."""
+        raw = pl.concat(self._names).unique() if self._names else pl.DataFrame(
+            schema={"global_tid": pl.Int64, "domain_id": pl.Int64, "name_code": pl.UInt32,
+                    "event_type": pl.Int8, "cross_thread": pl.Boolean})
+        self._names.clear()
+        pid = raw.select(global_pid(pl.col("global_tid")))["global_tid"]
+        self.names = raw.select(
+            global_pid=pid, domain=names_of.column(pid, raw["domain_id"]),
+            name=pl.Series(values, dtype=pl.String).gather(raw["name_code"]),
+            event_type="event_type", cross_thread="cross_thread").unique()
+
+
+def load_thin_ranges(export: Export, thin: Thin) -> pl.DataFrame:
+    """:func:`load_ranges` keeping only what ``thin`` says (:class:`Thin`; its ``span``,
+    ``names`` and ``dropped`` are filled). Not kept with the export. When the table's rowid
+    order is not its start order (``thin.ordered`` False) every range is returned."""
+    return _load_ranges(export, None, thin)
+
+
+def _load_ranges(export: Export, capture_end: int | None, thin: Thin | None = None) -> pl.DataFrame:
     q = _ranges_query(export)
     if q is None:
         return pl.DataFrame(
@@ -193,6 +291,7 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
     # lies before the start for a range opened within startTime of the stop): kept, for
     # tracekit.analyze.model.phases.set_aside_unclosed to recognise
     unusable = pl.col("start").is_null() | (pl.col("end").is_not_null() & (pl.col("end") < pl.col("start")))
+    never_popped = None
     if "duration" in export.tables.get("ANALYSIS_DETAILS", {}):
         try:
             never_popped = export.conn.execute("SELECT max(duration) FROM ANALYSIS_DETAILS").fetchone()[0]
@@ -201,6 +300,12 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
         if isinstance(never_popped, int):
             unusable = unusable & ~(pl.col("start").is_not_null() & (pl.col("end") == never_popped))
     is_range = et != enums.NVTX_DOMAIN_CREATE
+    never = pl.col("end").is_null()  # the forms of a range never popped (unclosed.py), for Thin
+    if isinstance(never_popped, int):
+        never = never | (pl.col("end") == never_popped)
+    stop = export.capture_end()
+    if stop is not None:
+        never = never | (pl.col("end") >= stop)
     # read in rowid chunks, each cut at once to its usable ranges (NVTX_EVENTS order kept)
     names_of = Domains()
     pieces, bad, top = [], 0, [None, None]
@@ -242,10 +347,15 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
                 .then(pl.col("text").replace_strict(by_text, default=0, return_dtype=pl.UInt32))
                 .otherwise(pl.col("text_id").replace_strict(by_id, default=0, return_dtype=pl.UInt32))
                 .fill_null(0))
-        pending.append(c.select(
+        c = c.select(
             "range_id", "start", "end", pl.col("event_type").cast(pl.Int8), "global_tid", "domain_id",
             name_code=code,
-            cross_thread=pl.col("end_tid").is_not_null() & (pl.col("end_tid") != pl.col("global_tid"))))
+            cross_thread=pl.col("end_tid").is_not_null() & (pl.col("end_tid") != pl.col("global_tid")))
+        if thin is not None:
+            m = thin.mask(c, values, never)
+            if not m.all():
+                c = c.filter(pl.Series(m))
+        pending.append(c)
         del c
         if len(pending) == _COMPACT_EVERY:
             pieces.append(pl.concat(pending, rechunk=True))  # (fetch.py: a kept column holds its batch)
@@ -254,6 +364,8 @@ def _load_ranges(export: Export, capture_end: int | None) -> pl.DataFrame:
         pieces.append(pl.concat(pending, rechunk=True))
         pending.clear()
     export.set_aside["nvtx_unusable_ranges"] = bad
+    if thin is not None:
+        thin.finish(names_of, values)
     if capture_end is None:
         capture_end = export.capture_end()
     if capture_end is None:

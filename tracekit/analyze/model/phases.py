@@ -89,7 +89,7 @@ WINDOW_COLUMNS = [
     "unclosed",  # bool: the window's NVTX range never closed; its end is the process's last activity
     "start",  # ns
     "end",  # ns
-    "range_index",  # Int64: row of the NVTX range in PhaseModel.ranges, null if none
+    "range_index",  # Int64: the NVTX range's range_id (NVTX_EVENTS rowid; PhaseModel.ranges' range_index), or null
 ]
 
 
@@ -123,7 +123,8 @@ class PhaseModel:
     cache: dict = field(default_factory=dict, repr=False)
     #: None: :attr:`ranges` holds every nested range. Else the model was built with a
     #: :class:`RangeKeep` (issue 24): :attr:`ranges` holds only the ranges of its ``phases``'
-    #: windows, of the ``tracekit`` domain, the phase ranges and the ranges named by its pattern;
+    #: windows, the phase ranges and the ranges named by its pattern (``parent`` -1 where the
+    #: parent is not kept);
     #: :func:`ranges_for` reloads the rest from :attr:`path` when a reader needs them.
     ranges_scope: frozenset | None = None
     #: with a :class:`RangeKeep`: the what-if model's NVTX ranges (``global_pid, name, start, end``
@@ -155,8 +156,10 @@ class RangeKeep:
 
     ``phases``: the phases whose windows' nested ranges are kept (the sub-phases of ``update``,
     and of ``--phase``); ``names``: a regex of range names kept wherever they are (the what-if
-    model's steps, :data:`tracekit.analyze.sections.whatif_pieces.RANGE_NAMES`). The ``tracekit``
-    domain's ranges and the phase ranges themselves are always kept."""
+    model's steps, :data:`tracekit.analyze.sections.whatif_pieces.RANGE_NAMES`, and the CPU
+    update's). The phase ranges themselves are always kept. With ``phases`` = ``{"update"}`` the
+    build reads the ranges thin (:class:`tracekit.analyze.model.nvtx.Thin`): the ranges no reader
+    of the model can look at are not even held while it is built."""
 
     phases: frozenset
     names: str
@@ -200,7 +203,7 @@ def _candidates(ranges: pl.DataFrame, phase_map: dict[str, str] | None) -> tuple
     the phases it does not name keep the built-in names (tracekit's ranges, else DeepSpeed's)."""
     # the matching rows are picked from narrow masks and only they are gathered (a DeepSpeed
     # trace has ~75k ranges per 4 iterations, a few dozen of them phases)
-    indexed = ranges.with_row_index("range_index")
+    indexed = ranges.with_columns(range_index=pl.col("range_id"))
 
     def pick(cond: pl.Expr, patterns: dict[str, str]) -> pl.DataFrame:
         hit = ~pl.col("cross_thread") & cond & _match(pl.col("name"), patterns).is_not_null()
@@ -278,6 +281,7 @@ def build(
     phase_map: list[str] | None = None,
     gas: int | None = None,
     keep: RangeKeep | None = None,
+    _thin: bool = True,
 ) -> PhaseModel:
     """Find phase windows and iterations in ``export`` and attribute its GPU operations.
 
@@ -294,7 +298,6 @@ def build(
         export.require("CUPTI_ACTIVITY_KIND_KERNEL", "phase attribution")
     # no NVTX at all: the whole-trace report, every process's work 'other' (source NO_NVTX)
     no_nvtx = not export.has("NVTX_EVENTS", 1)
-    pmap = parse_phase_map(phase_map)
     # the two large scans in background threads (SQLite releases the GIL) while the GPU tables load
     nvtx.prefetch_ranges(export)
     from tracekit.analyze.model.gpu_ops import prefetch_runtime
@@ -302,9 +305,14 @@ def build(
     prefetch_runtime(export)
     ops = load_gpu_ops(export)
     heap.release()  # (the reads' C buffers: see tracekit.analyze.trace.heap)
-    loaded = nvtx.load_ranges(export)
+    pmap = parse_phase_map(phase_map)
+    thin = _thin_read(ops, keep, pmap) if _thin else None
+    loaded = nvtx.load_ranges(export) if thin is None else nvtx.load_thin_ranges(export, thin)
+    if thin is not None and not thin.ordered:  # (rowid order is not start order: read them all)
+        thin, loaded = None, nvtx.load_ranges(export)
     heap.release()
-    ranges = set_aside_unclosed(export, loaded, ops)
+    dropped = thin.span if thin is not None else None
+    ranges = set_aside_unclosed(export, loaded, ops, others=dropped)
     anomalies = nvtx.anomalies(export, ranges)
     cand, source, mapped = _candidates(ranges, pmap)
     if pmap and not mapped:
@@ -334,7 +342,10 @@ def build(
         span_start=pl.min_horizontal(pl.col("launch").min(), pl.col("start").min()),
         span_end=pl.col("end").max(),
     )
-    rng_span = ranges.group_by("global_pid").agg(r_start=pl.col("start").min(), r_end=pl.col("end").max())
+    rng_span = ranges.select("global_pid", "start", "end")
+    if dropped is not None and dropped.height:  # (the ranges a thin read left out count in the span)
+        rng_span = pl.concat([rng_span, dropped.cast(rng_span.schema)])
+    rng_span = rng_span.group_by("global_pid").agg(r_start=pl.col("start").min(), r_end=pl.col("end").max())
     span = span.join(rng_span, on="global_pid", how="left").select(
         "global_pid",
         span_start=pl.min_horizontal("span_start", "r_start"),
@@ -351,6 +362,9 @@ def build(
         if inferred:
             source[pid] = source.get(pid, "none") + "+inferred-update"
         parts.append(_iterations(w, ranges, pid, export.first_iteration))
+    if thin is not None and any(src.endswith("+inferred-update") for src in source.values()):
+        # an inferred update window has no range to keep what starts inside it: read them all
+        return build(export, phase_map=phase_map, gas=gas, keep=keep, _thin=False)
     phase_windows = pl.concat(parts) if parts else pl.DataFrame()
     windows = _tile(phase_windows, span)
     nested = _nested(ranges, source)
@@ -369,7 +383,7 @@ def build(
     )
     if keep is not None:
         model.cache["nested_source"] = nested_source
-        _keep_ranges(model, loaded, keep)
+        _keep_ranges(model, loaded, keep, None if thin is None else thin.names)
         del loaded, ranges, nested
         # (the load is not kept with the export either: the what-if model reads model.step_ranges)
         export._memo.pop(("nvtx.load_ranges", None), None)
@@ -394,12 +408,37 @@ def _in_windows(frame: pl.DataFrame, spans: pl.DataFrame) -> pl.Series:
     return pl.Series(out)
 
 
-def _keep_ranges(model: PhaseModel, loaded: pl.DataFrame, keep: RangeKeep) -> None:
+def _thin_read(ops: pl.DataFrame, keep: RangeKeep | None, pmap: dict | None):
+    """The :class:`tracekit.analyze.model.nvtx.Thin` of a build with ``keep`` (None without
+    one, or when ``keep`` asks for the ranges of other phases than ``update``, which lie
+    everywhere): the ops' launches per thread, the names every reader looks for."""
+    if keep is None or set(keep.phases) != {"update"}:
+        return None
+    la = ops.select("launch_tid", "launch").drop_nulls().sort("launch_tid", "launch")
+    tid, t = la["launch_tid"].to_numpy(), la["launch"].to_numpy()
+    cut = np.flatnonzero(np.diff(tid)) + 1
+    launches = {int(g[0]): ts for g, ts in zip(np.split(tid, cut), np.split(t, cut)) if g.size}
+    names = [keep.names, TRACEKIT_ITERATION, *TRACEKIT_PHASES.values(), *DEEPSPEED_PHASES.values(),
+             *(pmap or {}).values()]
+    updates = [TRACEKIT_PHASES["update"], DEEPSPEED_PHASES["update"], *([pmap["update"]] if pmap and "update" in pmap
+                                                                         else [])]
+    return nvtx.Thin(launches, "|".join(f"(?:{p})" for p in names), "|".join(f"(?:{p})" for p in updates))
+
+
+def _keep_ranges(model: PhaseModel, loaded: pl.DataFrame, keep: RangeKeep, names: pl.DataFrame | None) -> None:
     """Narrow ``model.ranges`` to what ``keep`` says (:class:`RangeKeep`) and set
-    ``step_ranges`` / ``step_range_names`` from ``loaded`` (:func:`tracekit.analyze.model.nvtx.load_ranges`)."""
+    ``step_ranges`` / ``step_range_names`` from ``loaded`` (:func:`tracekit.analyze.model.nvtx.load_ranges`);
+    ``names``: the distinct names of a thin read (:class:`tracekit.analyze.model.nvtx.Thin`), when
+    ``loaded`` is one."""
     w = model.windows
     nested = model.ranges
-    model.range_names = nested["name"].drop_nulls().unique().to_list()
+    if names is None:
+        model.range_names = nested["name"].drop_nulls().unique().to_list()
+    else:  # the names the nested ranges would have (_nested's filter, on the distinct names)
+        tk = [p for p, src in model.cache["nested_source"].items() if src.startswith("tracekit")]
+        pp = names.filter((pl.col("event_type") == enums.NVTX_PUSH_POP) & ~pl.col("cross_thread"))
+        model.range_names = pp.filter(~pl.col("global_pid").is_in(tk) | (pl.col("domain") == TRACEKIT_DOMAIN))[
+            "name"].drop_nulls().unique().to_list()
     spans = w.filter(pl.col("phase").is_in(list(keep.phases))).select("global_pid", "start", "end", "range_index")
     # the phase ranges' own spans too: their nested ranges are what self_segments reads
     own = spans.filter(pl.col("range_index").is_not_null()).select("range_index").join(
@@ -407,9 +446,7 @@ def _keep_ranges(model: PhaseModel, loaded: pl.DataFrame, keep: RangeKeep) -> No
     spans = pl.concat([spans.drop("range_index"), own.drop("range_index")])
     named = pl.col("name").fill_null("").str.contains(keep.names)
     flags = nested.select(
-        "global_pid", "start",
-        k=(pl.col("domain") == TRACEKIT_DOMAIN).fill_null(False) | named
-        | pl.col("range_index").is_in(w["range_index"].drop_nulls().implode()))
+        "global_pid", "start", k=named | pl.col("range_index").is_in(w["range_index"].drop_nulls().implode()))
     mask = (flags["k"] | _in_windows(flags, spans)).to_numpy()
     # ``parent`` is a row of the frame (nvtx.nest): renumbered to the kept rows; a parent left
     # out (an outer range begun before the kept windows) becomes -1, as a root's
@@ -425,7 +462,9 @@ def _keep_ranges(model: PhaseModel, loaded: pl.DataFrame, keep: RangeKeep) -> No
     st = loaded.select("global_pid", "name", "start", "end",
                        _keep=~pl.col("cross_thread") & (pl.col("event_type") == enums.NVTX_PUSH_POP))
     st = st.filter(pl.col("_keep")).drop("_keep")
-    model.step_range_names = frozenset(st["name"].drop_nulls().unique().to_list())
+    every = st if names is None else names.filter((pl.col("event_type") == enums.NVTX_PUSH_POP)
+                                                  & ~pl.col("cross_thread"))
+    model.step_range_names = frozenset(every["name"].drop_nulls().unique().to_list())
     mask = st.select(named)["name"] | _in_windows(st, upd)
     model.step_ranges = st.filter(mask)
 
@@ -620,10 +659,9 @@ def _nested(ranges: pl.DataFrame, source: dict[int, str]) -> pl.DataFrame:
         ~pl.col("global_pid").is_in(tk_pids) | (pl.col("domain") == TRACEKIT_DOMAIN)
     )
     mask = ranges.select(keep=keep)["keep"]
-    pp = ranges.with_row_index("range_index")
+    pp = ranges.with_columns(range_index=pl.col("range_id").cast(pl.Int64))
     if mask.null_count() or not mask.all():  # often every range nests: then no copy is made
         pp = pp.filter(mask)
-    pp = pp.with_columns(pl.col("range_index").cast(pl.Int64))
     return nvtx.nest(pp)
 
 

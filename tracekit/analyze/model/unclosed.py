@@ -88,7 +88,8 @@ def _unclosed_forms(export: Export, ranges: pl.DataFrame) -> pl.Series:
     return ranges.with_columns(unclosed_form=expr.otherwise(pl.lit(None, pl.String)))["unclosed_form"]
 
 
-def set_aside_unclosed(export: Export, ranges: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+def set_aside_unclosed(export: Export, ranges: pl.DataFrame, ops: pl.DataFrame,
+                       others: pl.DataFrame | None = None) -> pl.DataFrame:
     """Find the NVTX ranges that were never popped and end them at their process's last activity.
 
     ``ranges``: frame of :func:`tracekit.analyze.model.nvtx.load_ranges`; ``ops``: frame of
@@ -103,6 +104,8 @@ def set_aside_unclosed(export: Export, ranges: pl.DataFrame, ops: pl.DataFrame) 
     ``end`` of unclosed ranges replaced by the last activity of the process: the latest end of
     its GPU operations, of the CUDA calls that launched them, or of its closed NVTX ranges (at
     least the range's own start). Sorted by (global_tid, start, -end) like ``load_ranges``.
+    ``others``: ``global_pid, end`` of closed ranges not in ``ranges`` (a thin read,
+    :class:`tracekit.analyze.model.nvtx.Thin`), counted in the last activity.
     """
     ranges = ranges.with_columns(unclosed_form=_unclosed_forms(export, ranges))
     ranges = ranges.with_columns(unclosed=pl.col("unclosed_form").is_not_null())
@@ -113,6 +116,8 @@ def set_aside_unclosed(export: Export, ranges: pl.DataFrame, ops: pl.DataFrame) 
         ranges.filter(~pl.col("unclosed")).group_by("global_pid").agg(last=pl.col("end").max()),
         ranges.filter(pl.col("unclosed")).group_by("global_pid").agg(last=pl.col("start").max()),
     ]
+    if others is not None and others.height:
+        acts.append(others.group_by("global_pid").agg(last=pl.col("end").max()))
     last = pl.concat([a.cast({"global_pid": pl.Int64, "last": pl.Int64}) for a in acts])
     last = last.group_by("global_pid").agg(pl.col("last").max())
     # the process's last activity per row from a join of the key column only (the ranges' other
@@ -135,9 +140,7 @@ def _unclosed_table(windows: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame
     w = windows.filter(pl.col("unclosed"))
     if w.height == 0:
         return pl.DataFrame(schema=_UNCLOSED_SCHEMA)
-    r = ranges.with_row_index("range_index").select(
-        pl.col("range_index").cast(pl.Int64), "name", form="unclosed_form"
-    )
+    r = ranges.select(pl.col("range_id").cast(pl.Int64).alias("range_index"), "name", form="unclosed_form")
     w = w.join(r, on="range_index", how="left").with_columns(
         reason=pl.col("form").replace_strict(UNCLOSED_REASONS, default=None, return_dtype=pl.String)
     )
