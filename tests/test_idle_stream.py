@@ -76,10 +76,11 @@ def test_fixture_in_many_spans_equals_the_whole_read(monkeypatch):
     assert sub["wall_ns"].sum() == w.filter(pl.col("phase") == "update")["wall_ns"].sum()
 
 
-def _synthetic(path: Path, reverse: bool) -> Path:
+def _synthetic(path: Path, order: str) -> Path:
     """Three phases with compute, NCCL and a second thread's kernel; 60 short calls on the main
     thread, a 25 ms synchronize on the other thread crossing every phase, overlapping calls. The
-    runtime rows written in start order, or in reverse."""
+    runtime rows written in start order (``order`` "start"), in reverse ("reverse"), or in start
+    order but the last two swapped ("last_swapped")."""
     t = SyntheticTrace()
     tid = gtid(1, MAIN)
     t.range("DeepSpeedEngine.forward", 1 * MS, 11 * MS, tid, "DeepSpeed")
@@ -106,7 +107,9 @@ def _synthetic(path: Path, reverse: bool) -> Path:
     call(9 * MS + 30 * US, 34 * MS + 10 * US, OTHER, "cudaStreamSynchronize_v3020")  # the long one
     call(9500 * US, 9800 * US, MAIN, "cudaMemcpyAsync_v3020")  # inside the long one: goes to it
     call(40 * MS + 40 * US, 42 * MS, MAIN, "cudaMalloc_v3020")
-    t.runtime.sort(key=lambda r: r[0], reverse=reverse)
+    t.runtime.sort(key=lambda r: r[0], reverse=order == "reverse")
+    if order == "last_swapped":
+        t.runtime[-2:] = t.runtime[:-3:-1]
     return t.write(path)
 
 
@@ -142,13 +145,13 @@ def _walk(path: Path, model) -> tuple[dict, dict]:
     return cats, api
 
 
-@pytest.mark.parametrize("reverse", [False, True])
-def test_synthetic_streamed_or_read_whole_equals_a_walk(monkeypatch, tmp_path, reverse):
+@pytest.mark.parametrize("order", ["start", "reverse", "last_swapped"])
+def test_synthetic_streamed_or_read_whole_equals_a_walk(monkeypatch, tmp_path, order):
     """In start order, 3 rowids a chunk: 25 spans, the 25 ms synchronize carried through 13 of
-    them. Reversed (synthetic_idle_unordered): the order check fails at the first chunk and the
-    calls are read whole. Both give the walk's numbers; the two traces give equal sub-phases."""
-    name = "synthetic_idle_unordered.sqlite" if reverse else "synthetic_idle_ordered.sqlite"
-    path = _synthetic(tmp_path / name, reverse)
+    them. Reversed (synthetic_idle_unordered), the order check fails at the first chunk; with the
+    last two rows swapped, at the last chunk, after 23 spans were classified: the calls are then
+    read whole. All three give the walk's numbers."""
+    path = _synthetic(tmp_path / f"synthetic_idle_{'ordered' if order == 'start' else 'unordered'}.sqlite", order)
     monkeypatch.setattr(idle, "_CALL_CHUNK", 3)
     spans = _spy(monkeypatch)
     with Export.open(path) as e:
@@ -156,10 +159,10 @@ def test_synthetic_streamed_or_read_whole_equals_a_walk(monkeypatch, tmp_path, r
         w, by_api, sub = idle.idle_frames(m, e)
         again = idle.idle_windows(m, e)
     assert again[0] is w  # kept on the model
-    assert bool(m.cache.get(idle._UNORDERED)) == reverse
+    assert bool(m.cache.get(idle._UNORDERED)) == (order != "start")
     # 70 rows: 24 chunks, a span each and the last one; reversed, the first chunk fails the check
-    assert len(spans) == (0 if reverse else 25)
-    if not reverse:  # the 25 ms synchronize, carried through the spans from 9.03 to 34.01 ms
+    assert len(spans) == {"start": 25, "reverse": 0, "last_swapped": 23}[order]
+    if order != "reverse":  # the 25 ms synchronize, carried through the spans from 9.03 to 34.01 ms
         carried = [lo for lo, _hi, c, names in spans
                    if c.filter((pl.col("start") < lo) & (pl.col("end") - pl.col("start") > 20 * MS)).height]
         assert len(carried) == 13 and min(carried) > 9030 * US and max(carried) < 34010 * US

@@ -82,6 +82,10 @@ def api_group(name: str) -> str:
     return "other"
 
 
+#: the columns of the API calls the breakdowns classify (times in ns; ``code`` 1-based into the names)
+_CALLS_SCHEMA = {"launch_tid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "code": pl.Int32}
+
+
 def _calls_query(export: Export, model: PhaseModel) -> tuple[str, dict, pl.Series] | None:
     """``(sql, schema, tids)``: the query of the CUDA API calls :func:`api_call_codes` and
     :func:`_stream_spans` read (``launch_tid, start, end, name_id``, Int64) and the launching
@@ -115,8 +119,7 @@ def api_call_codes(export: Export, model: PhaseModel) -> tuple[pl.DataFrame, lis
     back to when the calls are not in start order by rowid (:func:`_stream_spans`); not kept."""
     q = _calls_query(export, model)
     if q is None:
-        schema = {"launch_tid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "code": pl.Int32}
-        return pl.DataFrame(schema=schema), [], []
+        return pl.DataFrame(schema=_CALLS_SCHEMA), [], []
     sql, schema, tids = q
     rt = _of_threads(export.query(sql, schema=schema, memo=False), tids)
     ids = rt["name_id"].drop_nulls().unique().to_list()
@@ -152,8 +155,7 @@ def _stream_spans(export: Export, model: PhaseModel):
     lo_, hi_ = np.iinfo(np.int64).min, np.iinfo(np.int64).max
     q = _calls_query(export, model)
     if q is None:
-        yield lo_, hi_, pl.DataFrame(schema={"launch_tid": pl.Int64, "start": pl.Int64, "end": pl.Int64,
-                                             "code": pl.Int32}), [], []
+        yield lo_, hi_, pl.DataFrame(schema=_CALLS_SCHEMA), [], []
         return
     sql, schema, tids = q
     names: list[str] = []
@@ -192,9 +194,7 @@ def _stream_spans(export: Export, model: PhaseModel):
                 held = held.filter(pl.col("end") > lo)
     finally:
         chunks.close()
-    if held is None:
-        held = pl.DataFrame(schema={"launch_tid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "code": pl.Int32})
-    yield lo, hi_, held, names, groups
+    yield lo, hi_, pl.DataFrame(schema=_CALLS_SCHEMA) if held is None else held, names, groups
 
 
 def _inside(u: tuple[np.ndarray, np.ndarray], p: np.ndarray) -> np.ndarray:
