@@ -341,8 +341,8 @@ def _idle(ctx: Context) -> dict:
 
     out = {}
     if ctx.selected("idle"):
-        out["idle"], out["idle_by_api"] = idle.idle_windows(ctx.model, ctx.export)
-        out["idle_sub_phase"] = idle.idle_sub_phases(ctx.model, ctx.export)
+        # (the windows and the update's sub-phases from one read of the API calls)
+        out["idle"], out["idle_by_api"], out["idle_sub_phase"] = idle.idle_frames(ctx.model, ctx.export)
         out["launch_stats"] = idle.launch_stats(ctx.model, ctx.export, idle=out["idle"])
         if not ctx.export.has(idle.TABLE, 1):
             ctx.notes.append(f"idle: {REGISTRY['idle'].missing_note(idle.TABLE).split(', ', 1)[1]}: in_api_ns is 0 "

@@ -23,7 +23,9 @@ time of a sub-phase), every nanosecond lands in exactly one category, tested in 
    threads: the host runs Python / framework code (or waits on something outside CUDA).
 
 The four sum to ``wall_ns`` exactly (elementary segments between all interval edges, each
-classified once).
+classified once). The API calls are read once per breakdown in rowid chunks and classified a
+time span at a time (:func:`_stream_spans`), so that what is held does not grow with the trace;
+an export whose calls are not in start order by rowid has them read whole (:func:`api_call_codes`).
 
 Launch statistics (:func:`launch_stats`) per window count the kernels *attributed* to it (their
 launching call began inside it, :mod:`tracekit.analyze.model.phases`): ``kernel_count`` (all
@@ -80,36 +82,119 @@ def api_group(name: str) -> str:
     return "other"
 
 
+#: the columns of the API calls the breakdowns classify (times in ns; ``code`` 1-based into the names)
+_CALLS_SCHEMA = {"launch_tid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "code": pl.Int32}
+
+
+def _calls_query(export: Export, model: PhaseModel) -> tuple[str, dict, pl.Series] | None:
+    """``(sql, schema, tids)``: the query of the CUDA API calls :func:`api_call_codes` and
+    :func:`_stream_spans` read (``launch_tid, start, end, name_id``, Int64) and the launching
+    threads (``model.ops``' ``launch_tid``); None when the table lacks the columns or no thread
+    launched GPU work."""
+    cols = set(export.columns(TABLE))
+    tids = model.ops["launch_tid"].drop_nulls().unique()
+    if not {"globalTid", "start", "end"} <= cols or tids.len() == 0:
+        return None
+    name = "CASE WHEN typeof(nameId) = 'integer' THEN nameId END" if "nameId" in cols else "NULL"
+    # rows whose times or thread are not integers (a damaged or edited export) are left out
+    sql = f"""SELECT globalTid, start, "end", {name} FROM {TABLE}
+              WHERE typeof(globalTid) = 'integer' AND typeof(start) = 'integer'
+                AND typeof("end") = 'integer' AND "end" > start"""
+    return sql, {"launch_tid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "name_id": pl.Int64}, tids
+
+
+def _of_threads(rt: pl.DataFrame, tids: pl.Series) -> pl.DataFrame:
+    """The rows of ``rt`` whose ``launch_tid`` is one of ``tids``."""
+    mine = rt.select(pl.col("launch_tid").is_in(tids.implode()))["launch_tid"]
+    # (most often every call is of such a thread: no copy)
+    return rt if not mine.null_count() and mine.all() else rt.filter(mine)
+
+
 def api_call_codes(export: Export, model: PhaseModel) -> tuple[pl.DataFrame, list[str], list[str]]:
     """Every CUDA API call of the threads that launched GPU work, with its name as a code:
     ``(calls, names, groups)``, ``calls`` with ``launch_tid, start, end`` (ns) and ``code``
     (Int32, 1-based into ``names``,
-    the distinct short names, sorted; ``groups[k]`` is the group of ``names[k]``). Computed once
-    per model; the strings are not repeated per call (a 10 GB trace has ~1.2 M calls), and the
-    rows read are not kept beside them (the query is not memoized: a 1x trace held both)."""
-    def compute() -> tuple[pl.DataFrame, list[str], list[str]]:
-        schema = {"launch_tid": pl.Int64, "start": pl.Int64, "end": pl.Int64, "name_id": pl.Int64}
-        cols = set(export.columns(TABLE))
-        tids = model.ops["launch_tid"].drop_nulls().unique()
-        if not {"globalTid", "start", "end"} <= cols or tids.len() == 0:
-            return pl.DataFrame(schema={**schema, "code": pl.Int32}).drop("name_id"), [], []
-        name = "CASE WHEN typeof(nameId) = 'integer' THEN nameId END" if "nameId" in cols else "NULL"
-        # rows whose times or thread are not integers (a damaged or edited export) are left out
-        rt = export.query(f"""SELECT globalTid, start, "end", {name} FROM {TABLE}
-                              WHERE typeof(globalTid) = 'integer' AND typeof(start) = 'integer'
-                                AND typeof("end") = 'integer' AND "end" > start""", schema=schema, memo=False)
-        mine = rt.select(pl.col("launch_tid").is_in(tids.implode()))["launch_tid"]
-        if mine.null_count() or not mine.all():  # (most often every call is of such a thread: no copy)
-            rt = rt.filter(mine)
-        ids = rt["name_id"].drop_nulls().unique().to_list()
-        by_id = {i: short_name(s) for i, s in export.strings(ids).items()}
-        names = sorted(set(by_id.values()) | {"?"})  # "?": a call with no name
-        code = {n: k for k, n in enumerate(names, 1)}
-        rt = rt.with_columns(code=pl.col("name_id").replace_strict({i: code[n] for i, n in by_id.items()},
-                                                                   default=code["?"], return_dtype=pl.Int32))
-        return rt.drop("name_id"), names, [api_group(n) for n in names]
+    the distinct short names, sorted; ``groups[k]`` is the group of ``names[k]``), in rowid
+    order. The whole table at once (a 10 GB trace has ~1.2 M calls): what the breakdowns fall
+    back to when the calls are not in start order by rowid (:func:`_stream_spans`); not kept."""
+    q = _calls_query(export, model)
+    if q is None:
+        return pl.DataFrame(schema=_CALLS_SCHEMA), [], []
+    sql, schema, tids = q
+    rt = _of_threads(export.query(sql, schema=schema, memo=False), tids)
+    ids = rt["name_id"].drop_nulls().unique().to_list()
+    by_id = {i: short_name(s) for i, s in export.strings(ids).items()}
+    names = sorted(set(by_id.values()) | {"?"})  # "?": a call with no name
+    code = {n: k for k, n in enumerate(names, 1)}
+    rt = rt.with_columns(code=pl.col("name_id").replace_strict({i: code[n] for i, n in by_id.items()},
+                                                               default=code["?"], return_dtype=pl.Int32))
+    return rt.drop("name_id"), names, [api_group(n) for n in names]
 
-    return model.derived("idle_api_call_codes", compute)
+
+class _Unordered(Exception):
+    """The API calls of the launching threads are not in ``start`` order by rowid."""
+
+
+#: rowids of the runtime table per chunk read by :func:`_stream_spans` (about 2 MiB of calls)
+_CALL_CHUNK = 1 << 16
+
+
+def _stream_spans(export: Export, model: PhaseModel):
+    """The API calls of :func:`api_call_codes` a time span at a time, read once in rowid order
+    in chunks of :data:`_CALL_CHUNK` rowids. Yields ``(lo, hi, calls, names, groups)``: spans
+    [lo, hi) (ns) that follow each other and cover all time (the first ``lo`` and the last ``hi``
+    are the Int64 limits), ``calls`` the calls that can overlap the span (``launch_tid, start,
+    end``, Int64, and ``code``, Int32, 1-based into ``names``; in rowid order), ``names`` and
+    ``groups`` the call names and groups of the codes so far (they grow from span to span).
+    Every call in flight at an instant of [lo, hi) is in ``calls``: a call that began before
+    the span and ends inside or after it (a long synchronize) is carried from span to span.
+
+    Needs the calls of the launching threads in ``start`` order by rowid (true of nearly every
+    export): each span ends at the last start read so far. Raises :class:`_Unordered`, at the
+    first chunk where the order does not hold, after spans were yielded perhaps."""
+    lo_, hi_ = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    q = _calls_query(export, model)
+    if q is None:
+        yield lo_, hi_, pl.DataFrame(schema=_CALLS_SCHEMA), [], []
+        return
+    sql, schema, tids = q
+    names: list[str] = []
+    groups: list[str] = []
+    by_name: dict[str, int] = {}
+    code_of: dict[int, int] = {}  # name id -> code
+
+    def code(n: str) -> int:
+        if n not in by_name:
+            names.append(n)
+            groups.append(api_group(n))
+            by_name[n] = len(names)
+        return by_name[n]
+
+    held = None  # the calls read that may overlap the next span
+    lo = last = lo_
+    chunks = export.query_chunks(sql, (), schema, table=TABLE, chunk_rows=_CALL_CHUNK)
+    try:
+        for rt in chunks:
+            rt = _of_threads(rt, tids)
+            if rt.height == 0:
+                continue
+            s = rt["start"].to_numpy()
+            if s[0] < last or (s[1:] < s[:-1]).any():
+                raise _Unordered
+            last = int(s[-1])
+            new = [i for i in rt["name_id"].drop_nulls().unique().to_list() if i not in code_of]
+            got = export.strings(new)
+            code_of.update({i: code(short_name(got.get(i))) for i in new})  # (no name, or none in StringIds: "?")
+            rt = rt.with_columns(code=pl.col("name_id").replace_strict(code_of, default=code("?"),
+                                                                       return_dtype=pl.Int32)).drop("name_id")
+            held = rt if held is None else pl.concat([held, rt])
+            if last > lo:  # every call that began before ``last`` is read: [lo, last) is complete
+                yield lo, last, held, names, groups
+                lo = last
+                held = held.filter(pl.col("end") > lo)
+    finally:
+        chunks.close()
+    yield lo, hi_, pl.DataFrame(schema=_CALLS_SCHEMA) if held is None else held, names, groups
 
 
 def _inside(u: tuple[np.ndarray, np.ndarray], p: np.ndarray) -> np.ndarray:
@@ -137,24 +222,33 @@ def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
     null), ``group``, ``ns`` (Int64); categories with no time have no row."""
     iv = intervals.sort("start")
     ws, we = iv["start"].to_numpy(), iv["end"].to_numpy()
-    out_schema = _SEG_SCHEMA
     if ws.size == 0:
-        return pl.DataFrame(schema=out_schema)
+        return pl.DataFrame(schema=_SEG_SCHEMA)
     lo, hi = int(ws.min()), int(we.max())
 
     def clipped(f: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         f = f.filter((pl.col("end") > lo) & (pl.col("start") < hi))  # (clipped: no edge far outside)
         return union(np.clip(f["start"].to_numpy(), lo, hi), np.clip(f["end"].to_numpy(), lo, hi))
 
-    b, c = clipped(busy), clipped(comm)
-    cs_all, ce_all = calls["start"].to_numpy(), calls["end"].to_numpy()
+    return _classify(iv["iid"].to_numpy(), ws, we, clipped(busy), clipped(comm), calls["start"].to_numpy(),
+                     calls["end"].to_numpy(), calls["code"].to_numpy(), codes_of)
+
+
+def _classify(iids: np.ndarray, ws: np.ndarray, we: np.ndarray, b: tuple[np.ndarray, np.ndarray],
+              c: tuple[np.ndarray, np.ndarray], cs_all: np.ndarray, ce_all: np.ndarray, code_all: np.ndarray,
+              codes_of: tuple[list[str], list[str]]) -> pl.DataFrame:
+    """:func:`classify` on arrays: the intervals ``iids, ws, we`` (disjoint, sorted by start, not
+    empty), the sorted disjoint unions ``b`` and ``c`` of the busy and communication times (they
+    may reach outside the intervals), the calls ``cs_all, ce_all, code_all`` (in rowid order)."""
+    out_schema = _SEG_SCHEMA
+    lo, hi = int(ws.min()), int(we.max())
     inside = (ce_all > lo) & (cs_all < hi)
     every = bool(inside.all())
     # the calls made disjoint (where calls overlap, the one that began first keeps the overlap):
     # sorted by (clipped) start, a call keeps what lies past every earlier call's end (``run``);
     # each run of intervals below makes its own pieces from its slice of these arrays. (The calls
     # inside taken as arrays and clipped in place: no copy of the calls' frame, one array a column;
-    # a 10 GB trace has ~1.2 M calls)
+    # read whole, a 10 GB trace has ~1.2 M calls)
     ss = cs_all.copy() if every else cs_all[inside]
     se = ce_all.copy() if every else ce_all[inside]
     del cs_all, ce_all
@@ -168,8 +262,7 @@ def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
     # the call name of each in-API segment, as a code into the distinct names (0: no call); the
     # sums per (interval, category, name) are taken on one Int64 key
     name_of, group_of = [None, *codes_of[0]], [None, *codes_of[1]]
-    codes = (calls["code"].to_numpy() if every else calls["code"].to_numpy()[inside]) if has_calls \
-        else np.zeros(0, np.int64)
+    codes = (code_all if every else code_all[inside]) if has_calls else np.zeros(0, np.int64)
     del inside
     nn = len(name_of)
     # the elementary segments are made and summed for a run of neighbouring intervals at a time
@@ -220,45 +313,106 @@ def classify(intervals: pl.DataFrame, busy: pl.DataFrame, comm: pl.DataFrame,
     seg = pl.DataFrame({"key": pl.concat(keys), "ns": pl.concat(sums)})
     uk = seg["key"].to_numpy()
     ucode, rest = uk % nn, uk // nn
-    return pl.DataFrame({"iid": iv["iid"].to_numpy()[rest // 4], "cat": [CATEGORIES[c] for c in (rest % 4).tolist()],
+    return pl.DataFrame({"iid": iids[rest // 4], "cat": [CATEGORIES[c] for c in (rest % 4).tolist()],
                          "name": [name_of[c] for c in ucode.tolist()], "group": [group_of[c] for c in ucode.tolist()],
                          "ns": seg["ns"]}, schema=out_schema)
 
 
-def _rank_parts(model: PhaseModel, export: Export):
-    """Per rank: ``(global_pid, device, compute ops, communication kernels, API calls)``."""
+def _rank_parts(model: PhaseModel):
+    """Per rank: ``(global_pid, device, busy, comm, threads)``: the sorted disjoint unions
+    ``(starts, ends)`` of its compute ops and of its communication kernels, and its launching
+    threads (``launch_tid``)."""
+    from tracekit.analyze.sections.breakdown import ranks
     from tracekit.analyze.sections.transfer_common import model_compute_ops, model_kernel_frames
 
     active = model_compute_ops(model)
     _k, comm = model_kernel_frames(model)
-    calls = api_call_codes(export, model)[0]
     threads = model.ops.select("global_pid", "device", "launch_tid").drop_nulls().unique()
-    from tracekit.analyze.sections.breakdown import ranks
-
     for gpid, dev in ranks(model).select("global_pid", "device").iter_rows():
         def of(f):  # (the four columns picked before the filter: the ops are not copied whole)
-            return f.select("global_pid", "device", "start", "end").filter(
-                (pl.col("global_pid") == gpid) & (pl.col("device") == dev)).select("start", "end")
+            f = f.select("global_pid", "device", "start", "end").filter(
+                (pl.col("global_pid") == gpid) & (pl.col("device") == dev) & (pl.col("end") > pl.col("start")))
+            return union(f["start"].to_numpy(), f["end"].to_numpy())
 
         tids = threads.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))["launch_tid"]
-        mine = calls.select(pl.col("launch_tid").is_in(tids.implode()))["launch_tid"]
-        # (one rank's threads made every call, most often: the calls are not copied then)
-        yield gpid, dev, of(active), of(comm), calls if mine.all() else calls.filter(mine)
+        yield gpid, dev, of(active), of(comm), tids
 
 
-def _breakdown(model: PhaseModel, export: Export, intervals: pl.DataFrame,
-               keys: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """``intervals``: rows with ``global_pid, device, start, end`` and ``keys`` (disjoint per
-    rank). Returns ``(per key: keys + CATEGORIES + wall_ns, per key and call: keys + name, group,
-    ns)``."""
-    by = ["global_pid", "device", *keys]
-    iv = intervals.with_row_index("iid").with_columns(pl.col("iid").cast(pl.Int64))
-    parts = []
-    codes_of = api_call_codes(export, model)[1:]
-    for gpid, dev, busy, comm, calls in _rank_parts(model, export):
-        mine = iv.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
-        if mine.height:
-            parts.append(classify(mine.select("iid", "start", "end"), busy, comm, calls, codes_of))
+#: ``model.cache`` key set when the API calls of the model's launching threads are not in start
+#: order by rowid: later breakdowns of the model read them whole at once (:func:`api_call_codes`)
+_UNORDERED = "idle_calls_unordered"
+
+
+def _whole_spans(export: Export, model: PhaseModel):
+    """One span of all time with every call (:func:`api_call_codes`), as :func:`_stream_spans` yields."""
+    calls, names, groups = api_call_codes(export, model)
+    yield np.iinfo(np.int64).min, np.iinfo(np.int64).max, calls, names, groups
+
+
+def _breakdowns(model: PhaseModel, export: Export,
+                sets: list[tuple[pl.DataFrame, list[str]]]) -> list[tuple[pl.DataFrame, pl.DataFrame]]:
+    """The breakdown of several sets of intervals from one read of the API calls. Each set is
+    ``(intervals, keys)``: rows with ``global_pid, device, start, end`` and ``keys`` (disjoint per
+    rank). Returns per set ``(per key: keys + CATEGORIES + wall_ns, per key and call: keys + name,
+    group, ns)``.
+
+    The calls are read and classified a time span at a time (:func:`_stream_spans`), each
+    interval cut at the span edges (its sums are those of the whole interval), so that what is
+    held does not grow with the trace; where the calls are not in start order by rowid, they are
+    read whole instead (:func:`api_call_codes`, one span), and the model remembers it
+    (:data:`_UNORDERED`)."""
+    ivs = [iv.with_row_index("iid").with_columns(pl.col("iid").cast(pl.Int64)) for iv, _ in sets]
+    rank_parts = list(_rank_parts(model))
+    # per set and rank, the intervals with time as arrays sorted by start, and the running
+    # maximum of their ends (a span finds its intervals by bisection)
+    arrays = []
+    for iv in ivs:
+        per = []
+        for gpid, dev, *_ in rank_parts:
+            mine = iv.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev)
+                             & (pl.col("end") > pl.col("start"))).select("iid", "start", "end")
+            ws = mine["start"].to_numpy()
+            order = np.argsort(ws, kind="stable")
+            ws, we, ii = ws[order], mine["end"].to_numpy()[order], mine["iid"].to_numpy()[order]
+            per.append((ii, ws, we, np.maximum.accumulate(we) if we.size else we))
+        arrays.append(per)
+
+    def run(spans) -> list[list[pl.DataFrame]]:
+        parts: list[list[pl.DataFrame]] = [[] for _ in sets]
+        for lo, hi, calls, names, groups in spans:
+            for (_g, _d, b, c, tids), *per_set in zip(rank_parts, *arrays):
+                if not any(ws.size for _i, ws, _e, _m in per_set):
+                    continue
+                mine = _of_threads(calls, tids)
+                cs, ce, cc = mine["start"].to_numpy(), mine["end"].to_numpy(), mine["code"].to_numpy()
+                for k, (ii, ws, we, wmax) in enumerate(per_set):
+                    i0, i1 = int(np.searchsorted(wmax, lo, side="right")), int(np.searchsorted(ws, hi, side="left"))
+                    if i1 <= i0:
+                        continue
+                    s_, e_ = np.clip(ws[i0:i1], lo, hi), np.clip(we[i0:i1], lo, hi)
+                    keep = e_ > s_  # (an interval inside the bisected run may end before the span)
+                    if not keep.all():
+                        s_, e_, i_ = s_[keep], e_[keep], ii[i0:i1][keep]
+                    else:
+                        i_ = ii[i0:i1]
+                    if s_.size:
+                        parts[k].append(_classify(i_, s_, e_, b, c, cs, ce, cc, (names, groups)))
+        return parts
+
+    if model.cache.get(_UNORDERED):
+        parts = run(_whole_spans(export, model))
+    else:
+        try:
+            parts = run(_stream_spans(export, model))
+        except _Unordered:
+            model.cache[_UNORDERED] = True
+            parts = run(_whole_spans(export, model))
+    return [_sums(iv, p, ["global_pid", "device", *keys]) for iv, p, (_, keys) in zip(ivs, parts, sets)]
+
+
+def _sums(iv: pl.DataFrame, parts: list[pl.DataFrame], by: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The frames of :func:`_breakdowns` for the intervals ``iv`` (with ``iid``) from the rows
+    of :func:`classify` of their pieces (several rows of an interval, category and call summed)."""
     seg = pl.concat(parts) if parts else pl.DataFrame(schema=_SEG_SCHEMA)
     seg = seg.join(iv.select("iid", *by), on="iid")
     wide = seg.group_by(by).agg(**{c: pl.col("ns").filter(pl.col("cat") == c).sum() for c in CATEGORIES})
@@ -270,6 +424,23 @@ def _breakdown(model: PhaseModel, export: Export, intervals: pl.DataFrame,
             by_api.sort([*by, "ns", "name"], descending=[False] * len(by) + [True, False], nulls_last=False))
 
 
+def _window_set(model: PhaseModel) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The phase windows of every rank (``ROW_KEYS``, ``boundary``, ``start``, ``end``) and their
+    set of intervals for :func:`_breakdowns`."""
+    from tracekit.analyze.sections.breakdown import rank_windows
+
+    w = rank_windows(model).select(*ROW_KEYS, "boundary", "start", "end")
+    return w, w.drop("boundary")
+
+
+def _windows_frames(w: pl.DataFrame, got: tuple[pl.DataFrame, pl.DataFrame]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """:func:`idle_windows`' frames from the breakdown ``got`` of the windows ``w``."""
+    wide, by_api = got
+    b = w.group_by(ROW_KEYS).agg(pl.col("boundary").any())  # (the accumulation boundary, for the tables)
+    wide = wide.join(b, on=list(ROW_KEYS), how="left", nulls_equal=True, maintain_order="left")
+    return wide.select(*ROW_KEYS, "boundary", "wall_ns", *CATEGORIES), by_api
+
+
 def idle_windows(model: PhaseModel, export: Export) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The idle breakdown of every phase window of every rank, summed per phase row
     (``global_pid, device, iteration, phase, micro_step``: ``other`` inside an iteration sums its
@@ -277,35 +448,69 @@ def idle_windows(model: PhaseModel, export: Export) -> tuple[pl.DataFrame, pl.Da
     ``(idle, idle_by_api)``: ``idle`` with those keys plus ``boundary`` (the gradient accumulation
     boundary backward), ``wall_ns`` and :data:`CATEGORIES`
     (ns, the four summing to ``wall_ns``); ``idle_by_api`` with the keys plus ``name``, ``group``
-    and ``ns`` (the ``in_api_ns`` of each call name, largest first). Computed once per model."""
-    from tracekit.analyze.sections.breakdown import rank_windows
-
+    and ``ns`` (the ``in_api_ns`` of each call name, largest first). Computed once per model
+    (:func:`idle_frames` computes it with the sub-phases, from one read of the API calls)."""
     def compute():
-        w = rank_windows(model).select(*ROW_KEYS, "boundary", "start", "end")
-        wide, by_api = _breakdown(model, export, w.drop("boundary"), ["iteration", "phase", "micro_step"])
-        b = w.group_by(ROW_KEYS).agg(pl.col("boundary").any())  # (the accumulation boundary, for the tables)
-        wide = wide.join(b, on=list(ROW_KEYS), how="left", nulls_equal=True, maintain_order="left")
-        return wide.select(*ROW_KEYS, "boundary", "wall_ns", *CATEGORIES), by_api
+        w, iv = _window_set(model)
+        return _windows_frames(w, _breakdowns(model, export, [(iv, ["iteration", "phase", "micro_step"])])[0])
 
     return model.derived("idle_windows", compute)
+
+
+_SUB_KEYS = ["iteration", "sub_phase"]
+
+
+def _sub_phase_set(model: PhaseModel, phase: str) -> pl.DataFrame | None:
+    """The self-time segments of ``phase`` (intervals with ``global_pid, device, iteration,
+    sub_phase, start, end``); None when the phase has no windows."""
+    from tracekit.analyze.sections.breakdown import rank_windows, self_segments
+
+    wm = rank_windows(model).filter(pl.col("phase") == phase)
+    if wm.height == 0:
+        return None
+    return self_segments(model, wm).rename({"s": "start", "e": "end"})
+
+
+def _sub_phase_frame(phase: str, wide: pl.DataFrame | None) -> pl.DataFrame:
+    """:func:`idle_sub_phases`' frame from the breakdown ``wide`` of the segments (None: no windows)."""
+    if wide is None:
+        return pl.DataFrame(schema={"global_pid": pl.Int64, "device": pl.Int64, "iteration": pl.Int64,
+                                    "phase": pl.String, "sub_phase": pl.String, "wall_ns": pl.Int64,
+                                    **{c: pl.Int64 for c in CATEGORIES}})
+    return wide.with_columns(phase=pl.lit(phase)).select(
+        "global_pid", "device", "iteration", "phase", "sub_phase", "wall_ns", *CATEGORIES)
 
 
 def idle_sub_phases(model: PhaseModel, export: Export, phase: str = "update") -> pl.DataFrame:
     """The idle breakdown of ``phase`` per iteration and sub-phase (the self time of each NVTX
     range nested in the phase window, :func:`tracekit.analyze.sections.breakdown.self_segments`;
     ``(none)`` for time directly in the phase range): ``global_pid, device, iteration, phase,
-    sub_phase, wall_ns`` and :data:`CATEGORIES` (ns). Empty when the phase has no windows."""
-    from tracekit.analyze.sections.breakdown import rank_windows, self_segments
+    sub_phase, wall_ns`` and :data:`CATEGORIES` (ns). Empty when the phase has no windows.
+    Computed once per model and phase."""
+    def compute() -> pl.DataFrame:
+        segs = _sub_phase_set(model, phase)
+        return _sub_phase_frame(phase, None if segs is None else _breakdowns(model, export, [(segs, _SUB_KEYS)])[0][0])
 
-    wm = rank_windows(model).filter(pl.col("phase") == phase)
-    if wm.height == 0:
-        return pl.DataFrame(schema={"global_pid": pl.Int64, "device": pl.Int64, "iteration": pl.Int64,
-                                    "phase": pl.String, "sub_phase": pl.String, "wall_ns": pl.Int64,
-                                    **{c: pl.Int64 for c in CATEGORIES}})
-    segs = self_segments(model, wm).rename({"s": "start", "e": "end"})
-    wide, _ = _breakdown(model, export, segs, ["iteration", "sub_phase"])
-    return wide.with_columns(phase=pl.lit(phase)).select(
-        "global_pid", "device", "iteration", "phase", "sub_phase", "wall_ns", *CATEGORIES)
+    return model.derived(("idle_sub_phases", phase), compute)
+
+
+def idle_frames(model: PhaseModel, export: Export, phase: str = "update") \
+        -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """``(*idle_windows(model, export), idle_sub_phases(model, export, phase))``, both computed
+    from one read of the API calls when neither is computed yet (each is kept on the model as
+    those functions keep it)."""
+    key = ("idle_sub_phases", phase)
+    if "idle_windows" not in model.cache and key not in model.cache:
+        w, iv = _window_set(model)
+        segs = _sub_phase_set(model, phase)
+        got = _breakdowns(model, export, [(iv, ["iteration", "phase", "micro_step"])]
+                          + ([] if segs is None else [(segs, _SUB_KEYS)]))
+        del iv, segs
+        frames = _windows_frames(w, got[0])
+        model.derived("idle_windows", lambda: frames)
+        sub = _sub_phase_frame(phase, got[1][0] if len(got) > 1 else None)
+        model.derived(key, lambda: sub)
+    return (*idle_windows(model, export), idle_sub_phases(model, export, phase))
 
 
 LAUNCH_COLUMNS = ("kernel_count", "launch_count", "kernels_per_ms", "launches_per_ms", "launch_mean_ns",
@@ -405,4 +610,4 @@ def breakdown_of(model: PhaseModel, export: Export, intervals: pl.DataFrame, key
     ``intervals`` has ``global_pid, device, start, end`` (ns; disjoint per rank) and ``keys``;
     returns ``global_pid, device``, ``keys``, ``wall_ns`` and :data:`CATEGORIES` (ns, summing to
     ``wall_ns``), one row per key. The same classification as :func:`idle_windows`."""
-    return _breakdown(model, export, intervals, list(keys))[0]
+    return _breakdowns(model, export, [(intervals, list(keys))])[0][0]
