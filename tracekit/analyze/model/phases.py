@@ -676,14 +676,20 @@ def _attribute(ops: pl.DataFrame, windows: pl.DataFrame, nested: pl.DataFrame) -
         "window_id", "global_pid", "iteration", "phase", "micro_step", "boundary", "inferred",
         w_start="start",
     ).sort("w_start")
+    # the as-of join carries each op's window row only (the windows' columns are gathered by it
+    # afterwards: the ops' order is restored on 4 columns, not 10; issue 24)
+    w_keys = w.select("global_pid", "w_start").with_row_index("w_row")
     k = ops.select("global_pid", "launch").with_row_index("op_index").sort("launch")
     k = k.join_asof(
-        w, left_on="launch", right_on="w_start", by="global_pid", strategy="backward",
+        w_keys, left_on="launch", right_on="w_start", by="global_pid", strategy="backward",
         check_sortedness=False,
     )
     # back in the ops' order; a launch before the first window (cannot happen: windows start
     # at the span start) stays null
-    k = k.sort("op_index")
+    k = k.select("op_index", "w_row", "w_start").sort("op_index")
+    w_row = k["w_row"]
+    k = k.select("w_start").with_columns(w.drop("global_pid", "w_start").select(pl.all().gather(w_row)))
+    del w_row
     phase_ranges = windows["range_index"].drop_nulls().to_numpy()
     iter_mask = nested["domain"].eq(TRACEKIT_DOMAIN) & nested["name"].str.contains(TRACEKIT_ITERATION)
     exclude = np.isin(nested["range_index"].to_numpy(), phase_ranges) | iter_mask.to_numpy()
