@@ -130,3 +130,90 @@ def test_analysis_equals_the_whole_model(path, tmp_path):
         assert json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
         # frames read later from the model (sub-phases of another phase) are the same too
         assert lean.sub_phase_table("backward").equals(whole.sub_phase_table("backward"))
+
+
+def _edited_copy(tmp_path, name: str, sql: list[str]):
+    import shutil
+    import sqlite3
+
+    out = tmp_path / name
+    shutil.copy(FIXTURES / "zero2_offload_gas2_cut.sqlite", out)
+    con = sqlite3.connect(out)
+    for q in sql:
+        con.execute(q)
+    con.commit()
+    con.close()
+    return out
+
+
+def _same_as_whole(path):
+    lean = analyze(path, Options(sections=SECTIONS), cache=False)
+    with Export.open(path) as e:
+        whole = Analysis.of_export(e, Options(sections=SECTIONS))
+    assert json.dumps(lean.to_json(), sort_keys=True, default=str) == json.dumps(whole.to_json(), sort_keys=True,
+                                                                                   default=str)
+    return lean
+
+
+def test_inferred_update_reads_every_range(tmp_path):
+    """Without update ranges (a copy of the ZeRO-2 cut without tracekit's `update`), the update is
+    inferred: no range marks it, so the thin read cannot keep what starts inside; the build reads
+    every range, and the analysis is that of the whole model."""
+    path = _edited_copy(tmp_path, "zero2_without_update_ranges.sqlite", [
+        "DELETE FROM NVTX_EVENTS WHERE rowid IN (SELECT n.rowid FROM NVTX_EVENTS n LEFT JOIN StringIds s "
+        "ON s.id = n.textId WHERE coalesce(n.text, s.value) = 'update')"])
+    lean = _same_as_whole(path)
+    assert list(lean.to_json()["phase_source"].values()) == ["tracekit+inferred-update"]
+
+
+def test_rows_out_of_start_order_read_every_range(tmp_path):
+    """NVTX_EVENTS rewritten in reverse start order (a synthetic edit of the ZeRO-2 cut): the thin
+    read sees a chunk go back in time, and the build reads every range."""
+    from tracekit.analyze.model import nvtx
+
+    path = _edited_copy(tmp_path, "zero2_nvtx_reversed.sqlite", [
+        "CREATE TABLE rev AS SELECT * FROM NVTX_EVENTS ORDER BY start DESC, rowid DESC",
+        "DELETE FROM NVTX_EVENTS", "INSERT INTO NVTX_EVENTS SELECT * FROM rev", "DROP TABLE rev"])
+    with Export.open(path) as e:
+        thin = nvtx.Thin({}, "^$", "^$")
+        nvtx.load_thin_ranges(e, thin)
+        assert thin.ordered is False
+    _same_as_whole(path)
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_thin_read_keeps_what_its_rule_says(path):
+    """The rows of a thin read, against its rule applied by a plain loop to the whole read: a
+    range holding a launch of its thread, named, inside an update range of its process, never
+    popped, start/end or cross-thread. The dropped ranges' span per process is theirs."""
+    from tracekit.analyze.model import nvtx
+
+    keep = range_keep(Options())
+    with Export.open(path) as e:
+        ops = phases.load_gpu_ops(e)
+        thin = phases._thin_read(ops, keep, None)
+        got = nvtx.load_thin_ranges(e, thin)
+    with Export.open(path) as e:
+        every = nvtx.load_ranges(e)
+        stop = e.capture_end()
+    launches = {}
+    for tid, t in ops.select("launch_tid", "launch").drop_nulls().iter_rows():
+        launches.setdefault(tid, []).append(t)
+    named, upd = re.compile(thin.keep_names), re.compile(thin.update_names)
+    rows = sorted(every.iter_rows(named=True), key=lambda r: r["range_id"])
+    updates = [(r["global_pid"], r["start"], r["end"]) for r in rows if upd.search(r["name"])]
+    want, span = [], {}
+    for r in rows:
+        inside = any(p == r["global_pid"] and s <= r["start"] <= e for p, s, e in updates)
+        holds = any(r["start"] <= t < r["end"] for t in launches.get(r["global_tid"], ()))
+        if (holds or named.search(r["name"]) or inside or r["unclosed"] or r["end"] >= stop
+                or r["event_type"] == 60 or r["cross_thread"]):
+            want.append(r["range_id"])
+        else:
+            a, b = span.get(r["global_pid"], (r["start"], r["end"]))
+            span[r["global_pid"]] = (min(a, r["start"]), max(b, r["end"]))
+    assert thin.ordered
+    assert sorted(got["range_id"].to_list()) == want
+    assert got.equals(every.filter(pl.col("range_id").is_in(want)))
+    assert {r[0]: (r[1], r[2]) for r in thin.span.iter_rows()} == span
+    assert thin.dropped == len(rows) - len(want)
