@@ -126,6 +126,19 @@ def test_fixture_categories_sum_to_wall(fixture_result):
 
 
 def test_fixture_launch_stats_equal_sql(fixture_result):
+    _launch_stats_equal_sql(fixture_result)
+
+
+def test_launch_stats_one_iteration_at_a_time_equal_sql(monkeypatch):
+    """launch_stats groups the kernels a few iterations at a time (issue 24): one at a time, the
+    statistics of every window are still those of plain SQL."""
+    from tracekit.analyze.sections import idle
+
+    monkeypatch.setattr(idle, "_ITERATIONS_AT_ONCE", 1)
+    _launch_stats_equal_sql(analyze_path(FIXTURE))
+
+
+def _launch_stats_equal_sql(fixture_result):
     con = sqlite3.connect(FIXTURE)
     for it in fixture_result["ranks"][0]["iterations"]:
         for p in it["phases"]:

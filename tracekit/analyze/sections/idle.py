@@ -518,6 +518,10 @@ LAUNCH_COLUMNS = ("kernel_count", "launch_count", "kernels_per_ms", "launches_pe
                   "short_kernels")
 
 
+#: iterations whose kernels :func:`launch_stats` groups at a time (the shared trace has 4)
+_ITERATIONS_AT_ONCE = 8
+
+
 def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iteration", "phase", "micro_step"),
                  idle: pl.DataFrame | None = None) -> pl.DataFrame:
     """Launch statistics (module doc) per rank and ``by`` of the kernels attributed to each
@@ -530,22 +534,35 @@ def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iter
     launch_ids = [i for i, n in names.items() if api_group(short_name(n)) == "launch"]
     # (the columns read, picked before the filter: the kernel rows are not copied whole)
     cols = dict.fromkeys([*keys, "kind", "start", "end", "launch", "api_end", "api_name_id"])
-    k = model.ops.select(list(cols)).filter((pl.col("kind") == "kernel") & pl.col("device").is_not_null()).with_columns(
-        dur=pl.col("end") - pl.col("start"),
-        api=pl.when(pl.col("api_name_id").is_in(launch_ids)).then(pl.col("api_end") - pl.col("launch")),
-    ).with_columns(queue=pl.when(pl.col("api").is_not_null()).then(pl.col("start") - pl.col("api_end")))
+    kernels = (pl.col("kind") == "kernel") & pl.col("device").is_not_null()
     lq = pl.col("api").drop_nulls()
-    stats = k.group_by(keys).agg(
-        kernel_count=pl.len().cast(pl.Int64),
-        launch_count=lq.len().cast(pl.Int64),
-        launch_mean_ns=lq.mean(),
-        launch_p50_ns=lq.quantile(0.5, "nearest"),
-        launch_p99_ns=lq.quantile(0.99, "nearest"),
-        queue_mean_ns=pl.col("queue").drop_nulls().mean(),
-        queue_p50_ns=pl.col("queue").drop_nulls().quantile(0.5, "nearest"),
-        kernel_p50_ns=pl.col("dur").quantile(0.5, "nearest"),
-        short_kernels=(pl.col("api").is_not_null() & (pl.col("dur") < pl.col("api"))).sum().cast(pl.Int64),
-    )
+    stats_of = {
+        "kernel_count": pl.len().cast(pl.Int64),
+        "launch_count": lq.len().cast(pl.Int64),
+        "launch_mean_ns": lq.mean(),
+        "launch_p50_ns": lq.quantile(0.5, "nearest"),
+        "launch_p99_ns": lq.quantile(0.99, "nearest"),
+        "queue_mean_ns": pl.col("queue").drop_nulls().mean(),
+        "queue_p50_ns": pl.col("queue").drop_nulls().quantile(0.5, "nearest"),
+        "kernel_p50_ns": pl.col("dur").quantile(0.5, "nearest"),
+        "short_kernels": (pl.col("api").is_not_null() & (pl.col("dur") < pl.col("api"))).sum().cast(pl.Int64),
+    }
+
+    def stats_where(rows: pl.Expr) -> pl.DataFrame:
+        k = model.ops.select(list(cols)).filter(kernels & rows).with_columns(
+            dur=pl.col("end") - pl.col("start"),
+            api=pl.when(pl.col("api_name_id").is_in(launch_ids)).then(pl.col("api_end") - pl.col("launch")),
+        ).with_columns(queue=pl.when(pl.col("api").is_not_null()).then(pl.col("start") - pl.col("api_end")))
+        return k.group_by(keys).agg(**stats_of)
+
+    if "iteration" in by:  # per iteration: a few iterations' kernels at a time (issue 24), the same groups
+        its = model.ops["iteration"].drop_nulls().unique().sort().to_list()
+        parts = [stats_where(pl.col("iteration").is_null())]
+        parts += [stats_where(pl.col("iteration").is_in(its[i:i + _ITERATIONS_AT_ONCE]))
+                  for i in range(0, len(its), _ITERATIONS_AT_ONCE)]
+        stats = pl.concat(parts)
+    else:
+        stats = stats_where(pl.lit(True))
     base = idle.group_by(keys).agg(pl.col("wall_ns").sum()) if by != ("iteration", "phase", "micro_step") \
         else idle.select(*keys, "wall_ns")
     out = base.join(stats, on=keys, how="left", nulls_equal=True).with_columns(
