@@ -542,3 +542,34 @@ def test_kernel_union_rank_rows_and_kernel_dtypes_match_sql(sql, em):
     assert one.columns == ["start", "end"] and one.rows() == m.ops.select("start", "end").rows()
     assert rank_rows(m.ops, gp, dev) is not None and rank_rows(m.ops, gp, dev).height == m.ops.height
     assert rank_rows(m.ops, gp, dev + 7).height == 0
+
+
+def test_ops_enum_columns_hold_the_sql_labels_and_leave_as_strings(sql, em):
+    """``model.ops`` holds kind, direction, src/dst kind and collective as Enums in lexical order
+    (issue 24): per row the same labels as the SQL tables give, sorted as strings sort, and every
+    frame that leaves the model (host copies, communication kernels, the API's frames) carries
+    strings."""
+    from tracekit.analyze.model.gpu_ops import ENUM_COLUMNS, with_strings
+    from tracekit.analyze.sections.transfer_common import host_copies, model_kernel_frames
+
+    e, m = em
+    for c in ENUM_COLUMNS:
+        dt = m.ops.schema[c]
+        assert isinstance(dt, pl.Enum) and list(dt.categories) == sorted(dt.categories)
+    labels = {1: "H2D", 2: "D2H", 8: "D2D"}  # (CUDA's copyKind: the ones this fixture has)
+    want = defaultdict(int)
+    for kind, table in (("kernel", "KERNEL"), ("memcpy", "MEMCPY"), ("memset", "MEMSET")):
+        cols = "copyKind" if kind == "memcpy" else "NULL"
+        for (ck,) in sql.execute(f"SELECT {cols} FROM CUPTI_ACTIVITY_KIND_{table}"):
+            want[(kind, labels[ck] if ck is not None else None)] += 1
+    got = defaultdict(int)
+    for k, d in m.ops.select("kind", "direction").iter_rows():  # (Enums give Python strings)
+        got[(k, d)] += 1
+    assert dict(got) == dict(want) and want[("memcpy", "H2D")] > 0
+    strs = with_strings(m.ops.select("kind", "direction", "start"))
+    assert strs.schema["kind"] == pl.String and strs.schema["direction"] == pl.String
+    assert m.ops.sort("direction", "kind", "start").select("direction", "kind").rows() == \
+        strs.sort("direction", "kind", "start").select("direction", "kind").rows()
+    hc = host_copies(m)
+    assert all(hc.schema[c] == pl.String for c in ("kind", "direction", "src_kind", "dst_kind", "host_kind"))
+    assert all(model_kernel_frames(m)[1].schema[c] == pl.String for c in ("kind", "collective"))

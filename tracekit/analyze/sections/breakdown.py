@@ -119,7 +119,10 @@ def _join_busy(out: pl.LazyFrame, ops: pl.LazyFrame, by: list[str], nulls_equal:
 def _window_metrics(model: PhaseModel) -> pl.DataFrame:
     win = rank_windows(model)
     has_comm = "comm" in model.ops.columns
-    ops = model.ops.lazy().filter(pl.col("window_id").is_not_null()).with_columns(cat=_busy_category(has_comm))
+    # (the columns read below, picked first: the plan reads ``ops`` twice, and the shared part
+    # would otherwise be gathered with every column of the ops)
+    ops = model.ops.lazy().select("window_id", "device", "kind", "bytes", "start", "end",
+                                  cat=_busy_category(has_comm)).filter(pl.col("window_id").is_not_null())
     by = ["window_id", "device"]
     counts = ops.group_by(by).agg(
         kernel_count=(pl.col("cat") == 0).sum(),

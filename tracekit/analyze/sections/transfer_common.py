@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracekit.analyze.model.gpu_ops import with_strings
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.errors import TracekitError
 from tracekit.vocab import INTEGRAL_SUFFIXES, json_number
@@ -42,7 +43,7 @@ def host_copies(model: PhaseModel) -> pl.DataFrame:
     read it)."""
     def compute() -> pl.DataFrame:
         c = model.ops.lazy().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(HOST_DIRECTIONS))
-        c = c.filter(pl.col("device").is_not_null())
+        c = with_strings(c.filter(pl.col("device").is_not_null()))  # (its readers read strings)
         return c.with_columns(
             host_kind=pl.when(pl.col("direction") == "H2D").then(pl.col("src_kind")).otherwise(pl.col("dst_kind")),
             duration_ns=pl.col("end") - pl.col("start"),
@@ -71,12 +72,12 @@ def model_kernel_frames(model: PhaseModel) -> tuple[pl.DataFrame, pl.DataFrame]:
         ops = model.ops
         is_k = pl.col("kind") == "kernel"
         if "comm" not in ops.columns:  # all kernels are compute
-            return ops.lazy().filter(is_k).select(COMPUTE_KERNEL_COLUMNS).collect(), ops.head(0)
+            return ops.lazy().filter(is_k).select(COMPUTE_KERNEL_COLUMNS).collect(), with_strings(ops.head(0))
         # two plans, each with its columns picked before the rows are gathered (one collect_all of
         # both shared the kernel filter and gathered every column of every kernel first: 25 MiB
         # on a 10 GB trace)
         compute_k = ops.lazy().filter(is_k & ~comm_expr()).select(COMPUTE_KERNEL_COLUMNS).collect()
-        return compute_k, ops.filter(is_k & comm_expr())
+        return compute_k, with_strings(ops.filter(is_k & comm_expr()))  # (its readers read strings)
 
     return model.derived("kernel_frames", compute)
 
