@@ -116,3 +116,22 @@ def test_touching_intervals_are_not_concurrent():
     s, e = I.at_least([0, 5], [5, 9], 2)
     assert s.size == 0
     assert I.intersection_length(([0], [5]), ([5], [9])) == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([None, 1, 2]), st.sampled_from([None, "a", "b"]), st.integers(0, T),
+                          st.integers(0, T)), max_size=25))
+def test_grouped_union_of_two_keys_with_nulls_matches_union_per_group(rows):
+    """grouped_union (one sort and a sweep, issue 24) against :func:`union` of each group's own
+    rows, found by a plain loop: the same pieces (touching ones merged), null keys a group of
+    their own, rows sorted by the keys (nulls first) and start, the keys' types kept."""
+    f = pl.DataFrame(rows, schema={"a": pl.Int64, "b": pl.String, "start": pl.Int64, "end": pl.Int64}, orient="row")
+    got = I.grouped_union(f, ["a", "b"])
+    assert got.schema == pl.Schema({"a": pl.Int64, "b": pl.String, "start": pl.Int64, "end": pl.Int64})
+    want = []
+    for key in sorted({(a, b) for a, b, s, e in rows if e > s}, key=lambda k: [(v is not None, v) for v in k]):
+        s = np.array([r[2] for r in rows if (r[0], r[1]) == key and r[3] > r[2]], dtype=np.int64)
+        e = np.array([r[3] for r in rows if (r[0], r[1]) == key and r[3] > r[2]], dtype=np.int64)
+        us, ue = I.union(s, e)
+        want += [(*key, int(x), int(y)) for x, y in zip(us, ue)]
+    assert got.rows() == want

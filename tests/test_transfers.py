@@ -505,3 +505,71 @@ def test_memory_peaks_by_any_grouping_match_a_loop_over_events():
             vals = want[tuple(r[b] for b in by)]
             assert (r["peak_bytes"], r["min_bytes"]) == (max(v[0] for v in vals), min(v[1] for v in vals))
             assert r["headroom_bytes"] == total[rank[1]] - r["peak_bytes"]
+
+
+def test_kernel_union_rank_rows_and_kernel_dtypes_match_sql(sql, em):
+    """The helpers that spare the sections a copy of the kernels' rows (issue 24) against plain
+    SQL: the union of every kernel of the rank (from the kept compute and communication unions),
+    the rows of one rank among two, and the 16-bit kernel counts (counted per name first)."""
+    import re
+
+    from tracekit.analyze.sections.transfer_common import all_kernel_union, rank_rows
+    from tracekit.analyze.sections.whatif_pieces import DTYPE_PATTERNS, _kernel_dtypes
+
+    e, m = em
+    ranks = sql.execute("SELECT DISTINCT globalPid, deviceId FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchall()
+    assert ranks
+    for gp, dev in ranks:
+        rows = sql.execute('SELECT start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE globalPid = ? AND deviceId = ?',
+                           (gp, dev)).fetchall()
+        s, t = all_kernel_union(m, gp, dev)
+        got = [[int(a), int(b)] for a, b in zip(s, t) if b > a]
+        assert got == loop_union_list(rows) and len(got) > 100
+        names = dict(sql.execute("SELECT id, value FROM StringIds").fetchall())
+        want = {"kernels": 0, **dict.fromkeys(DTYPE_PATTERNS, 0)}
+        for (nid,) in sql.execute("SELECT demangledName FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE globalPid = ? "
+                                  "AND deviceId = ?", (gp, dev)):
+            want["kernels"] += 1
+            for label, pat in DTYPE_PATTERNS.items():
+                want[label] += bool(re.search(pat, names.get(nid) or ""))
+        assert _kernel_dtypes(e, rank_rows(m.ops, gp, dev)) == {dev: want}
+        assert want["kernels"] == len(rows)
+    # two ranks: the rows of each, only the columns asked for, in their order
+    gp, dev = ranks[0]
+    two = pl.concat([m.ops.select("global_pid", "device", "start", "end"),
+                     m.ops.select("global_pid", device=pl.lit(dev + 1, pl.Int64), start="start", end="end")])
+    one = rank_rows(two, gp, dev + 1, "start", "end")
+    assert one.columns == ["start", "end"] and one.rows() == m.ops.select("start", "end").rows()
+    assert rank_rows(m.ops, gp, dev) is not None and rank_rows(m.ops, gp, dev).height == m.ops.height
+    assert rank_rows(m.ops, gp, dev + 7).height == 0
+
+
+def test_ops_enum_columns_hold_the_sql_labels_and_leave_as_strings(sql, em):
+    """``model.ops`` holds kind, direction, src/dst kind and collective as Enums in lexical order
+    (issue 24): per row the same labels as the SQL tables give, sorted as strings sort, and every
+    frame that leaves the model (host copies, communication kernels, the API's frames) carries
+    strings."""
+    from tracekit.analyze.model.gpu_ops import ENUM_COLUMNS, with_strings
+    from tracekit.analyze.sections.transfer_common import host_copies, model_kernel_frames
+
+    e, m = em
+    for c in ENUM_COLUMNS:
+        dt = m.ops.schema[c]
+        assert isinstance(dt, pl.Enum) and list(dt.categories) == sorted(dt.categories)
+    labels = {1: "H2D", 2: "D2H", 8: "D2D"}  # (CUDA's copyKind: the ones this fixture has)
+    want = defaultdict(int)
+    for kind, table in (("kernel", "KERNEL"), ("memcpy", "MEMCPY"), ("memset", "MEMSET")):
+        cols = "copyKind" if kind == "memcpy" else "NULL"
+        for (ck,) in sql.execute(f"SELECT {cols} FROM CUPTI_ACTIVITY_KIND_{table}"):
+            want[(kind, labels[ck] if ck is not None else None)] += 1
+    got = defaultdict(int)
+    for k, d in m.ops.select("kind", "direction").iter_rows():  # (Enums give Python strings)
+        got[(k, d)] += 1
+    assert dict(got) == dict(want) and want[("memcpy", "H2D")] > 0
+    strs = with_strings(m.ops.select("kind", "direction", "start"))
+    assert strs.schema["kind"] == pl.String and strs.schema["direction"] == pl.String
+    assert m.ops.sort("direction", "kind", "start").select("direction", "kind").rows() == \
+        strs.sort("direction", "kind", "start").select("direction", "kind").rows()
+    hc = host_copies(m)
+    assert all(hc.schema[c] == pl.String for c in ("kind", "direction", "src_kind", "dst_kind", "host_kind"))
+    assert all(model_kernel_frames(m)[1].schema[c] == pl.String for c in ("kind", "collective"))

@@ -377,9 +377,10 @@ class Analysis:
     def _ops(self, kind: str) -> "pl.DataFrame":
         import polars as pl
 
+        from tracekit.analyze.model.gpu_ops import with_strings
         from tracekit.vocab import os_pid_expr
 
-        ops = self.model.ops.filter(pl.col("kind") == kind)
+        ops = with_strings(self.model.ops.filter(pl.col("kind") == kind))  # (the API's frames carry strings)
         ids = [*ops["api_name_id"].drop_nulls().unique().to_list()]
         if kind == "kernel":
             ids += ops["name_id"].drop_nulls().unique().to_list()

@@ -188,9 +188,11 @@ class ReportData:
 
     def rank_ops(self, rank: dict) -> pl.DataFrame:
         """GPU operations of ``rank`` (its process, on its device)."""
-        return self.model.ops.filter(
+        from tracekit.analyze.model.gpu_ops import with_strings
+
+        return with_strings(self.model.ops.filter(
             (pl.col("global_pid") == rank["global_pid"]) & (pl.col("device") == rank["device"])
-        )
+        ))
 
     def of_rank(self, frame: pl.DataFrame, rank: dict) -> pl.DataFrame:
         """Rows of a whole-trace analysis ``frame`` (with ``global_pid, device``) of ``rank``."""

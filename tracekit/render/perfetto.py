@@ -32,6 +32,7 @@ from pathlib import Path
 
 import polars as pl
 
+from tracekit.analyze.model.gpu_ops import with_strings
 from tracekit.render.data import ReportData, host_kind
 
 #: Track (tid) of each lane inside a process.
@@ -116,7 +117,7 @@ def trace_events(data: ReportData, findings: list[dict] | None = None) -> dict:
                 events.append({"ph": "X", "cat": "sub_phase", "name": name, "pid": pid,
                                "tid": tracks.tid(pid, "sub-phases", s, e), "ts": _us(s), "dur": _us(e - s),
                                "args": {"iteration": it}})
-        ops = ops_all.filter((pl.col("global_pid") == rk["global_pid"]) & (pl.col("device") == rk["device"]))
+        ops = with_strings(ops_all.filter((pl.col("global_pid") == rk["global_pid"]) & (pl.col("device") == rk["device"])))
         cp = ops.filter(pl.col("kind") == "memcpy").with_columns(host_kind=host_kind()).sort("start")
         for r in cp.select("start", "end", "bytes", "direction", "host_kind", "iteration", "phase",
                            "sub_phase").iter_rows(named=True):

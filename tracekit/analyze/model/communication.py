@@ -45,6 +45,11 @@ _KINDS = [
 ]
 
 
+#: the kinds :func:`collective_kind` gives, the Enum of ``model.ops``' ``collective`` (lexical
+#: order, see :data:`tracekit.analyze.model.gpu_ops.KINDS`)
+COLLECTIVES = pl.Enum(sorted({k for k, _ in _KINDS} | {"other"}))
+
+
 def is_communication(name: str | None) -> bool:
     """True when the kernel name ``name`` matches :data:`COMM_PATTERN`."""
     return bool(name) and re.search(COMM_PATTERN, name) is not None
@@ -70,7 +75,8 @@ def collective_kind(name: str | None) -> str | None:
 def annotate(ops: pl.DataFrame, names: dict[int, str]) -> pl.DataFrame:
     """``ops`` (frame of :func:`tracekit.analyze.model.gpu_ops.load_gpu_ops`) with ``comm`` (bool:
     a communication kernel) and ``collective`` (its kind, null otherwise); copies and memsets
-    are never communication. ``names``: {name_id: kernel name}."""
+    are never communication. ``names``: {name_id: kernel name}; ``collective`` is an Enum
+    (:data:`COLLECTIVES`)."""
     ops = ops.drop([c for c in ("comm", "collective") if c in ops.columns])
     # one lookup per distinct name, mapped onto the rows (no join: the ops' columns are not copied)
     comm = {int(i): is_communication(n) for i, n in names.items()}
@@ -79,7 +85,7 @@ def annotate(ops: pl.DataFrame, names: dict[int, str]) -> pl.DataFrame:
     nid = pl.col("name_id")
     return ops.with_columns(
         comm=is_k & nid.replace_strict(comm, default=False, return_dtype=pl.Boolean).fill_null(False),
-        collective=pl.when(is_k).then(nid.replace_strict(kinds, default=None, return_dtype=pl.String))
+        collective=pl.when(is_k).then(nid.replace_strict(kinds, default=None, return_dtype=COLLECTIVES))
         .otherwise(None),
     )
 

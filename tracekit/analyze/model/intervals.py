@@ -247,6 +247,31 @@ class SpreadCumulative:
         return np.where(j >= 0, out, 0.0)
 
 
+def _grouped_pieces(f, by: list[str], start: str = "start", end: str = "end"):
+    """The merged pieces of the intervals of each group of ``by`` (a non-empty list) of the lazy
+    frame ``f``, as a lazy frame: the ``by`` columns, ``start`` and ``end`` (touching intervals
+    merge, empty ones count as intervals: filter them first), sorted by group and start; null
+    keys form their own group.
+
+    One sort of the rows by group and start, then a sweep over all of them: a group opens where
+    a key differs from the row before (nulls equal), a piece where the group opens or the start
+    is past the running maximum of the group's ends. Per-group aggregations (a sort and a running
+    maximum in each group's list) cost about 1 KB a row of transient memory in polars 2.1 when
+    the groups are small (89 MiB for the 80k copy intervals of the overlap section on a 10 GB
+    trace), this sweep a few columns: 17 MiB, 4x faster (issue 24)."""
+    import polars as pl
+
+    g, r, new = "__pieces_group", "__pieces_run_end", "__pieces_new"
+    f = f.select([*by, start, end]).sort([*by, start])
+    opens = pl.any_horizontal([pl.col(b).ne_missing(pl.col(b).shift(1)) for b in by]).fill_null(True)
+    f = f.with_columns(opens.alias(new)).with_columns(pl.col(new).cum_sum().alias(g))
+    f = f.with_columns(pl.col(end).cum_max().over(g).alias(r))
+    f = f.with_columns((pl.col(new) | (pl.col(start) > pl.col(r).shift(1)).fill_null(True)).alias(new))
+    last = pl.col(new).shift(-1).fill_null(True)
+    return f.select(*[pl.col(b).filter(pl.col(new)) for b in by], pl.col(start).filter(pl.col(new)).alias("start"),
+                    pl.col(r).filter(last).alias("end"))
+
+
 def grouped_union(frame, by: list[str], start: str = "start", end: str = "end"):
     """Union of the [start, end) intervals of each group of a polars frame.
 
@@ -256,20 +281,14 @@ def grouped_union(frame, by: list[str], start: str = "start", end: str = "end"):
     """
     import polars as pl
 
-    f = frame.select([*by, start, end]).filter(pl.col(end) > pl.col(start)).sort([*by, start])
+    f = frame.select([*by, start, end]).filter(pl.col(end) > pl.col(start))
     if f.height == 0:
         return f.rename({start: "start", end: "end"}) if start != "start" or end != "end" else f
     f = f.lazy()  # the rest as one query
     if by:
-        # per group, in start order: a piece opens where the start is past every earlier end and
-        # ends at the running maximum of the ends just before the next one opens (one
-        # aggregation, no window functions; sort_by: a gather over empty groups is typed null)
-        st = pl.col(start).sort()
-        run_end = pl.col(end).sort_by(start).cum_max()
-        first = (st > run_end.shift(1)).fill_null(True)
-        pieces = f.group_by(by).agg(start=st.filter(first), end=run_end.filter(first.shift(-1).fill_null(True)))
-        return pieces.explode(["start", "end"]).sort([*by, "start"]).select([*by, "start", "end"]).collect()
+        return _grouped_pieces(f, by, start, end).collect()
     else:
+        f = f.sort(start)
         f = f.with_columns(run_end=pl.col(end).cum_max())
         f = f.with_columns(new=(pl.col(start) > pl.col("run_end").shift(1)).fill_null(True))
         f = f.with_columns(piece=pl.col("new").cast(pl.Int64).cum_sum())

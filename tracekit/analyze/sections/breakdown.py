@@ -27,7 +27,7 @@ import polars as pl
 from tracekit.analyze.model.communication import comm_expr, kernel_frames
 from tracekit.analyze.model.intervals import busy_in_windows, grouped_union_length
 from tracekit.analyze.model.phases import PhaseModel
-from tracekit.analyze.sections.transfer_common import model_compute_ops
+from tracekit.analyze.sections.transfer_common import model_compute_ops, rank_rows
 from tracekit.vocab import os_pid_expr as os_pid
 
 #: Numeric keys of a phase row, in output order.
@@ -119,7 +119,10 @@ def _join_busy(out: pl.LazyFrame, ops: pl.LazyFrame, by: list[str], nulls_equal:
 def _window_metrics(model: PhaseModel) -> pl.DataFrame:
     win = rank_windows(model)
     has_comm = "comm" in model.ops.columns
-    ops = model.ops.lazy().filter(pl.col("window_id").is_not_null()).with_columns(cat=_busy_category(has_comm))
+    # (the columns read below, picked first: the plan reads ``ops`` twice, and the shared part
+    # would otherwise be gathered with every column of the ops)
+    ops = model.ops.lazy().select("window_id", "device", "kind", "bytes", "start", "end",
+                                  cat=_busy_category(has_comm)).filter(pl.col("window_id").is_not_null())
     by = ["window_id", "device"]
     counts = ops.group_by(by).agg(
         kernel_count=(pl.col("cat") == 0).sum(),
@@ -136,7 +139,7 @@ def _window_metrics(model: PhaseModel) -> pl.DataFrame:
     idle = []
     active = model_compute_ops(model)  # communication kernels are not activity
     for (gpid, dev), w in out.group_by(["global_pid", "device"]):
-        o = active.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
+        o = rank_rows(active, gpid, dev, "start", "end")  # (two columns, no copy for one rank)
         busy = busy_in_windows(o["start"].to_numpy(), o["end"].to_numpy(), w["start"].to_numpy(), w["end"].to_numpy())
         idle.append(w.select("window_id", "device").with_columns(gpu_busy_ns=pl.Series(busy)))
     # no window (every phase range of the trace unusable): the column all the same, empty
@@ -237,7 +240,7 @@ def sub_phase_table(model: PhaseModel, phase: str) -> pl.DataFrame:
     rows = []
     active = model_compute_ops(model)  # communication kernels are not activity
     for (gpid, dev), s in segs.group_by(["global_pid", "device"]):
-        o = active.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
+        o = rank_rows(active, gpid, dev, "start", "end")  # (two columns, no copy for one rank)
         s = s.sort("s")
         busy = busy_in_windows(o["start"].to_numpy(), o["end"].to_numpy(), s["s"].to_numpy(), s["e"].to_numpy())
         rows.append(s.with_columns(gpu_busy_ns=pl.Series(busy)))
@@ -248,7 +251,11 @@ def sub_phase_table(model: PhaseModel, phase: str) -> pl.DataFrame:
     t = segs.group_by(by).agg(
         wall_ns=(pl.col("e") - pl.col("s")).sum(), gpu_busy_ns=pl.col("gpu_busy_ns").sum()
     )
-    ops = model.ops.filter(pl.col("phase") == phase).with_columns(pl.col("sub_phase").fill_null("(none)"))
+    # (the columns read below, picked before the phase's rows are gathered)
+    need = [c for c in ("global_pid", "device", "iteration", "sub_phase", "kind", "comm", "direction", "start", "end",
+                        "bytes") if c in model.ops.columns]
+    ops = model.ops.lazy().filter(pl.col("phase") == phase).select(need).with_columns(
+        pl.col("sub_phase").fill_null("(none)")).collect()
     k, comm = kernel_frames(ops)
     stats = [
         grouped_union_length(k, by).rename({"busy_ns": "kernel_busy_ns"}),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from tracekit.analyze.model.gpu_ops import with_strings
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.transfer_common import RANK, check_by, sort_groups
 
@@ -32,7 +33,7 @@ def copy_sizes(model: PhaseModel, by=("phase",), directions=("H2D", "D2H", "D2D"
     """
     by = check_by(by)
     c = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(list(directions)))
-    c = c.filter(pl.col("device").is_not_null())
+    c = with_strings(c.filter(pl.col("device").is_not_null()))
     c = c.with_columns(
         host_kind=pl.when(pl.col("direction") == "D2H").then(pl.col("dst_kind")).otherwise(pl.col("src_kind")),
         bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64),

@@ -53,7 +53,7 @@ from tracekit.analyze.model.intervals import intersect, subtract, union
 from tracekit.analyze.model.phases import TRACEKIT_DOMAIN, PhaseModel
 from tracekit.analyze.model.steady import forward_counts, split_warmup
 from tracekit.analyze.sections import breakdown
-from tracekit.analyze.sections.transfer_common import model_compute_ops, model_kernel_frames
+from tracekit.analyze.sections.transfer_common import model_compute_ops, model_kernel_frames, rank_rows
 from tracekit.vocab import os_pid
 
 #: Names of the CPU optimizer step ranges (``it``: iteration, ``sg``: sub-group, or ``all``).
@@ -190,11 +190,11 @@ def cpu_update(model: PhaseModel, parents: dict[int, int] | None = None) -> CpuU
         if mine.height == 0:
             continue
         ranks_with.add((gp, dev))
-        k = kern.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
+        k = rank_rows(kern, gp, dev, "start", "end", "phase")  # (no copy for one rank)
         k_iv = union(k["start"].to_numpy(), k["end"].to_numpy())
         k_phase = {p: union(g["start"].to_numpy(), g["end"].to_numpy())
                    for (p,), g in k.group_by(["phase"])} if k.height else {}
-        a = active.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
+        a = rank_rows(active, gp, dev, "start", "end")  # (two columns, no copy for one rank)
         a_iv = union(a["start"].to_numpy(), a["end"].to_numpy())
         wr = waits.filter(pl.col("global_pid") == gp)
         w_s, w_e = wr["start"].to_numpy(), wr["end"].to_numpy()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from tracekit.analyze.model.intervals import covered_length, grouped_at_least, grouped_union, union
+from tracekit.analyze.model.intervals import covered_length, grouped_at_least, grouped_union
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.transfer_common import (
     BY_COLUMNS,
@@ -29,7 +29,7 @@ from tracekit.analyze.sections.transfer_common import (
     RANK,
     check_by,
     host_copies,
-    model_kernel_frames,
+    kernel_unions,
     ratio,
     sort_groups,
 )
@@ -44,14 +44,9 @@ COLUMNS = [
 
 def _kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
     """Per rank, the union of its device's compute kernels (``comm``: communication kernels);
-    computed once per model and kept on it (every grouping of :func:`overlap_levels` reads them)."""
-    def compute() -> dict:
-        compute_k, communication = model_kernel_frames(model)
-        # (the rank and time columns only: each group is a copy)
-        k = (communication if comm else compute_k).select(*RANK, "start", "end").filter(pl.col("device").is_not_null())
-        return {(gpid, dev): union(g["start"].to_numpy(), g["end"].to_numpy()) for (gpid, dev), g in k.group_by(RANK)}
-
-    return model.derived(("overlap_kernel_unions", comm), compute)
+    computed once per model and kept on it (every grouping of :func:`overlap_levels` reads them):
+    :func:`tracekit.analyze.sections.transfer_common.kernel_unions`."""
+    return kernel_unions(model, comm)
 
 
 def _covers(pieces: pl.DataFrame, kernels: dict, comm_kernels: dict) -> pl.DataFrame:

@@ -33,7 +33,15 @@ import polars as pl
 
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.copy_sizes import size_bucket
-from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, check_by, gbps, host_copies, sort_groups
+from tracekit.analyze.sections.transfer_common import (
+    PHASE_KEYS,
+    RANK,
+    all_kernel_union,
+    check_by,
+    gbps,
+    host_copies,
+    sort_groups,
+)
 from tracekit.analyze.trace.export import Export
 
 #: Pinned host<->device bandwidth assumed when the trace has no pinned copy of a direction (or
@@ -136,15 +144,14 @@ def _with_exposed(model: PhaseModel, c: pl.DataFrame) -> pl.DataFrame:
     of its device's kernels (all kernels of the rank, as the what-if model counts them)."""
     import numpy as np
 
-    from tracekit.analyze.model.intervals import covered_length, union
+    from tracekit.analyze.model.intervals import covered_length
 
     if not c.height:
         return c.with_columns(exposed_ns=pl.lit(None, pl.Float64))
-    kern = model.ops.filter(pl.col("kind") == "kernel")
     parts = []
     for (gp, dev), g in c.group_by(RANK):
-        k = kern.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
-        ks, ke = union(k["start"].to_numpy(), k["end"].to_numpy())
+        # (the union of the rank's kernels, from the kept unions: no copy of the kernels' rows)
+        ks, ke = all_kernel_union(model, gp, dev)
         s, e = g["start"].to_numpy(), g["end"].to_numpy()
         cov = covered_length(ks, ke, s, e) if len(ks) else np.zeros(len(s))
         parts.append(g.with_columns(exposed_ns=pl.Series((e - s) - cov, dtype=pl.Float64)))

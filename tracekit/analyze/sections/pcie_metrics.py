@@ -44,6 +44,7 @@ import os
 import numpy as np
 import polars as pl
 
+from tracekit.analyze.model.gpu_ops import with_strings
 from tracekit.analyze.model.intervals import SpreadCumulative
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.pcie_reduce import (  # noqa: F401  (_Counts, PCT_RANGE: importable from here too)
@@ -301,7 +302,7 @@ def _window_copies(model: PhaseModel) -> pl.DataFrame:
     if hit is not None:
         return hit
     win = model.windows.join(ranks_of(model), on="global_pid")
-    copies = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"]))
+    copies = with_strings(model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"])))
     parts = []
     for (gpid, dev), w in win.group_by(RANK):
         c = copies.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))

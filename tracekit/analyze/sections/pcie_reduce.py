@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from tracekit.analyze.model.gpu_ops import with_strings
 from tracekit.analyze.model.intervals import SpreadCumulative
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.transfer_common import RANK, attach_window, ranks_of
@@ -129,7 +130,8 @@ class _Reducer:
         for gpid, dev in r.iter_rows():
             self.ranks.setdefault(dev, []).append(gpid)
         self.w = model.windows.select("global_pid", "window_id", "start", "end").sort("global_pid", "start")
-        self.copies = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"]))
+        self.copies = with_strings(
+            model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"])))
         self.groups: dict = {}
         self.last: dict = {}
         self.diffs = _Counts()

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 import polars as pl
 
+from tracekit.analyze.model.gpu_ops import with_strings
 from tracekit.analyze.model.intervals import SpreadCumulative
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.transfer_common import RANK, attach_window
@@ -90,7 +91,7 @@ class Timeline:
             raise TracekitError("--bin-ms must be positive")
         self.model, self.bin_ns, self.directions = model, int(bin_ns), tuple(directions)
         c = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(list(directions)))
-        c = c.filter(pl.col("device").is_not_null())
+        c = with_strings(c.filter(pl.col("device").is_not_null()))
         spans = model.windows.group_by("global_pid").agg(lo=pl.col("start").min(), hi=pl.col("end").max())
         ranks = []
         for (gpid, dev), rc in c.group_by(RANK):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracekit.analyze.model.gpu_ops import with_strings
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.errors import TracekitError
 from tracekit.vocab import INTEGRAL_SUFFIXES, json_number
@@ -42,7 +43,7 @@ def host_copies(model: PhaseModel) -> pl.DataFrame:
     read it)."""
     def compute() -> pl.DataFrame:
         c = model.ops.lazy().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(HOST_DIRECTIONS))
-        c = c.filter(pl.col("device").is_not_null())
+        c = with_strings(c.filter(pl.col("device").is_not_null()))  # (its readers read strings)
         return c.with_columns(
             host_kind=pl.when(pl.col("direction") == "H2D").then(pl.col("src_kind")).otherwise(pl.col("dst_kind")),
             duration_ns=pl.col("end") - pl.col("start"),
@@ -69,13 +70,14 @@ def model_kernel_frames(model: PhaseModel) -> tuple[pl.DataFrame, pl.DataFrame]:
 
     def compute() -> tuple[pl.DataFrame, pl.DataFrame]:
         ops = model.ops
-        k = ops.lazy().filter(pl.col("kind") == "kernel")
+        is_k = pl.col("kind") == "kernel"
         if "comm" not in ops.columns:  # all kernels are compute
-            return k.select(COMPUTE_KERNEL_COLUMNS).collect(), ops.head(0)
-        # (one polars call; the columns picked before the rows are gathered)
-        compute_k, comm = pl.collect_all([k.filter(~comm_expr()).select(COMPUTE_KERNEL_COLUMNS),
-                                          k.filter(comm_expr())])
-        return compute_k, comm
+            return ops.lazy().filter(is_k).select(COMPUTE_KERNEL_COLUMNS).collect(), with_strings(ops.head(0))
+        # two plans, each with its columns picked before the rows are gathered (one collect_all of
+        # both shared the kernel filter and gathered every column of every kernel first: 25 MiB
+        # on a 10 GB trace)
+        compute_k = ops.lazy().filter(is_k & ~comm_expr()).select(COMPUTE_KERNEL_COLUMNS).collect()
+        return compute_k, with_strings(ops.filter(is_k & comm_expr()))  # (its readers read strings)
 
     return model.derived("kernel_frames", compute)
 
@@ -87,6 +89,49 @@ def model_compute_ops(model: PhaseModel) -> pl.DataFrame:
     from tracekit.analyze.model.communication import compute_ops
 
     return model.derived("compute_ops", lambda: compute_ops(model.ops))
+
+
+def kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int], tuple]:
+    """Per rank ``(global_pid, device)``, the union (``(starts, ends)``,
+    :func:`tracekit.analyze.model.intervals.union`) of its device's compute kernels (``comm``:
+    communication kernels) of :func:`model_kernel_frames`; kernels without a device are left out.
+    Computed once per model and kept on it (the overlap, pageable and what-if sections read them)."""
+    from tracekit.analyze.model.intervals import union
+
+    def compute() -> dict:
+        compute_k, communication = model_kernel_frames(model)
+        # (the rank and time columns only: each group is a copy)
+        k = (communication if comm else compute_k).select(*RANK, "start", "end").filter(pl.col("device").is_not_null())
+        return {(gpid, dev): union(g["start"].to_numpy(), g["end"].to_numpy()) for (gpid, dev), g in k.group_by(RANK)}
+
+    return model.derived(("overlap_kernel_unions", comm), compute)
+
+
+def all_kernel_union(model: PhaseModel, gpid: int, dev: int) -> tuple:
+    """The union ``(starts, ends)`` of every kernel (compute and communication) of the rank
+    ``(gpid, dev)``: the union of the two :func:`kernel_unions` (the same set of instants as the
+    union of the kernels themselves, in the same canonical form: sorted, disjoint, touching pieces
+    merged), without reading ``model.ops`` again."""
+    import numpy as np
+
+    from tracekit.analyze.model.intervals import union
+
+    none = (np.empty(0, np.int64), np.empty(0, np.int64))
+    a, b = kernel_unions(model).get((gpid, dev), none), kernel_unions(model, comm=True).get((gpid, dev), none)
+    if not len(b[0]):
+        return a
+    return union(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+
+
+def rank_rows(frame: pl.DataFrame, gpid: int, dev: int, *columns: str) -> pl.DataFrame:
+    """The rows of ``frame`` of the rank ``(gpid, dev)``, only ``columns`` (all when none): the
+    columns are picked before the rows are gathered, and nothing is copied when the rank holds
+    every row (a one-GPU trace)."""
+    picked = frame.select(columns) if columns else frame
+    mine = frame.select((pl.col("global_pid") == gpid) & (pl.col("device") == dev)).to_series()
+    if mine.null_count() == 0 and mine.all():
+        return picked
+    return picked.filter(mine)
 
 
 def ranks_of(model: PhaseModel) -> pl.DataFrame:

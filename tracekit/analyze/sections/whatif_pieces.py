@@ -30,7 +30,7 @@ from tracekit.analyze.model.intervals import covered_length, union
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections import breakdown
 from tracekit.analyze.sections.copy_sizes import size_bucket
-from tracekit.analyze.sections.transfer_common import host_copies
+from tracekit.analyze.sections.transfer_common import all_kernel_union, host_copies, rank_rows
 from tracekit.analyze.trace.export import Export
 
 #: Steps of DeepSpeed's optimizer step, by NVTX range name (any domain: DeepSpeed's own ranges
@@ -148,14 +148,15 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         phase_ns = {p: float(w) / n for p, w, _ in sums.iter_rows()}
         kernel_ns = {p: float(k) / n for p, _, k in sums.iter_rows()}
         micro = ts.filter(pl.col("phase") == "backward").group_by("iteration").len()["len"]
-        ops = model.ops.select("global_pid", "device", "kind", "start", "end", "direction", "bytes", "launch",
-                               "launch_tid", "name_id").filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
+        # (the columns read here; no copy when the rank holds every op)
+        ops = rank_rows(model.ops, gp, dev, "global_pid", "device", "kind", "start", "end", "direction", "bytes",
+                        "launch", "launch_tid", "name_id")
         mine = ranges.select(pl.col("global_pid") == gp)["global_pid"]
         # the rank's ranges, once (one process's, most often every range: no copy then)
         rg = ranges if mine.null_count() == 0 and mine.all() else ranges.filter(mine)
         del mine
-        kern = ops.select("kind", "start", "end", "device", "name_id").filter(pl.col("kind") == "kernel")
-        ks, ke = union(kern["start"].to_numpy(), kern["end"].to_numpy())
+        # the union of the rank's kernels, from the unions kept on the model (no copy of the kernels' rows)
+        ks, ke = all_kernel_union(model, gp, dev)
         busy_s, busy_e = union(ops["start"].to_numpy(), ops["end"].to_numpy())
         # update windows of the steady iterations, and the role of each moment inside them
         upd = model.windows.filter((pl.col("global_pid") == gp) & (pl.col("phase") == "update")
@@ -275,7 +276,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
             "one_time": one_time, "sub_group_bytes": sub_group_bytes,
             "forward_h2d_bytes": float(fwd_h2d["bytes"].sum()) / n,
             "forward_h2d_kinds": sorted(set(fwd_h2d["host_kind"].drop_nulls().to_list())),
-            "kernel_dtypes": _kernel_dtypes(export, kern).get(dev, {}),
+            "kernel_dtypes": _kernel_dtypes(export, ops).get(dev, {}),
         })
     return out
 
@@ -503,10 +504,14 @@ DTYPE_PATTERNS = {"Half": r"c10::Half|\b__half\b|cutlass::half_t",
                   "BFloat16": r"BFloat16|__nv_bfloat16|cutlass::bfloat16_t"}
 
 
-def _kernel_dtypes(export: Export, kern: pl.DataFrame) -> dict:
+def _kernel_dtypes(export: Export, ops: pl.DataFrame) -> dict:
     """``{device: {"Half": kernels, "BFloat16": kernels, "kernels": all}}``: how many of the
-    rank's kernels carry a 16-bit type in their (demangled) name."""
-    if not kern.height or "name_id" not in kern.columns:
+    rank's kernels (the rows of ``ops`` of kind ``kernel``) carry a 16-bit type in their
+    (demangled) name. The kernels are counted per device and name first (no copy of their rows)."""
+    if not ops.height or "name_id" not in ops.columns:
+        return {}
+    kern = ops.lazy().filter(pl.col("kind") == "kernel").group_by("device", "name_id").agg(n=pl.len()).collect()
+    if not kern.height:
         return {}
     ids = kern["name_id"].drop_nulls().unique().to_list()
     if not ids:
@@ -516,9 +521,10 @@ def _kernel_dtypes(export: Export, kern: pl.DataFrame) -> dict:
     # the patterns run once per distinct name, not once per kernel
     names = names.select("id", **{label: pl.col("value").fill_null("").str.contains(pat)
                                   for label, pat in DTYPE_PATTERNS.items()})
-    k = kern.select("device", "name_id").join(names, left_on="name_id", right_on="id", how="left")
-    per = k.group_by("device").agg(kernels=pl.len(), **{label: pl.col(label).fill_null(False).sum()
-                                                        for label in DTYPE_PATTERNS})
+    k = kern.join(names, left_on="name_id", right_on="id", how="left")
+    per = k.group_by("device").agg(kernels=pl.col("n").sum(),
+                                   **{label: pl.col("n").filter(pl.col(label).fill_null(False)).sum()
+                                      for label in DTYPE_PATTERNS})
     return {int(r["device"]): {"kernels": r["kernels"], **{label: int(r[label]) for label in DTYPE_PATTERNS}}
             for r in per.iter_rows(named=True)}
 
