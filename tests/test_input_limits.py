@@ -333,6 +333,34 @@ def test_guard_child_environment(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("_RJEM_MALLOC_CONF", "narenas:2")
     assert memlimit.run_guarded(["report", "x.sqlite"]) == 0
     assert capfd.readouterr().err.splitlines() == ["[4] [narenas:2] [1]"]
+    # tracekit's own decay setting (memlimit.allocator_defaults) is kept, the background thread off
+    monkeypatch.setenv("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
+    assert memlimit.run_guarded(["report", "x.sqlite"]) == 0
+    own = "dirty_decay_ms:0,muzzy_decay_ms:0,background_thread:false"
+    assert capfd.readouterr().err.splitlines() == [f"[4] [{own}] [1]"]
+
+
+def test_allocator_defaults(monkeypatch):
+    """The CLI's entry sets polars' jemalloc to return freed pages at once, unless the user set
+    the variable, and only while polars is not loaded yet (jemalloc reads it when it loads)."""
+    import subprocess
+
+    import polars  # noqa: F401  (loaded: too late for the setting)
+
+    from tracekit import memlimit
+
+    monkeypatch.setenv("_RJEM_MALLOC_CONF", "")  # recorded, so that monkeypatch restores (or removes) it after
+    monkeypatch.delenv("_RJEM_MALLOC_CONF")
+    memlimit.allocator_defaults()  # polars is loaded in this process: nothing set
+    assert "_RJEM_MALLOC_CONF" not in os.environ
+    probe = ("import os, sys; from tracekit import memlimit; memlimit.allocator_defaults(); "
+             "print(os.environ.get('_RJEM_MALLOC_CONF'), 'polars' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["dirty_decay_ms:0,muzzy_decay_ms:0", "False"]
+    env["_RJEM_MALLOC_CONF"] = "narenas:2"  # the user's own setting is kept
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["narenas:2", "False"]
 
 
 def _options_of(command: str) -> set[str]:
