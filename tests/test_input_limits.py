@@ -358,6 +358,9 @@ def test_allocator_defaults(monkeypatch):
     env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["dirty_decay_ms:0,muzzy_decay_ms:0", "False"]
+    capture = probe.replace("allocator_defaults()", "allocator_defaults(['capture', '--', 'true'])")
+    out = subprocess.run([sys.executable, "-c", capture], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["None", "False"]  # not for capture: the training inherits the environment
     env["_RJEM_MALLOC_CONF"] = "narenas:2"  # the user's own setting is kept
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["narenas:2", "False"]

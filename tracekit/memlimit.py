@@ -62,7 +62,7 @@ _JEMALLOC_CONF = "_RJEM_MALLOC_CONF"
 #: what :func:`allocator_defaults` sets: freed pages go back to the system at once, not after
 #: jemalloc's 10 s decay, so that memory one stage (or one thread's arena) freed does not stay
 #: resident while the next one allocates (issue 24: peak RSS of ``analyze --all`` on a 4x trace
-#: 286 -> 263 MiB)
+#: 273-297 -> 260 MiB, on a 16x one 628 -> 606 MiB)
 ALLOCATOR_CONF = "dirty_decay_ms:0,muzzy_decay_ms:0"
 _ALLOC_TAIL = re.compile(rb"^\d+ bytes failed\s*$")
 _PANIC = re.compile(rb"^thread '.*' (\(\d+\) )?panicked at ")
@@ -262,10 +262,14 @@ def run_guarded(argv: list[str] | None = None) -> int | None:
     return rc
 
 
-def allocator_defaults() -> None:
+def allocator_defaults(argv: list[str] | None = None) -> None:
     """Set ``_RJEM_MALLOC_CONF`` to :data:`ALLOCATOR_CONF` unless the user set it; jemalloc
     reads it once, when polars is loaded, so this runs before polars is imported (the CLI's
-    entry), and does nothing once it is."""
+    entry), and does nothing once it is. Not for ``capture`` (``argv``, default ``sys.argv[1:]``):
+    the training it runs inherits the environment."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["capture"]:
+        return
     if _JEMALLOC_CONF not in os.environ and "polars" not in sys.modules:
         os.environ[_JEMALLOC_CONF] = ALLOCATOR_CONF
 

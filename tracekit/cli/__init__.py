@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tracekit`` console script; returns the process exit code."""
     from tracekit import memlimit
 
-    memlimit.allocator_defaults()  # (before polars is imported: jemalloc reads it then)
+    memlimit.allocator_defaults(argv)  # (before polars is imported: jemalloc reads it then)
     memlimit.set_command(argv)
     guarded = memlimit.run_guarded(argv)  # under a memory limit: a child, one line if it runs out
     if guarded is not None:
