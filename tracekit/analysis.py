@@ -273,7 +273,9 @@ class Analysis:
     @property
     def model(self):
         """The :class:`tracekit.analyze.model.phases.PhaseModel` (windows, GPU operations, NVTX ranges),
-        built when first needed (a result read from the cache holds none)."""
+        built when first needed (a result read from the cache holds none). The model of
+        :func:`analyze` holds only the NVTX ranges its sections read (``ranges_scope``, issue 24);
+        :func:`tracekit.analyze.model.phases.ranges_for` gives every one of them."""
         if "model" not in self._parts:
             from tracekit.analyze.model import phases
 
