@@ -217,3 +217,24 @@ def test_thin_read_keeps_what_its_rule_says(path):
     assert got.equals(every.filter(pl.col("range_id").is_in(want)))
     assert {r[0]: (r[1], r[2]) for r in thin.span.iter_rows()} == span
     assert thin.dropped == len(rows) - len(want)
+
+
+def test_a_changed_trace_is_not_read_again_silently(tmp_path):
+    """The model of `analyze` reloads the ranges of another phase from the trace; a trace changed
+    since (here: a copy touched and grown by one byte) gives one line naming it, never other ranges."""
+    import os
+    import shutil
+
+    from tracekit.errors import TracekitError
+
+    path = tmp_path / "zero3_copy.sqlite"
+    shutil.copy(ZERO3_CUT, path)
+    a = analyze(path, Options(sections=SECTIONS), cache=False)
+    with open(path, "ab") as f:
+        f.write(b"\0")
+    os.utime(path, ns=(1, 1))
+    with pytest.raises(TracekitError, match="changed since it was analyzed"):
+        a.sub_phase_table("forward")
+    path.unlink()
+    with pytest.raises(TracekitError):
+        phases.ranges_for(a.model)

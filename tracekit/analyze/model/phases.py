@@ -383,6 +383,7 @@ def build(
     )
     if keep is not None:
         model.cache["nested_source"] = nested_source
+        model.cache["trace_stat"] = _stat(export.path)  # (what ranges_for checks before a reload)
         _keep_ranges(model, loaded, keep, None if thin is None else thin.names)
         del loaded, ranges, nested
         # (the load is not kept with the export either: the what-if model reads model.step_ranges)
@@ -469,17 +470,35 @@ def _keep_ranges(model: PhaseModel, loaded: pl.DataFrame, keep: RangeKeep, names
     model.step_ranges = st.filter(mask)
 
 
+def _stat(path) -> tuple | None:
+    """``(size, modification time ns)`` of ``path``, None when it cannot be read."""
+    import os
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
 def ranges_for(model: PhaseModel, phases: set | frozenset | None = None) -> pl.DataFrame:
     """The nested NVTX ranges (:attr:`PhaseModel.ranges`' columns) a reader of the windows of
     ``phases`` (None: of any phase) needs: :attr:`PhaseModel.ranges` when it holds them, else all
     of them, reloaded once from :attr:`PhaseModel.path` (a model built with a :class:`RangeKeep`
     asked for another phase: the same frame the build nested). Raises :class:`TracekitError` when
-    the trace can no longer be read."""
+    the trace can no longer be read, or was changed since the model was built (its size or
+    modification time differ: the ranges would not be those of the model)."""
     scope = model.ranges_scope
     if scope is None or (phases is not None and set(phases) <= scope):
         return model.ranges
 
     def reload() -> pl.DataFrame:
+        was = model.cache.get("trace_stat")
+        if was is not None and _stat(model.path) != was:
+            from tracekit.errors import TracekitError
+
+            raise TracekitError(f"{shown(model.path)} changed since it was analyzed (its NVTX ranges are read "
+                                "again for this); analyze it again")
         with Export.open(model.path) as export:
             loaded = set_aside_unclosed(export, nvtx.load_ranges(export), model.ops)
             return _nested(loaded, model.cache.get("nested_source", model.source))
@@ -511,7 +530,8 @@ def drop_iterations(model: PhaseModel, drop: pl.DataFrame, unclosed: pl.DataFram
                       unclosed=model.unclosed if unclosed is None else unclosed,
                       ranges_scope=model.ranges_scope, step_ranges=model.step_ranges,
                       step_range_names=model.step_range_names, range_names=model.range_names, path=model.path,
-                      cache={k: v for k, v in model.cache.items() if k in ("nested_source", "all_nested_ranges")})
+                      cache={k: v for k, v in model.cache.items()
+                             if k in ("nested_source", "trace_stat", "all_nested_ranges")})
 
 
 def _phase_windows(c: pl.DataFrame, last_gpu: int, gas: int | None) -> tuple[pl.DataFrame, bool]:
