@@ -40,16 +40,21 @@ def idle_findings(model: PhaseModel, export: Export, iteration: int | None = Non
     if iteration is not None:
         w, api = w.filter(pl.col("iteration") == iteration), api.filter(pl.col("iteration") == iteration)
     else:  # the warm-up apart (tracekit.analyze.model.steady), as every "per steady iteration"
-        from tracekit.analyze.model.phases import drop_iterations
         from tracekit.analyze.model.steady import warmup_keys
 
         drop = warmup_keys(steady.windows)
         keys = ["global_pid", "iteration"]
         w, api = w.join(drop, on=keys, how="anti"), api.join(drop, on=keys, how="anti")
-        # (launch_stats reads these columns of the ops only: the others are not copied by the drop)
-        narrow = steady.ops.select("global_pid", "device", "iteration", "phase", "kind", "start", "end",
-                                   "launch", "api_end", "api_name_id")
-        steady = drop_iterations(dataclasses.replace(steady, ops=narrow, cache={}), drop)
+        # launch_stats reads the kernels' columns below only: they are picked, and the kernels of
+        # the warm-up dropped, in one filter (one copy of them, not of every op twice; issue 24)
+        warm = pl.lit(False)
+        for (gpid,), its in drop.group_by(["global_pid"]):
+            warm = warm | ((pl.col("global_pid") == gpid) & pl.col("iteration").is_in(its["iteration"].implode()))
+        kernels = steady.ops.select("global_pid", "device", "iteration", "phase", "kind", "start", "end",
+                                    "launch", "api_end", "api_name_id").filter(
+            (pl.col("kind") == "kernel") & ~warm.fill_null(False))
+        steady = dataclasses.replace(steady, ops=kernels, windows=steady.windows.join(drop, on=keys, how="anti"),
+                                     cache={})
     if w.height == 0:
         return []
     per = w.group_by("global_pid", "device", "phase").agg(
