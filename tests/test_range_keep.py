@@ -238,3 +238,25 @@ def test_a_changed_trace_is_not_read_again_silently(tmp_path):
     path.unlink()
     with pytest.raises(TracekitError):
         phases.ranges_for(a.model)
+
+
+def test_range_starting_with_the_update_range_is_kept(tmp_path):
+    """A range that starts at the same ns as an update range and comes before it in NVTX_EVENTS
+    (an edited copy of the ZeRO-2 cut): it starts inside the update, so the thin read keeps it."""
+    from tracekit.analyze.model import nvtx
+
+    path = _edited_copy(tmp_path, "zero2_tie_with_update.sqlite", [
+        "INSERT INTO StringIds (id, value) VALUES (987654321, 'tie_child')",
+        "INSERT INTO NVTX_EVENTS (start, \"end\", eventType, globalTid, textId, domainId) "
+        "SELECT n.start, n.start + 10, 59, n.globalTid, 987654321, n.domainId FROM NVTX_EVENTS n "
+        "LEFT JOIN StringIds s ON s.id = n.textId WHERE coalesce(n.text, s.value) = 'update' ORDER BY n.start LIMIT 1",
+        "CREATE TABLE t AS SELECT n.* FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
+        "ORDER BY n.start, coalesce(n.text, s.value) = 'update'",
+        "DELETE FROM NVTX_EVENTS", "INSERT INTO NVTX_EVENTS SELECT * FROM t", "DROP TABLE t"])
+    with Export.open(path) as e:
+        ops = phases.load_gpu_ops(e)
+        thin = phases._thin_read(ops, range_keep(Options()), None)
+        got = nvtx.load_thin_ranges(e, thin)
+    assert thin.ordered
+    assert got.filter(pl.col("name") == "tie_child").height == 1
+    _same_as_whole(path)

@@ -240,6 +240,7 @@ class Thin:
             keep[m] |= np.searchsorted(la, st[m], side="left") < np.searchsorted(la, en[m], side="left")
         for p in np.unique(pid):  # starts inside an update range of its process seen so far
             m = np.flatnonzero(pid == p)
+            m = m[np.lexsort((~is_upd[m], st[m]))]  # (an update range before a range starting with it)
             ends = np.where(is_upd[m], en[m], np.iinfo(np.int64).min)
             reach = np.maximum.accumulate(np.maximum(ends, self._update_end.get(int(p), np.iinfo(np.int64).min)))
             keep[m] |= st[m] <= reach
