@@ -1,0 +1,76 @@
+"""The phase model's reads done a column or a block at a time (issue 24): the ops' sort, the
+window search and the sub-phase search in blocks give what a plain loop finds."""
+
+import numpy as np
+import polars as pl
+import pytest
+from synthetic import SyntheticTrace, gtid
+from test_phases_synthetic import MAIN, MS, build, ds_iteration
+
+from tracekit.analyze.model import gpu_ops, phases
+
+
+def _parts(rng, n, ties):
+    hi = n // 3 if ties else 10 * n
+    out = []
+    for k in range(3):
+        m = n + k * 7
+        starts = rng.choice(hi, m, replace=not ties) if not ties else rng.integers(0, hi, m)
+        out.append(pl.DataFrame({"start": starts.astype(np.int64), "part": [k] * m, "row": np.arange(m),
+                                 "label": [f"r{k}-{i}" for i in range(m)]}))
+    return out
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_sorted_by_start_is_a_sort_of_the_rows(ties):
+    rng = np.random.default_rng(7)
+    parts = _parts(rng, 500, ties)
+    rows = [r for p in parts for r in p.iter_rows()]
+    got = gpu_ops._sorted_by_start(list(parts))
+    assert got.columns == ["start", "part", "row", "label"]
+    out = list(got.iter_rows())
+    assert sorted(out) == sorted(rows)  # the same rows
+    assert all(a[0] <= b[0] for a, b in zip(out, out[1:]))  # by start
+    if not ties:
+        assert out == sorted(rows, key=lambda r: r[0])
+
+
+def _window_rows_loop(ops, w):
+    out = []
+    for pid, launch in ops.select("global_pid", "launch").iter_rows():
+        best = None
+        for i, (wp, ws) in enumerate(w.select("global_pid", "w_start").iter_rows()):
+            if pid is not None and launch is not None and wp == pid and ws <= launch:
+                if best is None or ws >= w["w_start"][best]:
+                    best = i
+        out.append(best)
+    return out
+
+
+def test_window_rows_equal_a_loop():
+    rng = np.random.default_rng(3)
+    # two processes, repeated window starts, a process without windows, null pid and launch
+    w = pl.DataFrame({"global_pid": [1, 2, 1, 1, 2, 1], "w_start": [0, 5, 10, 10, 20, 30]})
+    pid = rng.choice([1, 2, 3], 300).tolist()
+    launch = rng.integers(-5, 40, 300).tolist()
+    pid[0], launch[1] = None, None
+    ops = pl.DataFrame({"global_pid": pid, "launch": launch}, schema={"global_pid": pl.Int64, "launch": pl.Int64})
+    assert phases._window_rows(ops, w).to_list() == _window_rows_loop(ops, w)
+
+
+@pytest.mark.parametrize("block", [1, 2, 32_768])
+def test_sub_phase_search_in_blocks(tmp_path, monkeypatch, block):
+    monkeypatch.setattr(phases, "_ATTRIBUTE_BLOCK", block)
+    t = SyntheticTrace()
+    ds_iteration(t, 0)
+    tid = gtid(1, MAIN)
+    # inside the step (44..64 ms): cpu_adam 45..55 with a nested copy_back 52..54
+    t.range("cpu_adam", 45 * MS, 55 * MS, tid, "DeepSpeed")
+    t.range("copy_back", 52 * MS, 54 * MS, tid, "DeepSpeed")
+    t.copy(46 * MS, 47 * MS, 8, 1, pid=1, tid=MAIN, launch=46 * MS)
+    t.copy(50 * MS, 51 * MS, 8, 1, pid=1, tid=MAIN, launch=None)  # no launching thread
+    t.copy(53 * MS, 54 * MS, 8, 1, pid=1, tid=MAIN, launch=53 * MS)
+    t.copy(60 * MS, 61 * MS, 16, 1, pid=1, tid=MAIN, launch=56 * MS)
+    m, _ = build(t, tmp_path)
+    sub = m.ops.filter(pl.col("phase") == "update").sort("start")["sub_phase"].to_list()
+    assert sub == ["cpu_adam", None, "copy_back", None]
