@@ -95,14 +95,29 @@ def kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int]
     """Per rank ``(global_pid, device)``, the union (``(starts, ends)``,
     :func:`tracekit.analyze.model.intervals.union`) of its device's compute kernels (``comm``:
     communication kernels) of :func:`model_kernel_frames`; kernels without a device are left out.
-    Computed once per model and kept on it (the overlap, pageable and what-if sections read them)."""
+    Computed once per model and kept on it (the overlap, pageable and what-if sections read them).
+    Read from ``model.ops`` rank by rank, two columns at a time (not from
+    :func:`model_kernel_frames`, which would keep the compute kernels on the model)."""
+    from tracekit.analyze.model.communication import comm_expr
     from tracekit.analyze.model.intervals import union
 
     def compute() -> dict:
-        compute_k, communication = model_kernel_frames(model)
-        # (the rank and time columns only: each group is a copy)
-        k = (communication if comm else compute_k).select(*RANK, "start", "end").filter(pl.col("device").is_not_null())
-        return {(gpid, dev): union(g["start"].to_numpy(), g["end"].to_numpy()) for (gpid, dev), g in k.group_by(RANK)}
+        ops = model.ops
+        if "comm" in ops.columns:
+            which = (pl.col("kind") == "kernel") & (comm_expr() if comm else ~comm_expr())
+        elif comm:  # all kernels are compute
+            return {}
+        else:
+            which = pl.col("kind") == "kernel"
+        k = ops.lazy().filter(which & pl.col("device").is_not_null())
+        ranks = k.select(RANK).unique().collect()
+        out = {}
+        for gpid, dev in ranks.iter_rows():
+            mine = k if ranks.height == 1 else k.filter(
+                pl.col("global_pid").eq_missing(gpid) & (pl.col("device") == dev))
+            t = mine.select("start", "end").collect()
+            out[(gpid, dev)] = union(t["start"].to_numpy(), t["end"].to_numpy())
+        return out
 
     return model.derived(("overlap_kernel_unions", comm), compute)
 
