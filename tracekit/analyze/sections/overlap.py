@@ -28,6 +28,7 @@ from tracekit.analyze.sections.transfer_common import (
     PHASE_KEYS,
     RANK,
     check_by,
+    group_codes,
     host_copies,
     kernel_unions,
     ratio,
@@ -47,16 +48,6 @@ def _kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int
     computed once per model and kept on it (every grouping of :func:`overlap_levels` reads them):
     :func:`tracekit.analyze.sections.transfer_common.kernel_unions`."""
     return kernel_unions(model, comm)
-
-
-def _group_codes(frame: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, np.ndarray]:
-    """The distinct ``keys`` of ``frame`` (one row each, nulls equal, in no particular order)
-    and, per row of ``frame``, the index of its group in them (int64 array): group ids that
-    later steps sort and join on instead of the key columns (strings among them)."""
-    g = frame.select(keys).with_row_index("_i").group_by(keys).agg(pl.col("_i"))
-    code = np.empty(frame.height, np.int64)
-    code[g["_i"].explode().to_numpy()] = np.repeat(np.arange(g.height, dtype=np.int64), g["_i"].list.len().to_numpy())
-    return g.drop("_i"), code
 
 
 def _covers(pieces: pl.DataFrame, rank_of: np.ndarray, ranks: list, kernels: dict, comm_kernels: dict) -> pl.DataFrame:
@@ -142,7 +133,7 @@ def _disjoint_within(sums: pl.DataFrame, pieces: pl.DataFrame, keys: list[str]) 
     (touching allowed)."""
     if pieces.height == 0:
         return True
-    _, code = _group_codes(sums, keys)  # the group of ``keys`` of each fine group
+    _, code = group_codes(sums, keys)  # the group of ``keys`` of each fine group
     f = pieces.join(pl.DataFrame({"_g": sums["_g"], "_c": code}), on="_g").select("_c", "start", "end")
     f = f.sort("_c", "start")
     prev = pl.col("end").cum_max().shift(1).over("_c")
@@ -169,9 +160,9 @@ def _sums(model: PhaseModel, by: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]
     (issue 24)."""
     keys = [*RANK, *by]
     c = host_copies(model)
-    groups, gid = _group_codes(c, keys)
+    groups, gid = group_codes(c, keys)
     groups = groups.with_columns(_g=pl.int_range(pl.len(), dtype=pl.Int64))
-    ranks, rank_of = _group_codes(groups, RANK)
+    ranks, rank_of = group_codes(groups, RANK)
     kernels, comm_kernels = _kernel_unions(model), _kernel_unions(model, comm=True)
     f = pl.DataFrame([pl.Series("_g", gid), c.get_column("direction"), c.get_column("bytes"),
                       c.get_column("start"), c.get_column("end")])
