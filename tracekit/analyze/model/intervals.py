@@ -104,12 +104,16 @@ def busy_in_windows(op_starts, op_ends, win_starts, win_ends) -> np.ndarray:
     Windows must be disjoint. Vectorized: the union's cumulative length is evaluated at the
     window edges by binary search. Returns an int64 array aligned with the windows.
     """
-    u_s, u_e = union(op_starts, op_ends)
+    u_s, u_e = _as_arrays(op_starts, op_ends)
+    if u_s.size and not (u_s.size == 1 or (u_s[1:] > u_e[:-1]).all()):  # (a union already, as the kept
+        u_s, u_e = union(u_s, u_e)                                        # kernel unions are: no copy)
     ws = np.asarray(win_starts, dtype=np.int64)
     we = np.asarray(win_ends, dtype=np.int64)
     if u_s.size == 0:
         return np.zeros(ws.size, dtype=np.int64)
-    cum = np.concatenate([[0], np.cumsum(u_e - u_s)])
+    cum = np.empty(u_s.size + 1, dtype=np.int64)
+    cum[0] = 0
+    np.cumsum(u_e - u_s, out=cum[1:])
 
     def covered_before(t: np.ndarray) -> np.ndarray:
         # union length in (-inf, t)
