@@ -62,7 +62,7 @@ COMPUTE_KERNEL_COLUMNS = ("global_pid", "device", "start", "end", "phase")
 def model_kernel_frames(model: PhaseModel) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(compute kernels, communication kernels) of ``model.ops``
     (:func:`tracekit.analyze.model.communication.kernel_frames`), computed once per model and
-    kept on it (the overlap, communication, waiting-rank and CPU-update sections read them).
+    kept on it (the idle, communication, waiting-rank and CPU-update sections read them).
     The compute kernels, most of the ops, keep only :data:`COMPUTE_KERNEL_COLUMNS` (kept for
     the whole run: all 25 columns of the ops were 110 bytes a kernel more, 26 MiB on a 10 GB
     trace); the communication kernels keep every column of ``model.ops``."""
