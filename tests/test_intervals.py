@@ -135,3 +135,34 @@ def test_grouped_union_of_two_keys_with_nulls_matches_union_per_group(rows):
         us, ue = I.union(s, e)
         want += [(*key, int(x), int(y)) for x, y in zip(us, ue)]
     assert got.rows() == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2, 3), st.integers(0, T), st.integers(0, T)), max_size=30), st.booleans(),
+       st.sampled_from([0, 2**61]))
+def test_grouped_union_lengths_match_grid_per_group(rows, in_start_order, shift):
+    """grouped_union_lengths (numpy, one sort and a sweep) against the grid of each group's own
+    rows: the groups with a non-empty interval, ascending, each with its covered length; rows in
+    start order or not, times near 0 or far from it (the groups share one shifted time axis)."""
+    if in_start_order:
+        rows = sorted(rows, key=lambda r: r[1])
+    g = np.array([r[0] for r in rows], dtype=np.int64)
+    s = np.array([r[1] for r in rows], dtype=np.int64) + shift
+    e = np.array([r[2] for r in rows], dtype=np.int64) + shift
+    got_g, got_len = I.grouped_union_lengths(g, s, e)
+    want = {k: cells_to_len(grid([r[1] for r in rows if r[0] == k], [r[2] for r in rows if r[0] == k]) > 0)
+            for k in sorted({r[0] for r in rows if r[2] > r[1]})}
+    assert got_g.tolist() == list(want) and got_len.tolist() == list(want.values())
+
+
+def test_grouped_union_lengths_of_many_groups_on_a_long_axis():
+    """Groups times the span past 2**62 (the shared axis would overflow): group by group, the
+    same lengths as :func:`union_length` of each group."""
+    rng = np.random.default_rng(7)
+    g = rng.integers(0, 9, 200)
+    s = rng.integers(0, 2**60, 200)
+    e = s + rng.integers(-5, 2**58, 200)
+    s[0], e[0] = 0, 2**61
+    got_g, got_len = I.grouped_union_lengths(g, s, e)
+    want = {k: I.union_length(s[g == k], e[g == k]) for k in sorted(set(g[e > s].tolist()))}
+    assert got_g.tolist() == list(want) and got_len.tolist() == list(want.values())

@@ -106,14 +106,50 @@ def _union_lengths(ops: pl.LazyFrame, by: list[str]) -> pl.LazyFrame:
     return f.group_by(by).agg(busy_ns=(run_end.filter(last) - s.filter(first)).sum().cast(pl.Int64))
 
 
-def _join_busy(out: pl.LazyFrame, ops: pl.LazyFrame, by: list[str], nulls_equal: bool) -> pl.LazyFrame:
-    """``out`` with the four :data:`BUSY` columns (ns; 0 for a group without such ops): union
-    lengths per group of ``by`` of ``ops`` (which has ``cat``, :func:`_busy_category`)."""
-    u = _union_lengths(ops.filter(pl.col("cat").is_not_null()), [*by, "cat"])
-    for i, label in enumerate(BUSY):
-        part = u.filter(pl.col("cat") == i).select(*by, pl.col("busy_ns").alias(label))
-        out = out.join(part, on=by, how="left", nulls_equal=nulls_equal).with_columns(pl.col(label).fill_null(0))
-    return out
+def _busy_of_windows(model: PhaseModel, pairs: pl.DataFrame) -> pl.DataFrame:
+    """The four :data:`BUSY` union lengths of groups of windows: ``pairs`` (``window_id,
+    device, _k``; each (window, device) in one group ``_k``) -> ``_k`` and the :data:`BUSY`
+    columns (Int64 ns, 0 without such ops; one row per ``_k`` of ``pairs``), over the ops of
+    each group's windows on its device.
+
+    One category at a time, the ops' rows of that category carry only a (window, device) code
+    and their times, numbered by group with a binary search in the sorted codes of ``pairs``,
+    and their unions are measured per group in numpy
+    (:func:`tracekit.analyze.model.intervals.grouped_union_lengths`): about a third of the
+    transient memory of one polars aggregation of all categories (issue 24)."""
+    import numpy as np
+
+    from tracekit.analyze.model.intervals import grouped_union_lengths
+
+    nk = int(pairs["_k"].max()) + 1 if pairs.height else 0
+    busy = {label: np.zeros(nk, np.int64) for label in BUSY}
+    p = pairs.filter(pl.col("window_id").is_not_null() & pl.col("device").is_not_null())
+    if p.height:
+        dmin, dmax = int(p["device"].min()), int(p["device"].max())
+        width = dmax - dmin + 1
+        code = (pl.col("window_id") * width + (pl.col("device") - dmin)).cast(pl.Int64)
+        p = p.select(code=code, _k="_k").sort("code")
+        pcode, pk = p["code"].to_numpy(), p["_k"].to_numpy()
+        cat = _busy_category("comm" in model.ops.columns)
+        for i, label in enumerate(BUSY):
+            f = model.ops.lazy().filter(
+                pl.col("window_id").is_not_null() & pl.col("device").is_between(dmin, dmax) & (cat == i)
+                & (pl.col("end") > pl.col("start"))
+            ).select(code=code, start="start", end="end").collect()
+            if not f.height:
+                continue
+            oc = f["code"].to_numpy()
+            j = np.minimum(np.searchsorted(pcode, oc), len(pcode) - 1)
+            hit = pcode[j] == oc
+            del oc
+            k = pk[j]
+            s, e = f["start"].to_numpy(), f["end"].to_numpy()
+            if not hit.all():
+                k, s, e = k[hit], s[hit], e[hit]
+            del f, j, hit
+            g, length = grouped_union_lengths(k, s, e)
+            busy[label][g] = length
+    return pl.DataFrame({"_k": np.arange(nk, dtype=np.int64), **busy})
 
 
 def _window_metrics(model: PhaseModel) -> pl.DataFrame:
@@ -133,8 +169,11 @@ def _window_metrics(model: PhaseModel) -> pl.DataFrame:
         d2h_count=(pl.col("cat") == 3).sum(),
         memset_bytes=pl.col("bytes").filter(pl.col("kind") == "memset").sum(),
     )
-    out = _join_busy(win.lazy().join(counts, on=by, how="left"), ops, by, nulls_equal=False)
+    win = win.with_columns(_k=pl.int_range(pl.len(), dtype=pl.Int64))
+    busy = _busy_of_windows(model, win.select("window_id", "device", "_k"))
+    out = win.lazy().join(counts, on=by, how="left").join(busy.lazy(), on="_k", how="left").drop("_k")
     out = out.with_columns(wall_ns=pl.col("end") - pl.col("start")).collect()
+    win = win.drop("_k")
     # GPU idle: executing ops of the rank, whatever window launched them
     idle = []
     active = model_compute_ops(model)  # communication kernels are not activity
@@ -177,11 +216,12 @@ def _aggregate(model: PhaseModel, wm: pl.DataFrame, by: list[str]) -> pl.DataFra
         **{f"_one_{b}": v for b, v in one.items()},
     )
     # busy times of several windows: union over all ops of the group (kernels of two windows may overlap)
-    keys = wm.lazy().filter(pl.len().over(by) > 1).select("window_id", *[b for b in by if b != "window_id"]).unique()
-    ops = model.ops.lazy().select("window_id", "device", "kind", "direction", "start", "end",
-                                  cat=_busy_category("comm" in model.ops.columns))
-    ops = ops.join(keys, on=["window_id", "device"])
-    out = _join_busy(sums, ops, by, nulls_equal=True)
+    keys = wm.filter(pl.len().over(by) > 1).select("window_id", *[b for b in by if b != "window_id"])
+    groups = keys.select(by).unique().with_columns(_k=pl.int_range(pl.len(), dtype=pl.Int64))
+    pairs = keys.join(groups, on=by, how="inner", nulls_equal=True).select("window_id", "device", "_k")
+    busy = groups.join(_busy_of_windows(model, pairs), on="_k").drop("_k")
+    out = sums.join(busy.lazy(), on=by, how="left", nulls_equal=True).with_columns(
+        **{b: pl.col(b).fill_null(0) for b in BUSY})
     out = out.with_columns(**{b: pl.when(pl.col("windows") == 1).then(pl.col(f"_one_{b}")).otherwise(pl.col(b))
                               for b in BUSY})
     return out.drop([f"_one_{b}" for b in BUSY]).collect()

@@ -23,7 +23,15 @@ import polars as pl
 
 from tracekit.analyze.model.intervals import at_least, covered_length, intersect, spread_cumulative, union
 from tracekit.analyze.model.phases import PhaseModel
-from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, check_by, host_copies, ratio, sort_groups
+from tracekit.analyze.sections.transfer_common import (
+    PHASE_KEYS,
+    RANK,
+    check_by,
+    group_codes,
+    host_copies,
+    ratio,
+    sort_groups,
+)
 
 WINDOW_COLUMNS = [
     "global_pid", "device", "kind", "direction", "start", "end", "duration_ns",
@@ -34,16 +42,17 @@ WINDOW_COLUMNS = [
 
 def contended_time(model: PhaseModel) -> pl.DataFrame:
     """Host copies (:func:`~tracekit.analyze.sections.transfer_common.host_copies`) with
-    ``contended_ns``: how long another H2D/D2H copy of the same device was in flight during it."""
-    c = host_copies(model).with_row_index("_row")
-    parts = []
-    for _, g in c.group_by(RANK):
-        s, e = g["start"].to_numpy(), g["end"].to_numpy()
-        busy2 = at_least(s, e, 2)
-        parts.append(g.with_columns(contended_ns=pl.Series(covered_length(*busy2, s, e), dtype=pl.Int64)))
-    if not parts:
-        return c.with_columns(contended_ns=pl.lit(0, pl.Int64)).drop("_row")
-    return pl.concat(parts).sort("_row").drop("_row")
+    ``contended_ns``: how long another H2D/D2H copy of the same device was in flight during it.
+    (Measured rank by rank on the copies' times only: the copies' other columns are not copied.)"""
+    c = host_copies(model)
+    start, end = c["start"].to_numpy(), c["end"].to_numpy()
+    ns = np.zeros(c.height, np.int64)
+    ranks, code = group_codes(c, RANK)
+    for i in range(ranks.height):
+        rows = slice(None) if ranks.height == 1 else np.flatnonzero(code == i)
+        s, e = start[rows], end[rows]
+        ns[rows] = covered_length(*at_least(s, e, 2), s, e)
+    return c.with_columns(contended_ns=pl.Series(ns, dtype=pl.Int64))
 
 
 def uncontended_bandwidth(model: PhaseModel, copies: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -54,10 +63,11 @@ def uncontended_bandwidth(model: PhaseModel, copies: pl.DataFrame | None = None)
     it (``contended_ns == 0`` in :func:`contended_time`).
     """
     c = copies if copies is not None else contended_time(model)
-    u = c.filter((pl.col("contended_ns") == 0) & (pl.col("duration_ns") > 0))
-    return u.group_by("direction", "host_kind").agg(
-        copies=pl.len().cast(pl.Int64), median_gbps=pl.col("gbps").median()
-    ).sort("direction", "host_kind")
+    # (one lazy aggregation with the filter inside: no copy of the copies' rows)
+    ok = (pl.col("contended_ns") == 0) & (pl.col("duration_ns") > 0)
+    return c.lazy().group_by("direction", "host_kind").agg(
+        copies=ok.sum().cast(pl.Int64), median_gbps=pl.col("gbps").filter(ok).median()
+    ).filter(pl.col("copies") > 0).sort("direction", "host_kind").collect()
 
 
 def contention_windows(model: PhaseModel) -> pl.DataFrame:
@@ -73,14 +83,19 @@ def contention_windows(model: PhaseModel) -> pl.DataFrame:
     """
     c = contended_time(model)
     base = uncontended_bandwidth(model, c)
-    c = c.join(base.select("direction", "host_kind", "median_gbps"), on=["direction", "host_kind"], how="left")
-    c = c.with_columns(expected=pl.col("bytes") / pl.col("median_gbps"))
+    # the copies' columns read below as numpy arrays, a rank's rows picked by position (no copy
+    # of the copies' frame per rank and direction)
+    ranks, code = group_codes(c, RANK)
+    start, end = c["start"].to_numpy(), c["end"].to_numpy()
+    is_dir = {d: (c["direction"] == d).to_numpy() for d in ("H2D", "D2H")}
+    mine = [slice(None) if ranks.height == 1 else np.flatnonzero(code == i) for i in range(ranks.height)]
+    del code
     rows = []
-    for (gpid, dev), g in c.group_by(RANK):
+    for (gpid, dev), r in zip(ranks.iter_rows(), mine):
         sets = {}
         for d in ("H2D", "D2H"):
-            gd = g.filter(pl.col("direction") == d)
-            sets[d] = (gd["start"].to_numpy(), gd["end"].to_numpy())
+            sel = is_dir[d][r]
+            sets[d] = (start[r][sel], end[r][sel])
             ws, we = at_least(*sets[d], 2)
             if ws.size:
                 rows.append(pl.DataFrame({"kind": "same-direction", "direction": d, "start": ws, "end": we}).with_columns(
@@ -92,29 +107,34 @@ def contention_windows(model: PhaseModel) -> pl.DataFrame:
     if not rows:
         return pl.DataFrame(schema={k: v for k, v in _schema().items()})
     w = pl.concat(rows).cast({"start": pl.Int64, "end": pl.Int64})
+    expected = c.select("direction", "host_kind", "bytes").join(
+        base.select("direction", "host_kind", "median_gbps"), on=["direction", "host_kind"], how="left",
+        maintain_order="left").select(pl.col("bytes") / pl.col("median_gbps")).to_series().to_numpy()
+    nbytes, duration = c["bytes"].to_numpy(), c["duration_ns"].to_numpy()
+    where = {rank: r for rank, r in zip(ranks.iter_rows(), mine)}
     out = []
     for (gpid, dev), wg in w.group_by(RANK):
-        g = c.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))
+        r = where[(gpid, dev)]
         s, e = wg["start"].to_numpy(), wg["end"].to_numpy()
         cols = {}
         copy_ns = np.zeros(s.size)
-        expected = np.zeros(s.size)
+        expected_ns = np.zeros(s.size)
         missing = np.zeros(s.size, dtype=bool)
         for d in ("H2D", "D2H"):
-            gd = g.filter(pl.col("direction") == d)
-            gs, ge = gd["start"].to_numpy(), gd["end"].to_numpy()
+            sel = is_dir[d][r]
+            gs, ge = start[r][sel], end[r][sel]
             def between(amount):
                 return spread_cumulative(gs, ge, amount, e) - spread_cumulative(gs, ge, amount, s)
-            cols[f"{d.lower()}_bytes"] = between(gd["bytes"].to_numpy())
-            copy_ns += between(gd["duration_ns"].to_numpy())
-            exp = gd["expected"].to_numpy()
+            cols[f"{d.lower()}_bytes"] = between(nbytes[r][sel])
+            copy_ns += between(duration[r][sel])
+            exp = expected[r][sel]
             known = np.isfinite(exp.astype(np.float64))
-            expected += between(np.where(known, exp, 0.0))
+            expected_ns += between(np.where(known, exp, 0.0))
             missing |= between((~known).astype(np.float64)) > 0
         wg = wg.with_columns(
             **{k: pl.Series(v) for k, v in cols.items()},
             copy_ns=pl.Series(copy_ns),
-            expected_ns=pl.Series(np.where(missing, np.nan, expected)).fill_nan(None),
+            expected_ns=pl.Series(np.where(missing, np.nan, expected_ns)).fill_nan(None),
         )
         out.append(wg)
     w = pl.concat(out).with_columns(duration_ns=pl.col("end") - pl.col("start"))
@@ -159,9 +179,13 @@ def contention_summary(model: PhaseModel, by=PHASE_KEYS, windows: pl.DataFrame |
     keys = [*RANK, *by]
     w = windows if windows is not None else contention_windows(model)
     c = host_copies(model)
-    from tracekit.analyze.model.intervals import grouped_union
+    from tracekit.analyze.model.intervals import grouped_union, grouped_union_lengths
 
-    busy = grouped_union(c, keys).group_by(keys).agg(copy_busy_ns=(pl.col("end") - pl.col("start")).sum())
+    # (the groups numbered first: the copies' times only go through the sort)
+    groups, code = group_codes(c, keys)
+    g, length = grouped_union_lengths(code, c["start"].to_numpy(), c["end"].to_numpy())
+    busy = groups.with_columns(_g=pl.int_range(pl.len(), dtype=pl.Int64)).join(
+        pl.DataFrame({"_g": g, "copy_busy_ns": length}), on="_g").drop("_g")
     if w.height:
         agg = w.group_by(keys).agg(
             windows=pl.len().cast(pl.Int64),

@@ -32,14 +32,17 @@ def copy_sizes(model: PhaseModel, by=("phase",), directions=("H2D", "D2H", "D2D"
     0 ns copies left out). Sorted by rank, group, direction, kind, bucket.
     """
     by = check_by(by)
-    c = model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(list(directions)))
-    c = with_strings(c.filter(pl.col("device").is_not_null()))
-    c = c.with_columns(
+    # (the columns read below, picked before the copies' rows are gathered)
+    need = list(dict.fromkeys([*RANK, *by, "direction", "src_kind", "dst_kind", "bytes", "start", "end"]))
+    c = model.ops.lazy().filter(
+        (pl.col("kind") == "memcpy") & pl.col("direction").is_in(list(directions)) & pl.col("device").is_not_null()
+    ).select(need)
+    c = with_strings(c).with_columns(
         host_kind=pl.when(pl.col("direction") == "D2H").then(pl.col("dst_kind")).otherwise(pl.col("src_kind")),
-        bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64),
         dur=pl.col("end") - pl.col("start"),
-        sub_phase=pl.col("sub_phase").fill_null("(none)"),
-    )
+        **({"sub_phase": pl.col("sub_phase").fill_null("(none)")} if "sub_phase" in by else {}),
+    ).drop("src_kind", "dst_kind", "start", "end").collect()
+    c = c.with_columns(bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64))
     keys = [*RANK, *by, "direction", "host_kind", "bucket"]
     out = c.group_by(keys).agg(
         count=pl.len().cast(pl.Int64),

@@ -28,6 +28,7 @@ from tracekit.analyze.sections.transfer_common import (
     PHASE_KEYS,
     RANK,
     check_by,
+    group_codes,
     host_copies,
     kernel_unions,
     ratio,
@@ -49,20 +50,23 @@ def _kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int
     return kernel_unions(model, comm)
 
 
-def _covers(pieces: pl.DataFrame, kernels: dict, comm_kernels: dict) -> pl.DataFrame:
-    """``pieces`` (RANK, ..., start, end; ns) with ``covered`` and ``comm_covered``: the length
-    of each piece under its rank's compute kernels and communication kernels (Int64 ns), both
-    in one pass over the ranks (rows grouped by rank, in no particular order)."""
-    parts = []
+def _covers(pieces: pl.DataFrame, rank_of: np.ndarray, ranks: list, kernels: dict, comm_kernels: dict) -> pl.DataFrame:
+    """``pieces`` (``_g``: group id, ..., start, end; ns) with ``covered`` and ``comm_covered``:
+    the length of each piece under its rank's compute kernels and communication kernels (Int64
+    ns), both in one pass over the ranks (``rank_of[_g]`` indexes ``ranks``, the
+    ``(global_pid, device)`` pairs); rows keep their order."""
     none = (np.empty(0, np.int64), np.empty(0, np.int64))
-    for (gpid, dev), g in pieces.group_by(RANK):
-        s, e = g["start"].to_numpy(), g["end"].to_numpy()
-        parts.append(g.with_columns(
-            covered=pl.Series(covered_length(*kernels.get((gpid, dev), none), s, e), dtype=pl.Int64),
-            comm_covered=pl.Series(covered_length(*comm_kernels.get((gpid, dev), none), s, e), dtype=pl.Int64)))
-    if not parts:
-        return pieces.with_columns(covered=pl.lit(0, pl.Int64), comm_covered=pl.lit(0, pl.Int64))
-    return pl.concat(parts)
+    r = rank_of[pieces["_g"].to_numpy()]
+    s, e = pieces["start"].to_numpy(), pieces["end"].to_numpy()
+    cov, comm = np.zeros(len(s), np.int64), np.zeros(len(s), np.int64)
+    for i, rank in enumerate(ranks):
+        mine = r == i
+        if len(ranks) == 1 and mine.all():
+            cov, comm = covered_length(*kernels.get(rank, none), s, e), covered_length(*comm_kernels.get(rank, none), s, e)
+            break
+        cov[mine] = covered_length(*kernels.get(rank, none), s[mine], e[mine])
+        comm[mine] = covered_length(*comm_kernels.get(rank, none), s[mine], e[mine])
+    return pieces.with_columns(covered=pl.Series(cov, dtype=pl.Int64), comm_covered=pl.Series(comm, dtype=pl.Int64))
 
 
 def overlap(model: PhaseModel, by=PHASE_KEYS) -> pl.DataFrame:
@@ -113,7 +117,7 @@ def overlap_levels(model: PhaseModel, levels: dict[str, tuple]) -> dict[str, pl.
             if list(fine) == by:
                 sums = done[fine][0]
                 break
-            if _disjoint_within(done[fine][1], [*RANK, *by]):
+            if _disjoint_within(*done[fine], [*RANK, *by]):
                 sums = _rollup(done[fine][0], by)
                 break
         if sums is None:
@@ -123,13 +127,16 @@ def overlap_levels(model: PhaseModel, levels: dict[str, tuple]) -> dict[str, pl.
     return {name: out[name] for name in levels}
 
 
-def _disjoint_within(pieces: pl.DataFrame, keys: list[str]) -> bool:
-    """Whether the intervals of ``pieces`` (disjoint within each of its own groups) are also
-    disjoint within each group of ``keys`` (touching allowed)."""
+def _disjoint_within(sums: pl.DataFrame, pieces: pl.DataFrame, keys: list[str]) -> bool:
+    """Whether the intervals of ``pieces`` (``_g``, start, end: disjoint within each group
+    ``_g`` of ``sums``, :func:`_sums`) are also disjoint within each group of ``keys``
+    (touching allowed)."""
     if pieces.height == 0:
         return True
-    f = pieces.select(*keys, "start", "end").sort([*keys, "start"])
-    prev = pl.col("end").cum_max().shift(1).over(keys) if keys else pl.col("end").cum_max().shift(1)
+    _, code = group_codes(sums, keys)  # the group of ``keys`` of each fine group
+    f = pieces.join(pl.DataFrame({"_g": sums["_g"], "_c": code}), on="_g").select("_c", "start", "end")
+    f = f.sort("_c", "start")
+    prev = pl.col("end").cum_max().shift(1).over("_c")
     return not f.select((pl.col("start") < prev).any()).item()
 
 
@@ -139,45 +146,53 @@ def _rollup(sums: pl.DataFrame, by: list[str]) -> pl.DataFrame:
 
 
 def _sums(model: PhaseModel, by: list[str]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The additive columns of :func:`overlap` per rank and group ``by`` (unsorted), and the
-    union pieces of each group's copies of both directions (``RANK, by, start, end``).
+    """The additive columns of :func:`overlap` per rank and group ``by`` (unsorted; with
+    ``_g``, the group's id), and the union pieces of each group's copies of both directions
+    (``_g, start, end``).
 
     The unions of the three copy sets of a group (its H2D copies, its D2H copies, all of them)
     are built together, as groups of one frame that carries the set as an extra key, and their
     kernel and communication cover is measured piece by piece in one pass per kind: one
     :func:`grouped_union`, two cover passes and one aggregation instead of three of each
     (issue 13). Every length is a sum of integer ns over the same pieces, so the sums are
-    exactly those of one union per set."""
+    exactly those of one union per set. The groups are numbered first and the intervals carry
+    only that number (``_g``), not the key columns (strings among them), through the sorts
+    (issue 24)."""
     keys = [*RANK, *by]
     c = host_copies(model)
+    groups, gid = group_codes(c, keys)
+    groups = groups.with_columns(_g=pl.int_range(pl.len(), dtype=pl.Int64))
+    ranks, rank_of = group_codes(groups, RANK)
     kernels, comm_kernels = _kernel_unions(model), _kernel_unions(model, comm=True)
-    out = c.group_by(keys).agg(
+    f = pl.DataFrame([pl.Series("_g", gid), c.get_column("direction"), c.get_column("bytes"),
+                      c.get_column("start"), c.get_column("end")])
+    out = f.group_by("_g").agg(
         **{f"{d.lower()}_count": (pl.col("direction") == d).sum().cast(pl.Int64) for d in ("H2D", "D2H")},
         **{f"{d.lower()}_bytes": pl.col("bytes").filter(pl.col("direction") == d).sum() for d in ("H2D", "D2H")},
     )
-    # the copies of each set, stacked: "h2d" / "d2h" (host_copies holds only these directions), "copy" (all)
-    cols = [*keys, "start", "end"]
+    # the copies of each set, stacked: 0 = h2d, 1 = d2h (host_copies holds only these directions), 2 = copy (all)
     sets = pl.concat([
-        c.select(*cols, _set=pl.col("direction").str.to_lowercase()),
-        c.select(*cols, _set=pl.lit("copy")),
+        f.select("_g", "start", "end", _set=pl.when(pl.col("direction") == "H2D").then(0).otherwise(1).cast(pl.Int8)),
+        f.select("_g", "start", "end", _set=pl.lit(2, pl.Int8)),
     ])
-    skeys = [*keys, "_set"]
-    p = _covers(grouped_union(sets, skeys), kernels, comm_kernels)  # RANK, by, _set, start, end, covered, comm_covered
+    del f
+    p = grouped_union(sets, ["_g", "_set"])
+    del sets
+    p = _covers(p, rank_of, list(ranks.iter_rows()), kernels, comm_kernels)  # _g, _set, start, end, covered, comm_covered
     length = pl.col("end") - pl.col("start")
-    agg = p.group_by(keys).agg(**{
-        f"{d}_{m}": v.filter(pl.col("_set") == d).sum()
-        for d in ("h2d", "d2h", "copy")
+    agg = p.group_by("_g").agg(**{
+        f"{d}_{m}": v.filter(pl.col("_set") == i).sum()
+        for i, d in enumerate(("h2d", "d2h", "copy"))
         for m, v in (("busy_ns", length), ("overlap_ns", pl.col("covered")),
                      ("comm_overlap_ns", pl.col("comm_covered")))
     })
-    out = out.join(agg, on=keys, how="left", nulls_equal=True)
-    pieces = {d: p.filter(pl.col("_set") == d).select(*keys, "start", "end") for d in ("h2d", "d2h", "copy")}
-    both = grouped_at_least(pl.concat([pieces["h2d"], pieces["d2h"]]), keys, 2)
-    out = out.join(both.group_by(keys).agg(bidir_ns=(pl.col("end") - pl.col("start")).sum()),
-                   on=keys, how="left", nulls_equal=True)
+    out = out.join(agg, on="_g", how="left")
+    both = grouped_at_least(p.filter(pl.col("_set") < 2).select("_g", "start", "end"), ["_g"], 2)
+    out = out.join(both.group_by("_g").agg(bidir_ns=(pl.col("end") - pl.col("start")).sum()), on="_g", how="left")
     fill = [f"{d}_{m}" for d in ("h2d", "d2h", "copy") for m in ("busy_ns", "overlap_ns", "comm_overlap_ns")] + ["bidir_ns"]
     out = out.with_columns(**{f: pl.col(f).fill_null(0).cast(pl.Int64) for f in fill})
-    return out, pieces["copy"]
+    out = groups.join(out, on="_g", how="left")
+    return out, p.filter(pl.col("_set") == 2).select("_g", "start", "end")
 
 
 def _finish(out: pl.DataFrame, by: list[str]) -> pl.DataFrame:

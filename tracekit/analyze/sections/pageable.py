@@ -57,6 +57,10 @@ COPY_COLUMNS = [
     "pinned_gbps", "pinned_ns", "exposed_ns", "saving_ns", "scenario", "copy_back", "stream", "correlation_id",
 ]
 
+#: the columns of :data:`COPY_COLUMNS` that :func:`~tracekit.analyze.sections.transfer_common.host_copies` has
+_HOST_COPY_COLUMNS = ("global_pid", "device", "iteration", "phase", "micro_step", "boundary", "sub_phase", "direction",
+                      "start", "end", "duration_ns", "bytes", "gbps", "stream", "correlation_id")
+
 
 def pinned_bandwidth(model: PhaseModel, by_size: bool = False) -> pl.DataFrame:
     """Bandwidth of the trace's pinned H2D/D2H copies.
@@ -64,7 +68,9 @@ def pinned_bandwidth(model: PhaseModel, by_size: bool = False) -> pl.DataFrame:
     Columns: ``direction`` (and ``bucket`` when ``by_size``), ``pinned_count``,
     ``pinned_bytes``, ``pinned_ns`` (summed copy durations), ``pinned_gbps`` = bytes / ns.
     """
-    c = host_copies(model).filter(pl.col("host_kind") == "pinned")
+    # (the columns read below, picked before the pinned copies' rows are gathered)
+    c = host_copies(model).lazy().filter(pl.col("host_kind") == "pinned").select("direction", "bytes",
+                                                                                 "duration_ns").collect()
     keys = ["direction"]
     if by_size:
         c = c.with_columns(bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64))
@@ -89,7 +95,9 @@ def pageable_copies(model: PhaseModel, export: Export | None = None,
     ``correlation_id``; null for a copy it lacks, and every copy without it).
     Sorted by rank and start.
     """
-    c = host_copies(model).filter(pl.col("host_kind") == "pageable")
+    # (the columns read below, picked before the pageable copies' rows are gathered)
+    need = [*(c for c in COPY_COLUMNS if c in _HOST_COPY_COLUMNS), "api_name_id", "api_end", "launch"]
+    c = host_copies(model).lazy().filter(pl.col("host_kind") == "pageable").select(need).collect()
     names = {}
     if export is not None and c.height:
         names = export.strings(c["api_name_id"].drop_nulls().unique().to_list())

@@ -62,7 +62,7 @@ COMPUTE_KERNEL_COLUMNS = ("global_pid", "device", "start", "end", "phase")
 def model_kernel_frames(model: PhaseModel) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(compute kernels, communication kernels) of ``model.ops``
     (:func:`tracekit.analyze.model.communication.kernel_frames`), computed once per model and
-    kept on it (the overlap, communication, waiting-rank and CPU-update sections read them).
+    kept on it (the idle, communication, waiting-rank and CPU-update sections read them).
     The compute kernels, most of the ops, keep only :data:`COMPUTE_KERNEL_COLUMNS` (kept for
     the whole run: all 25 columns of the ops were 110 bytes a kernel more, 26 MiB on a 10 GB
     trace); the communication kernels keep every column of ``model.ops``."""
@@ -95,14 +95,29 @@ def kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int]
     """Per rank ``(global_pid, device)``, the union (``(starts, ends)``,
     :func:`tracekit.analyze.model.intervals.union`) of its device's compute kernels (``comm``:
     communication kernels) of :func:`model_kernel_frames`; kernels without a device are left out.
-    Computed once per model and kept on it (the overlap, pageable and what-if sections read them)."""
+    Computed once per model and kept on it (the overlap, pageable and what-if sections read them).
+    Read from ``model.ops`` rank by rank, two columns at a time (not from
+    :func:`model_kernel_frames`, which would keep the compute kernels on the model)."""
+    from tracekit.analyze.model.communication import comm_expr
     from tracekit.analyze.model.intervals import union
 
     def compute() -> dict:
-        compute_k, communication = model_kernel_frames(model)
-        # (the rank and time columns only: each group is a copy)
-        k = (communication if comm else compute_k).select(*RANK, "start", "end").filter(pl.col("device").is_not_null())
-        return {(gpid, dev): union(g["start"].to_numpy(), g["end"].to_numpy()) for (gpid, dev), g in k.group_by(RANK)}
+        ops = model.ops
+        if "comm" in ops.columns:
+            which = (pl.col("kind") == "kernel") & (comm_expr() if comm else ~comm_expr())
+        elif comm:  # all kernels are compute
+            return {}
+        else:
+            which = pl.col("kind") == "kernel"
+        k = ops.lazy().filter(which & pl.col("device").is_not_null())
+        ranks = k.select(RANK).unique().collect()
+        out = {}
+        for gpid, dev in ranks.iter_rows():
+            mine = k if ranks.height == 1 else k.filter(
+                pl.col("global_pid").eq_missing(gpid) & (pl.col("device") == dev))
+            t = mine.select("start", "end").collect()
+            out[(gpid, dev)] = union(t["start"].to_numpy(), t["end"].to_numpy())
+        return out
 
     return model.derived(("overlap_kernel_unions", comm), compute)
 
@@ -132,6 +147,18 @@ def rank_rows(frame: pl.DataFrame, gpid: int, dev: int, *columns: str) -> pl.Dat
     if mine.null_count() == 0 and mine.all():
         return picked
     return picked.filter(mine)
+
+
+def group_codes(frame: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, "np.ndarray"]:
+    """The distinct ``keys`` of ``frame`` (one row each, nulls equal, in no particular order)
+    and, per row of ``frame``, the index of its group among them (int64 numpy array): group
+    numbers that later steps sort and join on instead of the key columns (strings among them)."""
+    import numpy as np
+
+    g = frame.select(keys).with_row_index("_i").group_by(keys).agg(pl.col("_i"))
+    code = np.empty(frame.height, np.int64)
+    code[g["_i"].explode().to_numpy()] = np.repeat(np.arange(g.height, dtype=np.int64), g["_i"].list.len().to_numpy())
+    return g.drop("_i"), code
 
 
 def ranks_of(model: PhaseModel) -> pl.DataFrame:
