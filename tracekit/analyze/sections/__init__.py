@@ -606,6 +606,13 @@ def order(names=None) -> list[Section]:
     return out
 
 
+#: the frames of :attr:`tracekit.analyze.model.phases.PhaseModel.cache` with a row per GPU op
+#: or copy that :func:`run` lets go after each section: kept, they held 17 MiB of a 10 GB trace's
+#: analysis from the first section that built them to the end (issue 24); the next reader
+#: builds them again (a filter of the ops, a few ms)
+PER_OP_FRAMES = ("kernel_frames", "host_copies")
+
+
 def run(ctx: Context, names=None, before: Callable[[Section], None] | None = None) -> Context:
     """Run the sections of ``names`` (default: every one) and those they need on ``ctx``, in
     :func:`order`: each section's ``compute(ctx)`` result goes into ``ctx.out`` (its names in
@@ -615,6 +622,8 @@ def run(ctx: Context, names=None, before: Callable[[Section], None] | None = Non
         if before is not None:
             before(s)
         got = s.compute(ctx)
+        for key in PER_OP_FRAMES:  # (built again by the next section that reads them)
+            ctx.model.cache.pop(key, None)
         from tracekit.analyze.trace.heap import release
 
         release()  # the C heap's pages the section's reads freed (tracekit.analyze.trace.heap)
