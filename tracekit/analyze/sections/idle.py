@@ -52,6 +52,7 @@ import polars as pl
 from tracekit.analyze.model.intervals import union
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.trace.export import Export
+from tracekit.analyze.trace.heap import release
 
 TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 CATEGORIES = ("gpu_busy_ns", "waiting_ns", "in_api_ns", "between_api_ns")
@@ -136,7 +137,7 @@ class _Unordered(Exception):
 
 
 #: rowids of the runtime table per chunk read by :func:`_stream_spans` (about 2 MiB of calls)
-_CALL_CHUNK = 1 << 16
+_CALL_CHUNK = 1 << 14
 
 
 def _stream_spans(export: Export, model: PhaseModel):
@@ -206,7 +207,7 @@ def _inside(u: tuple[np.ndarray, np.ndarray], p: np.ndarray) -> np.ndarray:
 
 
 #: edges per run of intervals that :func:`classify` splits into segments at a time
-_SEGMENT_BATCH = 1 << 16
+_SEGMENT_BATCH = 1 << 14
 
 _SEG_SCHEMA = {"iid": pl.Int64, "cat": pl.String, "name": pl.String, "group": pl.String, "ns": pl.Int64}
 
@@ -318,6 +319,63 @@ def _classify(iids: np.ndarray, ws: np.ndarray, we: np.ndarray, b: tuple[np.ndar
                          "ns": seg["ns"]}, schema=out_schema)
 
 
+#: intervals per step of the sweep of :func:`_sorted_union` (its temporaries: a few arrays of this size)
+_UNION_CHUNK = 1 << 16
+
+
+def _sorted_union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`tracekit.analyze.model.intervals.union` of the intervals ``s, e`` (int64 ns, none
+    empty): the sorted disjoint ``(starts, ends)`` of their union, the same arrays. Where ``s`` is
+    in start order already (the ops of a rank nearly always are), the union is swept a chunk of
+    :data:`_UNION_CHUNK` intervals at a time, twice (the count of pieces, then the pieces into
+    arrays of that size), with no sorted copy of the input: what it holds besides the result
+    does not grow with the trace; otherwise :func:`union` itself."""
+    if s.size == 0 or (s[1:] < s[:-1]).any():
+        return union(s, e)
+
+    def sweep(out: tuple[np.ndarray, np.ndarray] | None) -> int:
+        n, run = 0, None  # pieces so far; the running maximum of the ends so far
+        for i in range(0, s.size, _UNION_CHUNK):
+            sc, re_ = s[i:i + _UNION_CHUNK], np.maximum.accumulate(e[i:i + _UNION_CHUNK])
+            if run is not None:
+                np.maximum(re_, run, out=re_)
+            prev = np.empty_like(re_)  # the running end before each interval
+            prev[1:] = re_[:-1]
+            prev[0] = run if run is not None else sc[0] - 1
+            new = sc > prev  # an interval past every earlier end opens a piece
+            k = int(np.count_nonzero(new))
+            if out is not None and k:
+                out[0][n:n + k] = sc[new]
+                if n:  # the earlier pieces' ends: the running end where the next one opens
+                    out[1][n - 1:n + k - 1] = prev[new]
+                else:
+                    out[1][:k - 1] = prev[new][1:]
+            n += k
+            run = int(re_[-1])
+        if out is not None:
+            out[1][n - 1] = run
+        return n
+
+    n = sweep(None)
+    out = (np.empty(n, np.int64), np.empty(n, np.int64))
+    sweep(out)
+    return out
+
+
+def _rank_union(f: pl.DataFrame, gpid: int, dev: int) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted disjoint union of the [start, end) of the rows of ``f`` of the rank ``gpid,
+    dev`` (empty intervals left out). Only the two time columns are read (no copy where every
+    row is of the rank, as with one rank a process)."""
+    mine = (pl.col("global_pid") == gpid) & (pl.col("device") == dev) & (pl.col("end") > pl.col("start"))
+    if f.height and f.select(mine.fill_null(False).all()).item():
+        t = f.select("start", "end")
+    else:
+        t = f.lazy().filter(mine).select("start", "end").collect()
+    s, e = t["start"].to_numpy(), t["end"].to_numpy()
+    del t
+    return _sorted_union(s, e)
+
+
 def _rank_parts(model: PhaseModel):
     """Per rank: ``(global_pid, device, busy, comm, threads)``: the sorted disjoint unions
     ``(starts, ends)`` of its compute ops and of its communication kernels, and its launching
@@ -327,15 +385,13 @@ def _rank_parts(model: PhaseModel):
 
     active = model_compute_ops(model)
     _k, comm = model_kernel_frames(model)
-    threads = model.ops.select("global_pid", "device", "launch_tid").drop_nulls().unique()
+    # (distinct first, then the nulls dropped: no copy of the three columns of every op)
+    threads = model.ops.lazy().select("global_pid", "device", "launch_tid").unique().collect().drop_nulls()
     for gpid, dev in ranks(model).select("global_pid", "device").iter_rows():
-        def of(f):  # (the four columns picked before the filter: the ops are not copied whole)
-            f = f.select("global_pid", "device", "start", "end").filter(
-                (pl.col("global_pid") == gpid) & (pl.col("device") == dev) & (pl.col("end") > pl.col("start")))
-            return union(f["start"].to_numpy(), f["end"].to_numpy())
-
         tids = threads.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))["launch_tid"]
-        yield gpid, dev, of(active), of(comm), tids
+        busy, com = _rank_union(active, gpid, dev), _rank_union(comm, gpid, dev)
+        release()  # (the C heap's pages numpy freed meanwhile: tracekit.analyze.trace.heap)
+        yield gpid, dev, busy, com, tids
 
 
 #: ``model.cache`` key set when the API calls of the model's launching threads are not in start
@@ -397,6 +453,7 @@ def _breakdowns(model: PhaseModel, export: Export,
                         i_ = ii[i0:i1]
                     if s_.size:
                         parts[k].append(_classify(i_, s_, e_, b, c, cs, ce, cc, (names, groups)))
+            release()
         return parts
 
     if model.cache.get(_UNORDERED):
