@@ -580,18 +580,23 @@ _ITERATIONS_AT_ONCE = 8
 
 
 def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iteration", "phase", "micro_step"),
-                 idle: pl.DataFrame | None = None) -> pl.DataFrame:
+                 idle: pl.DataFrame | None = None, rows: pl.Expr | None = None) -> pl.DataFrame:
     """Launch statistics (module doc) per rank and ``by`` of the kernels attributed to each
     window: ``global_pid, device``, ``by``, ``wall_ns`` and :data:`LAUNCH_COLUMNS` (counts,
     ns, per ms of wall time; null means where there is no launch). ``idle`` (the first frame of
-    :func:`idle_windows`) gives the wall time of each row; every row of it gets a row here."""
+    :func:`idle_windows`) gives the wall time of each row; every row of it gets a row here.
+    ``rows``: a further condition on the rows of ``model.ops`` (such as the warm-up's kernels
+    left out); only the kernels it holds for count. (Issue 24: the kernels are grouped a few
+    iterations at a time, or one value of ``by``'s first column at a time, and only the columns
+    the statistics need are gathered, so that no copy of every kernel is held.)"""
     keys = ["global_pid", "device", *by]
     idle = idle_windows(model, export)[0] if idle is None else idle
     names = export.strings(model.ops["api_name_id"].drop_nulls().unique().to_list())
     launch_ids = [i for i, n in names.items() if api_group(short_name(n)) == "launch"]
-    # (the columns read, picked before the filter: the kernel rows are not copied whole)
-    cols = dict.fromkeys([*keys, "kind", "start", "end", "launch", "api_end", "api_name_id"])
     kernels = (pl.col("kind") == "kernel") & pl.col("device").is_not_null()
+    if rows is not None:
+        kernels = kernels & rows
+    api = pl.when(pl.col("api_name_id").is_in(launch_ids)).then(pl.col("api_end") - pl.col("launch"))
     lq = pl.col("api").drop_nulls()
     stats_of = {
         "kernel_count": pl.len().cast(pl.Int64),
@@ -605,12 +610,23 @@ def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iter
         "short_kernels": (pl.col("api").is_not_null() & (pl.col("dur") < pl.col("api"))).sum().cast(pl.Int64),
     }
 
-    def stats_where(rows: pl.Expr) -> pl.DataFrame:
-        k = model.ops.select(list(cols)).filter(kernels & rows).with_columns(
-            dur=pl.col("end") - pl.col("start"),
-            api=pl.when(pl.col("api_name_id").is_in(launch_ids)).then(pl.col("api_end") - pl.col("launch")),
-        ).with_columns(queue=pl.when(pl.col("api").is_not_null()).then(pl.col("start") - pl.col("api_end")))
-        return k.group_by(keys).agg(**stats_of)
+    def stats_where(where: pl.Expr, key: tuple | None = None) -> pl.DataFrame:
+        """The statistics of the kernels of ``where`` per group of ``keys``; ``key``: the one
+        group they all are of (its key columns are then not gathered)."""
+        # the rows picked first, then only the four time columns (and keys) gathered (issue 24)
+        mask = model.ops.select(kernels & where).to_series()
+        by_ = keys if key is None else []
+        k = model.ops.select(*by_, "start", "end", "launch", "api_end", "api_name_id").filter(mask)
+        del mask
+        k = k.select(*by_, dur=pl.col("end") - pl.col("start"), api=api,
+                     queue=pl.when(api.is_not_null()).then(pl.col("start") - pl.col("api_end")))
+        if key is None:
+            return k.group_by(keys).agg(**stats_of)
+        if k.height == 0:  # (no group)
+            return k.select(**{c: pl.lit(v, model.ops.schema[c]) for c, v in zip(keys, key)}, **stats_of).head(0)
+        # (a group_by over one group: the same statistics, computed as for several)
+        st = k.group_by(pl.lit(0, pl.Int8).alias("_group")).agg(**stats_of).drop("_group")
+        return st.select(**{c: pl.lit(v, model.ops.schema[c]) for c, v in zip(keys, key)}, **{c: pl.col(c) for c in st.columns})
 
     if "iteration" in by:  # per iteration: a few iterations' kernels at a time (issue 24), the same groups
         its = model.ops["iteration"].drop_nulls().unique().sort().to_list()
@@ -618,6 +634,11 @@ def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iter
         parts += [stats_where(pl.col("iteration").is_in(its[i:i + _ITERATIONS_AT_ONCE]))
                   for i in range(0, len(its), _ITERATIONS_AT_ONCE)]
         stats = pl.concat(parts)
+    elif by:  # one group at a time (a rank's phase, say: few groups, each its own kernels)
+        groups = model.ops.lazy().select(keys).unique().collect()
+        stats = pl.concat([stats_where(pl.all_horizontal(pl.col(c).is_null() if v is None else pl.col(c) == v
+                                                         for c, v in zip(keys, g)), g)
+                           for g in groups.iter_rows()])
     else:
         stats = stats_where(pl.lit(True))
     base = idle.group_by(keys).agg(pl.col("wall_ns").sum()) if by != ("iteration", "phase", "micro_step") \
@@ -662,16 +683,17 @@ def breakdown_json(idle: pl.DataFrame, by_api: pl.DataFrame) -> dict[tuple, dict
 ROW_KEYS = ("global_pid", "device", "iteration", "phase", "micro_step")
 
 
-def phase_json(model: PhaseModel, export: Export) -> dict[tuple, dict]:
+def phase_json(model: PhaseModel, export: Export, launch: pl.DataFrame | None = None) -> dict[tuple, dict]:
     """Per phase row key (:data:`ROW_KEYS`): ``{"idle_breakdown": {...}, "launch_stats": {...}}``,
     the JSON of :func:`breakdown_json` and of :func:`launch_stats` (:data:`LAUNCH_COLUMNS`;
-    floats rounded to 6 decimals, NaN as null)."""
+    floats rounded to 6 decimals, NaN as null). ``launch``: the frame of :func:`launch_stats`
+    (default by row) when computed already."""
     from tracekit.vocab import json_number
 
     w, api = idle_windows(model, export)
     bd = breakdown_json(w, api)
     out = {k: {"idle_breakdown": v} for k, v in bd.items()}
-    for r in launch_stats(model, export, idle=w).iter_rows(named=True):
+    for r in (launch_stats(model, export, idle=w) if launch is None else launch).iter_rows(named=True):
         key = tuple(r[k] for k in ROW_KEYS)
         vals = {c: json_number(c, r[c]) for c in LAUNCH_COLUMNS}
         out.setdefault(key, {})["launch_stats"] = vals
