@@ -362,10 +362,12 @@ def _sorted_union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return out
 
 
-def _rank_union(f: pl.DataFrame, gpid: int, dev: int) -> tuple[np.ndarray, np.ndarray]:
-    """The sorted disjoint union of the [start, end) of the rows of ``f`` of the rank ``gpid,
-    dev`` (empty intervals left out). Only the two time columns are read (no copy where every
-    row is of the rank, as with one rank a process)."""
+def _rank_ops(f: pl.DataFrame, gpid: int, dev: int) -> tuple[np.ndarray, np.ndarray]:
+    """The [start, end) of the rows of ``f`` of the rank ``gpid, dev`` (empty intervals left
+    out) in start order: the two time columns themselves (no copy where every row is of the
+    rank, as with one rank a process; else those of its rows), or, where they are not in start
+    order, their union (:func:`tracekit.analyze.model.intervals.union`). What
+    :class:`_Sweep` makes the union of, a span at a time."""
     mine = (pl.col("global_pid") == gpid) & (pl.col("device") == dev) & (pl.col("end") > pl.col("start"))
     if f.height and f.select(mine.fill_null(False).all()).item():
         t = f.select("start", "end")
@@ -373,13 +375,41 @@ def _rank_union(f: pl.DataFrame, gpid: int, dev: int) -> tuple[np.ndarray, np.nd
         t = f.lazy().filter(mine).select("start", "end").collect()
     s, e = t["start"].to_numpy(), t["end"].to_numpy()
     del t
-    return _sorted_union(s, e)
+    return (s, e) if s.size == 0 or not (s[1:] < s[:-1]).any() else union(s, e)
+
+
+class _Sweep:
+    """The union of intervals in start order (:func:`_rank_ops`), made a time span at a time:
+    :meth:`upto` gives the pieces of the union that the intervals starting before a time make,
+    those not given before and the last one given (which may reach on), so that the spans of
+    :func:`_stream_spans` see the union about them without the whole union of a rank held."""
+
+    def __init__(self, ops: tuple[np.ndarray, np.ndarray]) -> None:
+        self.s, self.e = ops
+        self.next = 0  # the first interval not swept yet
+        self.last: tuple[int, int] | None = None  # the last piece made
+
+    def upto(self, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, ends)``: sorted disjoint pieces of the union, the last piece made so far
+        and those of the intervals that start before ``hi`` (not swept yet); every point before
+        ``hi`` and at or after the previous call's ``hi`` that the union holds lies in them,
+        each piece whole."""
+        q = int(np.searchsorted(self.s, hi, side="left")) if hi < np.iinfo(np.int64).max else self.s.size
+        s, e = self.s[self.next:q], self.e[self.next:q]
+        self.next = max(self.next, q)
+        if self.last is not None:
+            s, e = np.concatenate([[self.last[0]], s]), np.concatenate([[self.last[1]], e])
+        if s.size == 0:
+            return s.astype(np.int64), e.astype(np.int64)
+        u = _sorted_union(s, e)
+        self.last = (int(u[0][-1]), int(u[1][-1]))
+        return u
 
 
 def _rank_parts(model: PhaseModel):
-    """Per rank: ``(global_pid, device, busy, comm, threads)``: the sorted disjoint unions
-    ``(starts, ends)`` of its compute ops and of its communication kernels, and its launching
-    threads (``launch_tid``)."""
+    """Per rank: ``(global_pid, device, busy, comm, threads)``: the intervals (:func:`_rank_ops`)
+    of its compute ops and of its communication kernels, and its launching threads
+    (``launch_tid``)."""
     from tracekit.analyze.sections.breakdown import ranks
     from tracekit.analyze.sections.transfer_common import model_compute_ops, model_kernel_frames
 
@@ -389,7 +419,7 @@ def _rank_parts(model: PhaseModel):
     threads = model.ops.lazy().select("global_pid", "device", "launch_tid").unique().collect().drop_nulls()
     for gpid, dev in ranks(model).select("global_pid", "device").iter_rows():
         tids = threads.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))["launch_tid"]
-        busy, com = _rank_union(active, gpid, dev), _rank_union(comm, gpid, dev)
+        busy, com = _rank_ops(active, gpid, dev), _rank_ops(comm, gpid, dev)
         release()  # (the C heap's pages numpy freed meanwhile: tracekit.analyze.trace.heap)
         yield gpid, dev, busy, com, tids
 
@@ -435,10 +465,13 @@ def _breakdowns(model: PhaseModel, export: Export,
 
     def run(spans) -> list[list[pl.DataFrame]]:
         parts: list[list[pl.DataFrame]] = [[] for _ in sets]
+        # the busy and communication unions of each rank, made a span at a time
+        sweeps = [(_Sweep(b), _Sweep(c)) for _g, _d, b, c, _t in rank_parts]
         for lo, hi, calls, names, groups in spans:
-            for (_g, _d, b, c, tids), *per_set in zip(rank_parts, *arrays):
+            for (_g, _d, _b, _c, tids), (bs, cs_), *per_set in zip(rank_parts, sweeps, *arrays):
                 if not any(ws.size for _i, ws, _e, _m in per_set):
                     continue
+                b, c = bs.upto(hi), cs_.upto(hi)
                 mine = _of_threads(calls, tids)
                 cs, ce, cc = mine["start"].to_numpy(), mine["end"].to_numpy(), mine["code"].to_numpy()
                 for k, (ii, ws, we, wmax) in enumerate(per_set):
@@ -519,13 +552,20 @@ _SUB_KEYS = ["iteration", "sub_phase"]
 
 def _sub_phase_set(model: PhaseModel, phase: str) -> pl.DataFrame | None:
     """The self-time segments of ``phase`` (intervals with ``global_pid, device, iteration,
-    sub_phase, start, end``); None when the phase has no windows."""
+    sub_phase, start, end``; in no particular order); None when the phase has no windows. The
+    windows of :data:`_ITERATIONS_AT_ONCE` iterations at a time (each window's segments are its
+    own: the nested ranges of a few windows are gathered at a time, not those of all; issue 24)."""
     from tracekit.analyze.sections.breakdown import rank_windows, self_segments
 
     wm = rank_windows(model).filter(pl.col("phase") == phase)
     if wm.height == 0:
         return None
-    return self_segments(model, wm).rename({"s": "start", "e": "end"})
+    its = wm["iteration"].drop_nulls().unique().sort().to_list()
+    parts = [wm.filter(pl.col("iteration").is_null())]
+    parts += [wm.filter(pl.col("iteration").is_in(its[i:i + _ITERATIONS_AT_ONCE]))
+              for i in range(0, len(its), _ITERATIONS_AT_ONCE)]
+    segs = [self_segments(model, w) for w in parts if w.height]
+    return pl.concat(segs).rename({"s": "start", "e": "end"})
 
 
 def _sub_phase_frame(phase: str, wide: pl.DataFrame | None) -> pl.DataFrame:
