@@ -136,7 +136,8 @@ class _Unordered(Exception):
     """The API calls of the launching threads are not in ``start`` order by rowid."""
 
 
-#: rowids of the runtime table per chunk read by :func:`_stream_spans` (about 0.5 MiB of calls; the reader holds a few chunks ahead)
+#: rowids of the runtime table per chunk read by :func:`_stream_spans` (about 0.5 MiB of calls;
+#: the reader holds a few chunks ahead)
 _CALL_CHUNK = 1 << 14
 
 
@@ -662,11 +663,12 @@ def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iter
                      queue=pl.when(api.is_not_null()).then(pl.col("start") - pl.col("api_end")))
         if key is None:
             return k.group_by(keys).agg(**stats_of)
+        lits = {c: pl.lit(v, model.ops.schema[c]) for c, v in zip(keys, key)}
         if k.height == 0:  # (no group)
-            return k.select(**{c: pl.lit(v, model.ops.schema[c]) for c, v in zip(keys, key)}, **stats_of).head(0)
+            return k.select(**lits, **stats_of).head(0)
         # (a group_by over one group: the same statistics, computed as for several)
         st = k.group_by(pl.lit(0, pl.Int8).alias("_group")).agg(**stats_of).drop("_group")
-        return st.select(**{c: pl.lit(v, model.ops.schema[c]) for c, v in zip(keys, key)}, **{c: pl.col(c) for c in st.columns})
+        return st.select(**lits, **{c: pl.col(c) for c in st.columns})
 
     if "iteration" in by:  # per iteration: a few iterations' kernels at a time (issue 24), the same groups
         its = model.ops["iteration"].drop_nulls().unique().sort().to_list()
