@@ -308,16 +308,18 @@ def _classify(iids: np.ndarray, ws: np.ndarray, we: np.ndarray, b: tuple[np.ndar
             else np.zeros(seg_s.size, bool)
         cat = np.where(in_b, 0, np.where(in_c, 1, np.where(in_a, 2, 3)))
         code = np.where(in_a, codes[ci_[np.maximum(k, 0)]] if cs_.size else 0, 0).astype(np.int64)
-        g = pl.DataFrame({"key": (w.astype(np.int64) * 4 + cat) * nn + code,
-                          "ns": (seg_e - seg_s).astype(np.int64)}).group_by("key").agg(pl.col("ns").sum())
-        keys.append(g["key"])
-        sums.append(g["ns"])
-    seg = pl.DataFrame({"key": pl.concat(keys), "ns": pl.concat(sums)})
-    uk = seg["key"].to_numpy()
+        key = (w.astype(np.int64) * 4 + cat) * nn + code
+        if key.size:  # the segments' ns summed per key (sorted, then summed per run of one key)
+            by_key = np.argsort(key, kind="stable")
+            key, ns = key[by_key], (seg_e - seg_s).astype(np.int64)[by_key]
+            first = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+            keys.append(key[first])
+            sums.append(np.add.reduceat(ns, first))
+    uk = np.concatenate(keys) if keys else np.zeros(0, np.int64)
     ucode, rest = uk % nn, uk // nn
     return pl.DataFrame({"iid": iids[rest // 4], "cat": [CATEGORIES[c] for c in (rest % 4).tolist()],
                          "name": [name_of[c] for c in ucode.tolist()], "group": [group_of[c] for c in ucode.tolist()],
-                         "ns": seg["ns"]}, schema=out_schema)
+                         "ns": np.concatenate(sums) if sums else np.zeros(0, np.int64)}, schema=out_schema)
 
 
 #: intervals per step of the sweep of :func:`_sorted_union` (its temporaries: a few arrays of this size)
