@@ -183,3 +183,32 @@ def test_synthetic_streamed_or_read_whole_equals_a_walk(monkeypatch, tmp_path, o
     # zero_grad [30, 35) ms: the long synchronize until 34.01 ms, then two event queries
     zg = upd.row(1, named=True)
     assert zg["in_api_ns"] == 4010 * US + 2 * 130 * US and zg["between_api_ns"] == 730 * US
+
+
+def _merge_loop(s, e):
+    """The union of [s, e) intervals by a plain loop (sorted by start, touching ones merged)."""
+    out = []
+    for a, b in sorted(zip(s.tolist(), e.tolist())):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [a for a, _ in out], [b for _, b in out]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 16])
+def test_sorted_union_equals_a_merge_loop(monkeypatch, chunk):
+    """The chunked sweep of the busy unions: nested, touching, equal-start and disjoint
+    intervals in start order, and one set out of order (the sort path), each merged as a loop does."""
+    monkeypatch.setattr(idle, "_UNION_CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    for _ in range(40):
+        n = int(rng.integers(1, 200))
+        s = np.sort(rng.integers(0, 400, n)).astype(np.int64)
+        e = s + rng.integers(1, 30, n)
+        got = idle._sorted_union(s, e)
+        want = _merge_loop(s, e)
+        assert got[0].tolist() == want[0] and got[1].tolist() == want[1]
+    s, e = np.array([50, 0, 10, 5], np.int64), np.array([60, 5, 20, 8], np.int64)
+    got = idle._sorted_union(s, e)
+    assert got[0].tolist() == [0, 10, 50] and got[1].tolist() == [8, 20, 60]

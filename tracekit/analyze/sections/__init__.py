@@ -348,7 +348,8 @@ def _idle(ctx: Context) -> dict:
             ctx.notes.append(f"idle: {REGISTRY['idle'].missing_note(idle.TABLE).split(', ', 1)[1]}: in_api_ns is 0 "
                              "and every idle ns without a collective counts as between_api_ns")
     if "breakdown" in ctx.ran:
-        out["idle_rows"] = idle.phase_json(ctx.model, ctx.export)  # where each phase's GPU idle time goes
+        # where each phase's GPU idle time goes (the launch statistics computed once)
+        out["idle_rows"] = idle.phase_json(ctx.model, ctx.export, out.get("launch_stats"))
     return out
 
 

@@ -52,6 +52,7 @@ import polars as pl
 from tracekit.analyze.model.intervals import union
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.trace.export import Export
+from tracekit.analyze.trace.heap import release
 
 TABLE = "CUPTI_ACTIVITY_KIND_RUNTIME"
 CATEGORIES = ("gpu_busy_ns", "waiting_ns", "in_api_ns", "between_api_ns")
@@ -135,8 +136,9 @@ class _Unordered(Exception):
     """The API calls of the launching threads are not in ``start`` order by rowid."""
 
 
-#: rowids of the runtime table per chunk read by :func:`_stream_spans` (about 2 MiB of calls)
-_CALL_CHUNK = 1 << 16
+#: rowids of the runtime table per chunk read by :func:`_stream_spans` (about 0.5 MiB of calls;
+#: the reader holds a few chunks ahead)
+_CALL_CHUNK = 1 << 14
 
 
 def _stream_spans(export: Export, model: PhaseModel):
@@ -206,7 +208,7 @@ def _inside(u: tuple[np.ndarray, np.ndarray], p: np.ndarray) -> np.ndarray:
 
 
 #: edges per run of intervals that :func:`classify` splits into segments at a time
-_SEGMENT_BATCH = 1 << 16
+_SEGMENT_BATCH = 1 << 14
 
 _SEG_SCHEMA = {"iid": pl.Int64, "cat": pl.String, "name": pl.String, "group": pl.String, "ns": pl.Int64}
 
@@ -306,36 +308,123 @@ def _classify(iids: np.ndarray, ws: np.ndarray, we: np.ndarray, b: tuple[np.ndar
             else np.zeros(seg_s.size, bool)
         cat = np.where(in_b, 0, np.where(in_c, 1, np.where(in_a, 2, 3)))
         code = np.where(in_a, codes[ci_[np.maximum(k, 0)]] if cs_.size else 0, 0).astype(np.int64)
-        g = pl.DataFrame({"key": (w.astype(np.int64) * 4 + cat) * nn + code,
-                          "ns": (seg_e - seg_s).astype(np.int64)}).group_by("key").agg(pl.col("ns").sum())
-        keys.append(g["key"])
-        sums.append(g["ns"])
-    seg = pl.DataFrame({"key": pl.concat(keys), "ns": pl.concat(sums)})
-    uk = seg["key"].to_numpy()
+        key = (w.astype(np.int64) * 4 + cat) * nn + code
+        if key.size:  # the segments' ns summed per key (sorted, then summed per run of one key)
+            by_key = np.argsort(key, kind="stable")
+            key, ns = key[by_key], (seg_e - seg_s).astype(np.int64)[by_key]
+            first = np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
+            keys.append(key[first])
+            sums.append(np.add.reduceat(ns, first))
+    uk = np.concatenate(keys) if keys else np.zeros(0, np.int64)
     ucode, rest = uk % nn, uk // nn
     return pl.DataFrame({"iid": iids[rest // 4], "cat": [CATEGORIES[c] for c in (rest % 4).tolist()],
                          "name": [name_of[c] for c in ucode.tolist()], "group": [group_of[c] for c in ucode.tolist()],
-                         "ns": seg["ns"]}, schema=out_schema)
+                         "ns": np.concatenate(sums) if sums else np.zeros(0, np.int64)}, schema=out_schema)
+
+
+#: intervals per step of the sweep of :func:`_sorted_union` (its temporaries: a few arrays of this size)
+_UNION_CHUNK = 1 << 16
+
+
+def _sorted_union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`tracekit.analyze.model.intervals.union` of the intervals ``s, e`` (int64 ns, none
+    empty): the sorted disjoint ``(starts, ends)`` of their union, the same arrays. Where ``s`` is
+    in start order already (the ops of a rank nearly always are), the union is swept a chunk of
+    :data:`_UNION_CHUNK` intervals at a time, twice (the count of pieces, then the pieces into
+    arrays of that size), with no sorted copy of the input: what it holds besides the result
+    does not grow with the trace; otherwise :func:`union` itself."""
+    if s.size == 0 or (s[1:] < s[:-1]).any():
+        return union(s, e)
+
+    def sweep(out: tuple[np.ndarray, np.ndarray] | None) -> int:
+        n, run = 0, None  # pieces so far; the running maximum of the ends so far
+        for i in range(0, s.size, _UNION_CHUNK):
+            sc, re_ = s[i:i + _UNION_CHUNK], np.maximum.accumulate(e[i:i + _UNION_CHUNK])
+            if run is not None:
+                np.maximum(re_, run, out=re_)
+            prev = np.empty_like(re_)  # the running end before each interval
+            prev[1:] = re_[:-1]
+            prev[0] = run if run is not None else sc[0] - 1
+            new = sc > prev  # an interval past every earlier end opens a piece
+            k = int(np.count_nonzero(new))
+            if out is not None and k:
+                out[0][n:n + k] = sc[new]
+                if n:  # the earlier pieces' ends: the running end where the next one opens
+                    out[1][n - 1:n + k - 1] = prev[new]
+                else:
+                    out[1][:k - 1] = prev[new][1:]
+            n += k
+            run = int(re_[-1])
+        if out is not None:
+            out[1][n - 1] = run
+        return n
+
+    n = sweep(None)
+    out = (np.empty(n, np.int64), np.empty(n, np.int64))
+    sweep(out)
+    return out
+
+
+def _rank_ops(f: pl.DataFrame, gpid: int, dev: int) -> tuple[np.ndarray, np.ndarray]:
+    """The [start, end) of the rows of ``f`` of the rank ``gpid, dev`` (empty intervals left
+    out) in start order: the two time columns themselves (no copy where every row is of the
+    rank, as with one rank a process; else those of its rows), or, where they are not in start
+    order, their union (:func:`tracekit.analyze.model.intervals.union`). What
+    :class:`_Sweep` makes the union of, a span at a time."""
+    mine = (pl.col("global_pid") == gpid) & (pl.col("device") == dev) & (pl.col("end") > pl.col("start"))
+    if f.height and f.select(mine.fill_null(False).all()).item():
+        t = f.select("start", "end")
+    else:
+        t = f.lazy().filter(mine).select("start", "end").collect()
+    s, e = t["start"].to_numpy(), t["end"].to_numpy()
+    del t
+    return (s, e) if s.size == 0 or not (s[1:] < s[:-1]).any() else union(s, e)
+
+
+class _Sweep:
+    """The union of intervals in start order (:func:`_rank_ops`), made a time span at a time:
+    :meth:`upto` gives the pieces of the union that the intervals starting before a time make,
+    those not given before and the last one given (which may reach on), so that the spans of
+    :func:`_stream_spans` see the union about them without the whole union of a rank held."""
+
+    def __init__(self, ops: tuple[np.ndarray, np.ndarray]) -> None:
+        self.s, self.e = ops
+        self.next = 0  # the first interval not swept yet
+        self.last: tuple[int, int] | None = None  # the last piece made
+
+    def upto(self, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, ends)``: sorted disjoint pieces of the union, the last piece made so far
+        and those of the intervals that start before ``hi`` (not swept yet); every point before
+        ``hi`` and at or after the previous call's ``hi`` that the union holds lies in them,
+        each piece whole."""
+        q = int(np.searchsorted(self.s, hi, side="left")) if hi < np.iinfo(np.int64).max else self.s.size
+        s, e = self.s[self.next:q], self.e[self.next:q]
+        self.next = max(self.next, q)
+        if self.last is not None:
+            s, e = np.concatenate([[self.last[0]], s]), np.concatenate([[self.last[1]], e])
+        if s.size == 0:
+            return s.astype(np.int64), e.astype(np.int64)
+        u = _sorted_union(s, e)
+        self.last = (int(u[0][-1]), int(u[1][-1]))
+        return u
 
 
 def _rank_parts(model: PhaseModel):
-    """Per rank: ``(global_pid, device, busy, comm, threads)``: the sorted disjoint unions
-    ``(starts, ends)`` of its compute ops and of its communication kernels, and its launching
-    threads (``launch_tid``)."""
+    """Per rank: ``(global_pid, device, busy, comm, threads)``: the intervals (:func:`_rank_ops`)
+    of its compute ops and of its communication kernels, and its launching threads
+    (``launch_tid``)."""
     from tracekit.analyze.sections.breakdown import ranks
     from tracekit.analyze.sections.transfer_common import model_compute_ops, model_kernel_frames
 
     active = model_compute_ops(model)
     _k, comm = model_kernel_frames(model)
-    threads = model.ops.select("global_pid", "device", "launch_tid").drop_nulls().unique()
+    # (distinct first, then the nulls dropped: no copy of the three columns of every op)
+    threads = model.ops.lazy().select("global_pid", "device", "launch_tid").unique().collect().drop_nulls()
     for gpid, dev in ranks(model).select("global_pid", "device").iter_rows():
-        def of(f):  # (the four columns picked before the filter: the ops are not copied whole)
-            f = f.select("global_pid", "device", "start", "end").filter(
-                (pl.col("global_pid") == gpid) & (pl.col("device") == dev) & (pl.col("end") > pl.col("start")))
-            return union(f["start"].to_numpy(), f["end"].to_numpy())
-
         tids = threads.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))["launch_tid"]
-        yield gpid, dev, of(active), of(comm), tids
+        busy, com = _rank_ops(active, gpid, dev), _rank_ops(comm, gpid, dev)
+        release()  # (the C heap's pages numpy freed meanwhile: tracekit.analyze.trace.heap)
+        yield gpid, dev, busy, com, tids
 
 
 #: ``model.cache`` key set when the API calls of the model's launching threads are not in start
@@ -379,10 +468,13 @@ def _breakdowns(model: PhaseModel, export: Export,
 
     def run(spans) -> list[list[pl.DataFrame]]:
         parts: list[list[pl.DataFrame]] = [[] for _ in sets]
+        # the busy and communication unions of each rank, made a span at a time
+        sweeps = [(_Sweep(b), _Sweep(c)) for _g, _d, b, c, _t in rank_parts]
         for lo, hi, calls, names, groups in spans:
-            for (_g, _d, b, c, tids), *per_set in zip(rank_parts, *arrays):
+            for (_g, _d, _b, _c, tids), (bs, cs_), *per_set in zip(rank_parts, sweeps, *arrays):
                 if not any(ws.size for _i, ws, _e, _m in per_set):
                     continue
+                b, c = bs.upto(hi), cs_.upto(hi)
                 mine = _of_threads(calls, tids)
                 cs, ce, cc = mine["start"].to_numpy(), mine["end"].to_numpy(), mine["code"].to_numpy()
                 for k, (ii, ws, we, wmax) in enumerate(per_set):
@@ -397,6 +489,7 @@ def _breakdowns(model: PhaseModel, export: Export,
                         i_ = ii[i0:i1]
                     if s_.size:
                         parts[k].append(_classify(i_, s_, e_, b, c, cs, ce, cc, (names, groups)))
+            release()
         return parts
 
     if model.cache.get(_UNORDERED):
@@ -462,13 +555,20 @@ _SUB_KEYS = ["iteration", "sub_phase"]
 
 def _sub_phase_set(model: PhaseModel, phase: str) -> pl.DataFrame | None:
     """The self-time segments of ``phase`` (intervals with ``global_pid, device, iteration,
-    sub_phase, start, end``); None when the phase has no windows."""
+    sub_phase, start, end``; in no particular order); None when the phase has no windows. The
+    windows of :data:`_ITERATIONS_AT_ONCE` iterations at a time (each window's segments are its
+    own: the nested ranges of a few windows are gathered at a time, not those of all; issue 24)."""
     from tracekit.analyze.sections.breakdown import rank_windows, self_segments
 
     wm = rank_windows(model).filter(pl.col("phase") == phase)
     if wm.height == 0:
         return None
-    return self_segments(model, wm).rename({"s": "start", "e": "end"})
+    its = wm["iteration"].drop_nulls().unique().sort().to_list()
+    parts = [wm.filter(pl.col("iteration").is_null())]
+    parts += [wm.filter(pl.col("iteration").is_in(its[i:i + _ITERATIONS_AT_ONCE]))
+              for i in range(0, len(its), _ITERATIONS_AT_ONCE)]
+    segs = [self_segments(model, w) for w in parts if w.height]
+    return pl.concat(segs).rename({"s": "start", "e": "end"})
 
 
 def _sub_phase_frame(phase: str, wide: pl.DataFrame | None) -> pl.DataFrame:
@@ -523,18 +623,23 @@ _ITERATIONS_AT_ONCE = 8
 
 
 def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iteration", "phase", "micro_step"),
-                 idle: pl.DataFrame | None = None) -> pl.DataFrame:
+                 idle: pl.DataFrame | None = None, rows: pl.Expr | None = None) -> pl.DataFrame:
     """Launch statistics (module doc) per rank and ``by`` of the kernels attributed to each
     window: ``global_pid, device``, ``by``, ``wall_ns`` and :data:`LAUNCH_COLUMNS` (counts,
     ns, per ms of wall time; null means where there is no launch). ``idle`` (the first frame of
-    :func:`idle_windows`) gives the wall time of each row; every row of it gets a row here."""
+    :func:`idle_windows`) gives the wall time of each row; every row of it gets a row here.
+    ``rows``: a further condition on the rows of ``model.ops`` (such as the warm-up's kernels
+    left out); only the kernels it holds for count. (Issue 24: the kernels are grouped a few
+    iterations at a time, or one value of ``by``'s first column at a time, and only the columns
+    the statistics need are gathered, so that no copy of every kernel is held.)"""
     keys = ["global_pid", "device", *by]
     idle = idle_windows(model, export)[0] if idle is None else idle
     names = export.strings(model.ops["api_name_id"].drop_nulls().unique().to_list())
     launch_ids = [i for i, n in names.items() if api_group(short_name(n)) == "launch"]
-    # (the columns read, picked before the filter: the kernel rows are not copied whole)
-    cols = dict.fromkeys([*keys, "kind", "start", "end", "launch", "api_end", "api_name_id"])
     kernels = (pl.col("kind") == "kernel") & pl.col("device").is_not_null()
+    if rows is not None:
+        kernels = kernels & rows
+    api = pl.when(pl.col("api_name_id").is_in(launch_ids)).then(pl.col("api_end") - pl.col("launch"))
     lq = pl.col("api").drop_nulls()
     stats_of = {
         "kernel_count": pl.len().cast(pl.Int64),
@@ -548,12 +653,24 @@ def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iter
         "short_kernels": (pl.col("api").is_not_null() & (pl.col("dur") < pl.col("api"))).sum().cast(pl.Int64),
     }
 
-    def stats_where(rows: pl.Expr) -> pl.DataFrame:
-        k = model.ops.select(list(cols)).filter(kernels & rows).with_columns(
-            dur=pl.col("end") - pl.col("start"),
-            api=pl.when(pl.col("api_name_id").is_in(launch_ids)).then(pl.col("api_end") - pl.col("launch")),
-        ).with_columns(queue=pl.when(pl.col("api").is_not_null()).then(pl.col("start") - pl.col("api_end")))
-        return k.group_by(keys).agg(**stats_of)
+    def stats_where(where: pl.Expr, key: tuple | None = None) -> pl.DataFrame:
+        """The statistics of the kernels of ``where`` per group of ``keys``; ``key``: the one
+        group they all are of (its key columns are then not gathered)."""
+        # the rows picked first, then only the four time columns (and keys) gathered (issue 24)
+        mask = model.ops.select(kernels & where).to_series()
+        by_ = keys if key is None else []
+        k = model.ops.select(*by_, "start", "end", "launch", "api_end", "api_name_id").filter(mask)
+        del mask
+        k = k.select(*by_, dur=pl.col("end") - pl.col("start"), api=api,
+                     queue=pl.when(api.is_not_null()).then(pl.col("start") - pl.col("api_end")))
+        if key is None:
+            return k.group_by(keys).agg(**stats_of)
+        lits = {c: pl.lit(v, model.ops.schema[c]) for c, v in zip(keys, key)}
+        if k.height == 0:  # (no group)
+            return k.select(**lits, **stats_of).head(0)
+        # (a group_by over one group: the same statistics, computed as for several)
+        st = k.group_by(pl.lit(0, pl.Int8).alias("_group")).agg(**stats_of).drop("_group")
+        return st.select(**lits, **{c: pl.col(c) for c in st.columns})
 
     if "iteration" in by:  # per iteration: a few iterations' kernels at a time (issue 24), the same groups
         its = model.ops["iteration"].drop_nulls().unique().sort().to_list()
@@ -561,6 +678,11 @@ def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iter
         parts += [stats_where(pl.col("iteration").is_in(its[i:i + _ITERATIONS_AT_ONCE]))
                   for i in range(0, len(its), _ITERATIONS_AT_ONCE)]
         stats = pl.concat(parts)
+    elif by:  # one group at a time (a rank's phase, say: few groups, each its own kernels)
+        groups = model.ops.lazy().select(keys).unique().collect()
+        stats = pl.concat([stats_where(pl.all_horizontal(pl.col(c).is_null() if v is None else pl.col(c) == v
+                                                         for c, v in zip(keys, g)), g)
+                           for g in groups.iter_rows()])
     else:
         stats = stats_where(pl.lit(True))
     base = idle.group_by(keys).agg(pl.col("wall_ns").sum()) if by != ("iteration", "phase", "micro_step") \
@@ -605,16 +727,17 @@ def breakdown_json(idle: pl.DataFrame, by_api: pl.DataFrame) -> dict[tuple, dict
 ROW_KEYS = ("global_pid", "device", "iteration", "phase", "micro_step")
 
 
-def phase_json(model: PhaseModel, export: Export) -> dict[tuple, dict]:
+def phase_json(model: PhaseModel, export: Export, launch: pl.DataFrame | None = None) -> dict[tuple, dict]:
     """Per phase row key (:data:`ROW_KEYS`): ``{"idle_breakdown": {...}, "launch_stats": {...}}``,
     the JSON of :func:`breakdown_json` and of :func:`launch_stats` (:data:`LAUNCH_COLUMNS`;
-    floats rounded to 6 decimals, NaN as null)."""
+    floats rounded to 6 decimals, NaN as null). ``launch``: the frame of :func:`launch_stats`
+    (default by row) when computed already."""
     from tracekit.vocab import json_number
 
     w, api = idle_windows(model, export)
     bd = breakdown_json(w, api)
     out = {k: {"idle_breakdown": v} for k, v in bd.items()}
-    for r in launch_stats(model, export, idle=w).iter_rows(named=True):
+    for r in (launch_stats(model, export, idle=w) if launch is None else launch).iter_rows(named=True):
         key = tuple(r[k] for k in ROW_KEYS)
         vals = {c: json_number(c, r[c]) for c in LAUNCH_COLUMNS}
         out.setdefault(key, {})["launch_stats"] = vals

@@ -6,8 +6,6 @@ idle section; every function here only computes.
 
 from __future__ import annotations
 
-import dataclasses
-
 import polars as pl
 
 from tracekit.analyze.model.phases import PhaseModel
@@ -37,6 +35,7 @@ def idle_findings(model: PhaseModel, export: Export, iteration: int | None = Non
     w, api = idle_windows(steady, export)
     w = w.filter(pl.col("iteration").is_not_null() & (pl.col("phase") != "other"))
     api = api.filter(pl.col("iteration").is_not_null())
+    rows = None
     if iteration is not None:
         w, api = w.filter(pl.col("iteration") == iteration), api.filter(pl.col("iteration") == iteration)
     else:  # the warm-up apart (tracekit.analyze.model.steady), as every "per steady iteration"
@@ -45,21 +44,17 @@ def idle_findings(model: PhaseModel, export: Export, iteration: int | None = Non
         drop = warmup_keys(steady.windows)
         keys = ["global_pid", "iteration"]
         w, api = w.join(drop, on=keys, how="anti"), api.join(drop, on=keys, how="anti")
-        # launch_stats reads the kernels' columns below only: they are picked, and the kernels of
-        # the warm-up dropped, in one filter (one copy of them, not of every op twice; issue 24)
+        # the kernels of the warm-up are left out of the launch statistics by a condition on the
+        # model's ops (no copy of them, nor of the model; issue 24)
         warm = pl.lit(False)
         for (gpid,), its in drop.group_by(["global_pid"]):
             warm = warm | ((pl.col("global_pid") == gpid) & pl.col("iteration").is_in(its["iteration"].implode()))
-        kernels = steady.ops.select("global_pid", "device", "iteration", "phase", "kind", "start", "end",
-                                    "launch", "api_end", "api_name_id").filter(
-            (pl.col("kind") == "kernel") & ~warm.fill_null(False))
-        steady = dataclasses.replace(steady, ops=kernels, windows=steady.windows.join(drop, on=keys, how="anti"),
-                                     cache={})
+        rows = ~warm.fill_null(False)
     if w.height == 0:
         return []
     per = w.group_by("global_pid", "device", "phase").agg(
         pl.col("wall_ns", *CATEGORIES).sum(), iterations=pl.col("iteration").n_unique())
-    ls = launch_stats(steady, export, by=("phase",), idle=w)
+    ls = launch_stats(steady, export, by=("phase",), idle=w, rows=rows)
     out = []
     order = {p: i for i, p in enumerate(PHASE_ORDER)}
     for r in sorted(per.iter_rows(named=True), key=lambda r: (r["global_pid"], r["device"], order.get(r["phase"], 99))):
