@@ -53,7 +53,8 @@ WINDOW_COLUMNS = ["host", "start", "end", "duration_ns", "h2d_ns", "d2h_ns", "mi
 def copies_of_model(model: PhaseModel, ranks: pl.DataFrame) -> pl.DataFrame:
     """The H2D/D2H copies of ``model`` with their ``host`` and ``gpu`` (the device id) from
     ``ranks`` (:func:`tracekit.analyze.model.rank_ids.distributed_ranks`): :data:`COPY_COLUMNS`."""
-    c = host_copies(model)
+    # (the columns read, picked before the join gathers the rows)
+    c = host_copies(model).select(*(k for k in COPY_COLUMNS if k not in ("host", "gpu")))
     c = c.join(ranks.select("global_pid", "device", "host"), on=["global_pid", "device"], how="inner")
     return c.with_columns(gpu=pl.col("device")).select(COPY_COLUMNS)
 
