@@ -59,6 +59,17 @@ def copies_of_model(model: PhaseModel, ranks: pl.DataFrame) -> pl.DataFrame:
     return c.with_columns(gpu=pl.col("device")).select(COPY_COLUMNS)
 
 
+def _hosts(copies: pl.DataFrame):
+    """``(host, its copies)`` per host, in order of first appearance (as a ``group_by`` keeping
+    the order gives them); the frame itself, not a copy of its rows, when it holds one host."""
+    h = copies["host"]
+    if copies.height and h.null_count() == 0 and h.n_unique() == 1:
+        yield h[0], copies
+        return
+    for (host,), c in copies.group_by(["host"], maintain_order=True):
+        yield host, c
+
+
 def _inside(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
     """For each time t, whether it lies in the sorted disjoint union (us, ue)."""
     if us.size == 0:
@@ -111,7 +122,7 @@ def host_windows(copies: pl.DataFrame) -> pl.DataFrame:
     host, start.
     """
     out = []
-    for (host,), c in copies.group_by(["host"], maintain_order=True):
+    for host, c in _hosts(copies):
         if c["gpu"].n_unique() < 2:  # copies of one GPU only: never two GPUs in flight, no window
             continue
         s, e, nh, nd, na, anymask = _segments(c)
@@ -176,7 +187,7 @@ def copy_concurrency(copies: pl.DataFrame, windows: pl.DataFrame | None = None) 
     shared_ns == 0)."""
     w = windows if windows is not None else host_windows(copies)
     parts = []
-    for (host,), c in copies.group_by(["host"], maintain_order=True):
+    for host, c in _hosts(copies):
         wh = w.filter(pl.col("host") == host)
         s, e = c["start"].to_numpy(), c["end"].to_numpy()
         conc = covered_length(wh["start"].to_numpy(), wh["end"].to_numpy(), s, e)
@@ -250,7 +261,7 @@ def host_summary(copies: pl.DataFrame, windows: pl.DataFrame | None = None) -> p
     concurrent_ns / copy_busy_ns."""
     w = windows if windows is not None else host_windows(copies)
     rows = []
-    for (host,), c in copies.group_by(["host"], maintain_order=True):
+    for host, c in _hosts(copies):
         wh = w.filter(pl.col("host") == host)
         rows.append({
             "host": host, "gpus": sorted(set(int(g) for g in c["gpu"].to_list())), "windows": wh.height,

@@ -33,6 +33,7 @@ from tracekit.analyze.sections.copy_sizes import size_bucket
 from tracekit.analyze.sections.transfer_common import all_kernel_union, host_copies, rank_rows
 from tracekit.analyze.trace.export import Export
 
+
 def _near(cs: np.ndarray, ce: np.ndarray, qs: np.ndarray, qe: np.ndarray) -> np.ndarray:
     """Boolean mask over the sorted, disjoint intervals ``[cs, ce)`` (a union,
     :func:`~tracekit.analyze.model.intervals.union`): those that overlap at least one of the
@@ -282,7 +283,8 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         pk = peaks.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)) if peaks is not None else None
         # one-time costs: pageable copies outside iterations (start-up), the warm-up iteration's excess
         su = hc.lazy().filter((pl.col("global_pid") == gp) & (pl.col("device") == dev) & pl.col("iteration").is_null()
-                              & (pl.col("host_kind") == "pageable")).select("bytes", "duration_ns", "direction").collect()
+                              & (pl.col("host_kind") == "pageable"))
+        su = su.select("bytes", "duration_ns", "direction").collect()
         warm = [i for i in complete if i not in steady]
         warm_ns = {i: float(t.filter(pl.col("iteration") == i)["wall_ns"].sum()) for i in warm}
         one_time = {"startup_pageable_bytes": int(su["bytes"].sum()),
