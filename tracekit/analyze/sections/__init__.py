@@ -462,6 +462,7 @@ def _findings(ctx: Context) -> dict:
     import polars as pl
 
     from tracekit.analyze.model.steady import forward_counts
+    from tracekit.analyze.sections import breakdown
     from tracekit.analyze.sections import findings as fd
 
     model = ctx.model
@@ -470,7 +471,8 @@ def _findings(ctx: Context) -> dict:
     ff = frames if steady is model else findings_frames(ctx)
     iters: dict[tuple[int, int], dict[str, int]] = {}
     win = steady.windows.filter(pl.col("iteration").is_not_null())
-    for (gpid, dev) in model.ops.select("global_pid", "device").unique().drop_nulls().iter_rows():
+    # (the ranks kept on the model: no pass over its ops)
+    for (gpid, dev) in breakdown.ranks(model).select("global_pid", "device").iter_rows():
         w = win.filter(pl.col("global_pid") == gpid)
         iters[(gpid, dev)] = {p: int(g["iteration"].n_unique()) for (p,), g in w.group_by(["phase"])}
     mg = {k: ctx.out[k] for k in ctx.produced["multi_gpu"]}

@@ -53,9 +53,21 @@ WINDOW_COLUMNS = ["host", "start", "end", "duration_ns", "h2d_ns", "d2h_ns", "mi
 def copies_of_model(model: PhaseModel, ranks: pl.DataFrame) -> pl.DataFrame:
     """The H2D/D2H copies of ``model`` with their ``host`` and ``gpu`` (the device id) from
     ``ranks`` (:func:`tracekit.analyze.model.rank_ids.distributed_ranks`): :data:`COPY_COLUMNS`."""
-    c = host_copies(model)
+    # (the columns read, picked before the join gathers the rows)
+    c = host_copies(model).select(*(k for k in COPY_COLUMNS if k not in ("host", "gpu")))
     c = c.join(ranks.select("global_pid", "device", "host"), on=["global_pid", "device"], how="inner")
     return c.with_columns(gpu=pl.col("device")).select(COPY_COLUMNS)
+
+
+def _hosts(copies: pl.DataFrame):
+    """``(host, its copies)`` per host, in order of first appearance (as a ``group_by`` keeping
+    the order gives them); the frame itself, not a copy of its rows, when it holds one host."""
+    h = copies["host"]
+    if copies.height and h.null_count() == 0 and h.n_unique() == 1:
+        yield h[0], copies
+        return
+    for (host,), c in copies.group_by(["host"], maintain_order=True):
+        yield host, c
 
 
 def _inside(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -110,7 +122,7 @@ def host_windows(copies: pl.DataFrame) -> pl.DataFrame:
     host, start.
     """
     out = []
-    for (host,), c in copies.group_by(["host"], maintain_order=True):
+    for host, c in _hosts(copies):
         if c["gpu"].n_unique() < 2:  # copies of one GPU only: never two GPUs in flight, no window
             continue
         s, e, nh, nd, na, anymask = _segments(c)
@@ -175,7 +187,7 @@ def copy_concurrency(copies: pl.DataFrame, windows: pl.DataFrame | None = None) 
     shared_ns == 0)."""
     w = windows if windows is not None else host_windows(copies)
     parts = []
-    for (host,), c in copies.group_by(["host"], maintain_order=True):
+    for host, c in _hosts(copies):
         wh = w.filter(pl.col("host") == host)
         s, e = c["start"].to_numpy(), c["end"].to_numpy()
         conc = covered_length(wh["start"].to_numpy(), wh["end"].to_numpy(), s, e)
@@ -249,7 +261,7 @@ def host_summary(copies: pl.DataFrame, windows: pl.DataFrame | None = None) -> p
     concurrent_ns / copy_busy_ns."""
     w = windows if windows is not None else host_windows(copies)
     rows = []
-    for (host,), c in copies.group_by(["host"], maintain_order=True):
+    for host, c in _hosts(copies):
         wh = w.filter(pl.col("host") == host)
         rows.append({
             "host": host, "gpus": sorted(set(int(g) for g in c["gpu"].to_list())), "windows": wh.height,

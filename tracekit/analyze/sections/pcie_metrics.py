@@ -44,7 +44,6 @@ import os
 import numpy as np
 import polars as pl
 
-from tracekit.analyze.model.gpu_ops import with_strings
 from tracekit.analyze.model.intervals import SpreadCumulative
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections.pcie_reduce import (  # noqa: F401  (_Counts, PCT_RANGE: importable from here too)
@@ -53,9 +52,11 @@ from tracekit.analyze.sections.pcie_reduce import (  # noqa: F401  (_Counts, PCT
     _Counts,
     _Reducer,
     _Unsorted,
+    host_copy_times,
     in_range,
+    rank_pairs,
 )
-from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, attach_window, check_by, ranks_of, ratio
+from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, attach_window, check_by, ratio
 from tracekit.analyze.trace.export import Export
 from tracekit.errors import MissingDataError
 from tracekit.userfiles import shown
@@ -139,7 +140,7 @@ def _mapping(types: list, gpus: list, model: PhaseModel | None) -> dict:
     """typeId -> device (see module doc)."""
     mapping = dict(zip(types, gpus)) if len(types) == len(gpus) else {}
     if not mapping and model is not None and len(types) == 1:
-        devs = ranks_of(model)["device"].unique().to_list()
+        devs = rank_pairs(model)["device"].unique().to_list()
         if len(devs) == 1:  # one sampled GPU, one device with work: the same one
             mapping = {types[0]: devs[0]}
     return mapping
@@ -301,8 +302,8 @@ def _window_copies(model: PhaseModel) -> pl.DataFrame:
     hit = model.cache.get("pcie_window_copies")
     if hit is not None:
         return hit
-    win = model.windows.join(ranks_of(model), on="global_pid")
-    copies = with_strings(model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"])))
+    win = model.windows.join(rank_pairs(model), on="global_pid")
+    copies = host_copy_times(model)  # (the columns read here)
     parts = []
     for (gpid, dev), w in win.group_by(RANK):
         c = copies.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))

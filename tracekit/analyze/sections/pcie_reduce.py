@@ -16,7 +16,7 @@ import polars as pl
 from tracekit.analyze.model.gpu_ops import with_strings
 from tracekit.analyze.model.intervals import SpreadCumulative
 from tracekit.analyze.model.phases import PhaseModel
-from tracekit.analyze.sections.transfer_common import RANK, attach_window, ranks_of
+from tracekit.analyze.sections.transfer_common import RANK, attach_window
 
 #: The range of a plausible sample (% of the link's peak); others are set aside.
 PCT_RANGE = (0.0, 100.0)
@@ -122,16 +122,29 @@ class PcieReduction:
     set_aside: dict | None = None
 
 
+def rank_pairs(model: PhaseModel) -> pl.DataFrame:
+    """``global_pid, device`` pairs with GPU work, sorted (the frame of
+    :func:`tracekit.analyze.sections.transfer_common.ranks_of`), by a lazy unique: the eager one
+    hashes every op's pair at once (16 MiB on a 10 GB trace)."""
+    return model.ops.lazy().select(RANK).unique().collect().drop_nulls().sort(RANK)
+
+
+def host_copy_times(model: PhaseModel) -> pl.DataFrame:
+    """The H2D and D2H memcpys of ``model``: ``global_pid, device, direction`` (String),
+    ``start, end, bytes``; the columns picked before the rows are gathered."""
+    c = model.ops.lazy().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"]))
+    return with_strings(c.select(*RANK, "direction", "start", "end", "bytes")).collect()
+
+
 class _Reducer:
     def __init__(self, model: PhaseModel, mapping: dict, threshold: float, keep: bool) -> None:
         self.model, self.mapping, self.threshold, self.keep = model, mapping, threshold, keep
-        r = ranks_of(model)
+        r = rank_pairs(model)
         self.ranks: dict = {}
         for gpid, dev in r.iter_rows():
             self.ranks.setdefault(dev, []).append(gpid)
         self.w = model.windows.select("global_pid", "window_id", "start", "end").sort("global_pid", "start")
-        self.copies = with_strings(
-            model.ops.filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"])))
+        self.copies = host_copy_times(model)
         self.groups: dict = {}
         self.last: dict = {}
         self.diffs = _Counts()

@@ -33,6 +33,36 @@ from tracekit.analyze.sections.copy_sizes import size_bucket
 from tracekit.analyze.sections.transfer_common import all_kernel_union, host_copies, rank_rows
 from tracekit.analyze.trace.export import Export
 
+
+def _near(cs: np.ndarray, ce: np.ndarray, qs: np.ndarray, qe: np.ndarray) -> np.ndarray:
+    """Boolean mask over the sorted, disjoint intervals ``[cs, ce)`` (a union,
+    :func:`~tracekit.analyze.model.intervals.union`): those that overlap at least one of the
+    intervals ``[qs, qe)`` (any order, may overlap). The length of any ``[qs, qe)`` covered by
+    the masked intervals is the length covered by all of them."""
+    n = len(cs)
+    if not n or not len(qs):
+        return np.zeros(n, dtype=bool)
+    lo = np.searchsorted(ce, qs, side="right")  # the first interval ending after the start
+    hi = np.searchsorted(cs, qe, side="left")  # past the last one starting before the end
+    ok = lo < hi
+    d = np.bincount(lo[ok], minlength=n + 1) - np.bincount(hi[ok], minlength=n + 1)
+    return np.cumsum(d[:n]) > 0
+
+
+def _busy_in(ops: pl.DataFrame, ks: np.ndarray, ke: np.ndarray, ws, we) -> tuple[np.ndarray, np.ndarray]:
+    """The union ``(starts, ends)`` of the rank's GPU work (``ops``: its kernels, copies and
+    memsets with ``kind, start, end``; ``ks``/``ke``: the union of its kernels) that overlaps the
+    windows ``ws``/``we``: inside those windows the same instants as the union of every op,
+    outside them less (not read there)."""
+    wu_s, wu_e = union(ws, we)
+    near = _near(ks, ke, wu_s, wu_e)
+    # (the ops other than kernels, their times only)
+    o = ops.lazy().filter((pl.col("kind") != "kernel").fill_null(True)).select("start", "end").collect()
+    os_, oe = o["start"].to_numpy(), o["end"].to_numpy()
+    hit = np.searchsorted(wu_s, oe, side="left") > np.searchsorted(wu_e, os_, side="right")
+    return union(np.concatenate([ks[near], os_[hit]]), np.concatenate([ke[near], oe[hit]]))
+
+
 #: Steps of DeepSpeed's optimizer step, by NVTX range name (any domain: DeepSpeed's own ranges
 #: and tracekit's capture ranges). Time in none of them (inside the update window) is
 #: ``cpu_adam`` in DeepSpeed-only traces: DeepSpeed does not mark ``_optimizer_step``.
@@ -53,6 +83,12 @@ ROLES = {
 #: DeepSpeed's ZeRO-3 gradient hook ``reduce_partition_and_remove_grads`` (one per parameter);
 #: the per-iteration count of the more frequent one is the number of gradient tensors.
 GRAD_TENSOR_RANGES = r"(^grad_copy_to_host$|reduce_partition_and_remove_grads$)"
+
+
+#: the columns of :func:`~tracekit.analyze.sections.transfer_common.host_copies` that
+#: :func:`measure` reads of a rank's host copies
+COPY_COLUMNS = ("iteration", "phase", "micro_step", "boundary", "direction", "host_kind", "bytes", "duration_ns",
+                "start", "end", "correlation_id", "launch", "api_end")
 
 
 def _role_of(name: str) -> str | None:
@@ -157,16 +193,17 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         del mine
         # the union of the rank's kernels, from the unions kept on the model (no copy of the kernels' rows)
         ks, ke = all_kernel_union(model, gp, dev)
-        busy_s, busy_e = union(ops["start"].to_numpy(), ops["end"].to_numpy())
         # update windows of the steady iterations, and the role of each moment inside them
         upd = model.windows.filter((pl.col("global_pid") == gp) & (pl.col("phase") == "update")
                                    & pl.col("iteration").is_in(steady))
+        uw_s, uw_e = upd["start"].to_numpy(), upd["end"].to_numpy()
+        # the GPU's busy time is read inside these windows only: the union of the rank's work there
+        busy_s, busy_e = _busy_in(ops, ks, ke, uw_s, uw_e)
         rr = rg.select("start", "end", role=role_expr)  # (the columns by_role reads)
         rr = rr.filter(pl.col("role").is_not_null())
         by_role = rr.partition_by("role", as_dict=True)  # one polars call, not one per role
         no_role = rr.head(0)
         roles = {}
-        uw_s, uw_e = upd["start"].to_numpy(), upd["end"].to_numpy()
         update_total = float((uw_e - uw_s).sum()) / n if n else 0.0
         role_iv = {}
         upd_it = upd["iteration"].to_list()
@@ -199,7 +236,9 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
             roles["cpu_adam"] = {"wall_ns": other[0] / n, "cpu_ns": other[1] / n, "calls": 1.0 if other[0] else 0.0,
                                  "unmarked": True}
         # host copies of the steady iterations, with the role of the range their launch fell in
-        c = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev) & pl.col("iteration").is_in(steady))
+        # (the columns read here, picked before the rows are gathered)
+        c = hc.lazy().filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)
+                             & pl.col("iteration").is_in(steady)).select(COPY_COLUMNS).collect()
         c = c.sort("launch")
         role_col = np.full(c.height, None, dtype=object)
         launch = c["launch"].to_numpy()
@@ -209,23 +248,32 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
                 hit = (j >= 0) & (launch < ue[np.maximum(j, 0)])
                 role_col[hit] = role
         c = c.with_columns(role=pl.Series(role_col.tolist(), dtype=pl.String))
-        exposed = (c["duration_ns"].to_numpy() - covered_length(ks, ke, c["start"].to_numpy(), c["end"].to_numpy())
-                   if c.height else np.zeros(0))
+        if c.height:
+            cs, ce = c["start"].to_numpy(), c["end"].to_numpy()
+            near = _near(ks, ke, cs, ce)  # (the kernels' pieces that meet a copy)
+            exposed = c["duration_ns"].to_numpy() - covered_length(ks[near], ke[near], cs, ce)
+            del cs, ce, near
+        else:
+            exposed = np.zeros(0)
         c = c.with_columns(exposed_ns=pl.Series(exposed, dtype=pl.Float64),
                            bucket=pl.Series(size_bucket(c["bytes"].to_numpy()), dtype=pl.Int64))
         c = c.with_columns(host_ns=(pl.col("api_end") - pl.col("launch")).cast(pl.Float64))
-        grad_offload = _grad_offload(rg, model.windows.filter(
-            (pl.col("global_pid") == gp) & (pl.col("phase") == "backward") & pl.col("iteration").is_in(steady)),
-            c, ks, ke, steady)
+        bwd = model.windows.filter(
+            (pl.col("global_pid") == gp) & (pl.col("phase") == "backward") & pl.col("iteration").is_in(steady))
+        near = _near(ks, ke, bwd["start"].to_numpy(), bwd["end"].to_numpy())  # (what it reads of them)
+        grad_offload = _grad_offload(rg, bwd, c, ks[near], ke[near], steady)
+        del near
         copies = c.select("iteration", "phase", "micro_step", "boundary", "role", "direction", "host_kind", "bytes",
                           "duration_ns", "exposed_ns", "host_ns", "bucket", "start", "correlation_id")
-        bw = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev))
+        bw = hc.lazy().filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)).select(
+            "direction", "host_kind", "bytes", "duration_ns").collect()
         bw = bw.with_columns(bucket=pl.Series(size_bucket(bw["bytes"].to_numpy()), dtype=pl.Int64))
         bw = bw.group_by("direction", "host_kind", "bucket").agg(bytes=pl.col("bytes").sum(),
                                                                  ns=pl.col("duration_ns").sum())
         bw = bw.with_columns(gbps=pl.when(pl.col("ns") > 0).then(pl.col("bytes") / pl.col("ns"))).sort(
             "direction", "host_kind", "bucket")
-        d2d = ops.filter((pl.col("kind") == "memcpy") & (pl.col("direction") == "D2D") & (pl.col("bytes") >= 1 << 20))
+        d2d = ops.lazy().filter((pl.col("kind") == "memcpy") & (pl.col("direction") == "D2D")
+                                & (pl.col("bytes") >= 1 << 20)).select("bytes", "start", "end").collect()
         d2d_gbps = (2.0 * d2d["bytes"].sum() / (d2d["end"] - d2d["start"]).sum()) if d2d.height and (
             d2d["end"] - d2d["start"]).sum() > 0 else None
         cb = copies.filter((pl.col("role") == "copy_back") & (pl.col("direction") == "H2D"))
@@ -234,8 +282,9 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         sub_groups = roles["copy_back"]["calls"] or None
         pk = peaks.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)) if peaks is not None else None
         # one-time costs: pageable copies outside iterations (start-up), the warm-up iteration's excess
-        su = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev) & pl.col("iteration").is_null()
-                       & (pl.col("host_kind") == "pageable"))
+        su = hc.lazy().filter((pl.col("global_pid") == gp) & (pl.col("device") == dev) & pl.col("iteration").is_null()
+                              & (pl.col("host_kind") == "pageable"))
+        su = su.select("bytes", "duration_ns", "direction").collect()
         warm = [i for i in complete if i not in steady]
         warm_ns = {i: float(t.filter(pl.col("iteration") == i)["wall_ns"].sum()) for i in warm}
         one_time = {"startup_pageable_bytes": int(su["bytes"].sum()),

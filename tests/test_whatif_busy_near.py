@@ -1,0 +1,43 @@
+"""``whatif_pieces._near`` and ``_busy_in`` against brute force on random intervals."""
+
+import numpy as np
+import polars as pl
+
+from tracekit.analyze.model.intervals import union
+from tracekit.analyze.sections.whatif_pieces import _busy_in, _near
+
+
+def _covered(s, e, qs, qe):
+    """Per query, the ns of [qs, qe) inside some [s, e): one nanosecond at a time."""
+    out = []
+    for a, b in zip(qs, qe):
+        out.append(sum(1 for t in range(a, b) if any(x <= t < y for x, y in zip(s, e))))
+    return out
+
+
+def test_near_marks_exactly_the_pieces_that_meet_a_query():
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        cs, ce = union(*(lambda s: (s, s + rng.integers(1, 6, s.size)))(rng.integers(0, 60, rng.integers(0, 12))))
+        qs = rng.integers(0, 60, rng.integers(0, 6))
+        qe = qs + rng.integers(0, 8, qs.size)
+        want = [any(c < b and a < d for a, b in zip(qs, qe)) for c, d in zip(cs, ce)]
+        assert _near(cs, ce, qs, qe).tolist() == want
+
+
+def test_busy_in_covers_the_windows_like_every_op():
+    rng = np.random.default_rng(11)
+    for _ in range(100):
+        n = int(rng.integers(1, 15))
+        start = rng.integers(0, 80, n)
+        ops = pl.DataFrame({"kind": rng.choice(["kernel", "memcpy", "memset"], n).tolist(),
+                            "start": start, "end": start + rng.integers(0, 9, n)})
+        k = ops.filter(pl.col("kind") == "kernel")
+        ks, ke = union(k["start"].to_numpy(), k["end"].to_numpy())
+        ws = np.sort(rng.choice(np.arange(0, 90, 10), int(rng.integers(1, 4)), replace=False))
+        we = ws + rng.integers(1, 10, ws.size)
+        bs, be = _busy_in(ops, ks, ke, ws, we)
+        # inside the windows: the ns some op covers, whatever its kind
+        qs, qe = [a + i for a, b in zip(ws, we) for i in range(b - a)], [a + i + 1 for a, b in zip(ws, we)
+                                                                      for i in range(b - a)]
+        assert _covered(bs, be, qs, qe) == _covered(ops["start"].to_list(), ops["end"].to_list(), qs, qe)
