@@ -13,6 +13,7 @@ Conventions of every transfer analysis (see docs/transfers.md):
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from tracekit.analyze.model.gpu_ops import with_strings
@@ -149,7 +150,7 @@ def rank_rows(frame: pl.DataFrame, gpid: int, dev: int, *columns: str) -> pl.Dat
     return picked.filter(mine)
 
 
-def group_codes(frame: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, "np.ndarray"]:
+def group_codes(frame: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, np.ndarray]:
     """The distinct ``keys`` of ``frame`` (one row each, nulls equal, in no particular order)
     and, per row of ``frame``, the index of its group among them (int64 numpy array): group
     numbers that later steps sort and join on instead of the key columns (strings among them)."""
