@@ -322,3 +322,26 @@ def test_classify_equals_a_brute_force_walk_in_runs_of_intervals(monkeypatch, ba
                 key = (i, "between_api_ns", None)
             expect[key] = expect.get(key, 0) + 1
     assert {(r["iid"], r["cat"], r["name"]): r["ns"] for r in got.iter_rows(named=True)} == expect
+
+
+def test_iteration_scopes_the_idle_findings_kernel_counts():
+    """With ``--iteration N`` the idle finding's kernels per iteration are those of iteration N
+    (they summed every iteration's kernels, the warm-up's too, and divided by one): counted
+    here by plain SQL, the kernels whose launching call began in the iteration's phase windows."""
+    from tracekit.options import Options
+
+    path = Path(__file__).parent / "fixtures" / "ds_zero3_offload_iter0-3.sqlite"
+    con = sqlite3.connect(path)
+    res = analyze_path(path, Options(iteration=2))
+    it = next(i for i in res["ranks"][0]["iterations"] if i["index"] == 2)
+    found = {f["phase"]: f["values"]["kernels"] for f in res["findings"] if f["topic"] == "idle"}
+    assert set(found) >= {"forward", "backward"}
+    for phase, kernels in found.items():
+        n = 0
+        for p in it["phases"]:
+            if p["phase"] == phase:
+                n += con.execute(
+                    """SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+                         ON r.correlationId = k.correlationId AND (r.globalTid >> 24) = (k.globalPid >> 24)
+                       WHERE r.start >= ? AND r.start < ?""", (p["start_ns"], p["end_ns"])).fetchone()[0]
+        assert kernels == n

@@ -38,6 +38,7 @@ def idle_findings(model: PhaseModel, export: Export, iteration: int | None = Non
     rows = None
     if iteration is not None:
         w, api = w.filter(pl.col("iteration") == iteration), api.filter(pl.col("iteration") == iteration)
+        rows = (pl.col("iteration") == iteration).fill_null(False)  # (the launch statistics' kernels too)
     else:  # the warm-up apart (tracekit.analyze.model.steady), as every "per steady iteration"
         from tracekit.analyze.model.steady import warmup_keys
 
