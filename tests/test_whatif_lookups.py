@@ -1,4 +1,4 @@
-"""``whatif_pieces._near`` and ``_busy_in`` against brute force on random intervals."""
+"""``whatif_pieces._near`` and ``_busy_in``, ``whatif._pinned_lookup``: against brute force and the plain call."""
 
 import numpy as np
 import polars as pl
@@ -41,3 +41,20 @@ def test_busy_in_covers_the_windows_like_every_op():
         qs, qe = [a + i for a, b in zip(ws, we) for i in range(b - a)], [a + i + 1 for a, b in zip(ws, we)
                                                                       for i in range(b - a)]
         assert _covered(bs, be, qs, qe) == _covered(ops["start"].to_list(), ops["end"].to_list(), qs, qe)
+
+
+def test_pinned_lookup_answers_as_pinned_bandwidth():
+    from tracekit.analyze.sections.whatif import _pinned_lookup, pinned_bandwidth
+
+    bw = pl.DataFrame({"direction": ["H2D", "H2D", "D2H", "H2D"],
+                       "host_kind": ["pinned", "pinned", "pinned", "pageable"],
+                       "bucket": [12, 22, 25, 22], "bytes": [4096 * 3, 5 << 22, 3 << 25, 1 << 22],
+                       "gbps": [0.5, 20.0, 25.0, 8.0]})
+    pieces = {"bandwidth": bw}
+    look = _pinned_lookup(pieces)
+    rng = np.random.default_rng(3)
+    sizes = [0, 1, 2, 4095, 4096, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 1 << 26, 2.5e6, 1048575.5]
+    sizes += rng.integers(0, 1 << 28, 200).tolist()
+    for d in ("H2D", "D2H"):
+        for nb in sizes * 2:  # (the second pass: answered from the memo)
+            assert look(d, nb) == pinned_bandwidth(pieces, d, nb)
