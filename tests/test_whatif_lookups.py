@@ -1,4 +1,4 @@
-"""``whatif_pieces._near`` and ``_busy_in``, ``whatif._pinned_lookup``: against brute force and the plain call."""
+"""``whatif_pieces._near``, ``_busy_in``; ``whatif._pinned_lookup``, ``_pin_sums``: against brute force."""
 
 import numpy as np
 import polars as pl
@@ -58,3 +58,30 @@ def test_pinned_lookup_answers_as_pinned_bandwidth():
     for d in ("H2D", "D2H"):
         for nb in sizes * 2:  # (the second pass: answered from the memo)
             assert look(d, nb) == pinned_bandwidth(pieces, d, nb)
+
+
+def test_pin_sums_group_the_per_copy_savings_in_order():
+    from tracekit.analyze.sections.whatif import _pin_sums, pinned_bandwidth
+
+    rng = np.random.default_rng(5)
+    n = 300
+    bw = pl.DataFrame({"direction": ["H2D", "D2H"], "host_kind": ["pinned", "pinned"], "bucket": [20, 22],
+                       "bytes": [3 << 20, 5 << 22], "gbps": [21.5, 23.25]})
+    dur = rng.integers(0, 5000, n).astype(float)
+    copies = pl.DataFrame({
+        "host_kind": rng.choice(["pageable", "pinned"], n).tolist(),
+        "direction": rng.choice(["H2D", "D2H"], n).tolist(),
+        "bytes": rng.integers(0, 1 << 24, n), "duration_ns": dur, "exposed_ns": dur * rng.random(n),
+        "host_ns": [None if x < 0.2 else float(x * 9000) for x in rng.random(n)],
+        "iteration": rng.integers(0, 4, n), "phase": rng.choice(["forward", "backward", "update"], n).tolist()})
+    pieces = {"bandwidth": bw, "iterations": [0, 1, 2, 3]}
+    for by in ("iteration", "phase"):
+        want: dict = {}
+        for r in copies.iter_rows(named=True):  # the rule of _pin_saving, copy by copy, in order
+            if r["host_kind"] != "pageable":
+                continue
+            g = pinned_bandwidth(pieces, r["direction"], r["bytes"])[0]
+            v = 0.0 if r["duration_ns"] <= 0 else max(
+                max(r["host_ns"] or 0.0, r["exposed_ns"]) - r["bytes"] / g * (r["exposed_ns"] / r["duration_ns"]), 0.0)
+            want[r[by]] = want.get(r[by], 0.0) + v
+        assert _pin_sums(pieces, copies, by) == want

@@ -357,8 +357,21 @@ SCENARIO_PHASE = {"bf16": "update", "grads_on_gpu": "backward", "overlap_grad_co
 
 def _phase_delta(pieces: dict, copies: pl.DataFrame) -> dict:
     """``{phase: -saving ns}`` of :func:`_pin_saving` per phase of ``copies``."""
-    return {ph: -_pin_saving(pieces, copies.filter(pl.col("phase") == ph))[0]
-            for ph in sorted(set(copies["phase"].drop_nulls().to_list()))}
+    sums = _pin_sums(pieces, copies, "phase")
+    n = len(pieces["iterations"])
+    return {ph: -(sums.get(ph, 0.0) / n) for ph in sorted(set(copies["phase"].drop_nulls().to_list()))}
+
+
+def _pin_sums(pieces: dict, copies: pl.DataFrame, by: str) -> dict:
+    """``{value of by: summed ns}``: :func:`_pin_copy_savings` of ``copies`` summed per value of
+    their column ``by``, each sum in the copies' order (the sum :func:`_pin_saving` of that value's
+    copies alone makes), from one pass over the copies."""
+    per_copy, _, _ = _pin_copy_savings(pieces, copies)
+    (keys,) = _pageable_columns(copies, by)
+    sums: dict = {}
+    for k, v in zip(keys, per_copy):
+        sums[k] = sums.get(k, 0.0) + v
+    return sums
 
 
 #: Two-sided 95 % critical values of Student's t, ``t(0.975, df)``, for df = 1..30, then 40, 60,
@@ -490,7 +503,8 @@ def _per_it(pieces: dict, frame: pl.DataFrame, values) -> list[float]:
 def _pin_per_it(pieces: dict, copies: pl.DataFrame) -> list[float]:
     """:func:`_pin_saving` of each steady iteration alone (ns in that iteration)."""
     n = len(pieces["iterations"])
-    return [_pin_saving(pieces, copies.filter(pl.col("iteration") == i))[0] * n for i in pieces["iterations"]]
+    sums = _pin_sums(pieces, copies, "iteration")
+    return [sums.get(i, 0.0) / n * n for i in pieces["iterations"]]
 
 
 def _scaled(per_source: list[float], saving_ns: float) -> list[float]:
