@@ -51,15 +51,26 @@ def memory_timeline(
         schema={"row": pl.Int64, "time": pl.Int64, "global_pid": pl.Int64, "device": pl.Int64,
                 "bytes": pl.Int64, "mem_kind_id": pl.Int64, "op": pl.Int64},
     )
-    ev = ev.with_columns(mem_kind=pl.col("mem_kind_id").replace_strict(labels, default="unknown",
-                                                                       return_dtype=pl.String))
+    # (the columns kept, made before the filter and the sort copy the rows)
+    ev = ev.select(*RANK, "time", "row",
+                   mem_kind=pl.col("mem_kind_id").replace_strict(labels, default="unknown", return_dtype=pl.String),
+                   delta_bytes=pl.when(pl.col("op") == 0).then(pl.col("bytes")).otherwise(-pl.col("bytes")))
     ev = ev.filter(pl.col("mem_kind").is_in(list(kinds)))
-    ev = ev.with_columns(delta_bytes=pl.when(pl.col("op") == 0).then(pl.col("bytes")).otherwise(-pl.col("bytes")))
-    ev = ev.sort([*RANK, "time", "row"]).with_columns(bytes_in_use=pl.col("delta_bytes").cum_sum().over(RANK))
-    out = ev.select(*RANK, "time", "mem_kind", "delta_bytes", "bytes_in_use")
+    if _one_rank(ev):  # in time and rowid order already (the query's): no sort, one running sum
+        out = ev.select(*RANK, "time", "mem_kind", "delta_bytes", bytes_in_use=pl.col("delta_bytes").cum_sum())
+    else:
+        ev = ev.sort([*RANK, "time", "row"]).with_columns(bytes_in_use=pl.col("delta_bytes").cum_sum().over(RANK))
+        out = ev.select(*RANK, "time", "mem_kind", "delta_bytes", "bytes_in_use")
     if model is not None:
         out = attach_window(model, out, "time")
     return out
+
+
+def _one_rank(ev: pl.DataFrame) -> bool:
+    """Whether every row of ``ev`` has one and the same (non-null) ``global_pid, device``."""
+    if ev.height == 0:
+        return True
+    return all(ev[c].null_count() == 0 and ev[c].n_unique() == 1 for c in RANK)
 
 
 def memory_peaks(export: Export, model: PhaseModel, by=PHASE_KEYS, kinds: tuple[str, ...] = DEVICE_KINDS) -> pl.DataFrame:

@@ -185,6 +185,29 @@ def pinned_bandwidth(pieces: dict, direction: str, nbytes: float) -> tuple[float
     return g, why, True
 
 
+def _pinned_lookup(pieces: dict):
+    """:func:`pinned_bandwidth` of ``pieces`` as a function of ``(direction, nbytes)``, each answer
+    looked up once per direction and size bucket (it depends on nothing else: the bucket, and
+    whether the copy is 1 MiB or more) for callers that ask it for every copy."""
+    memo: dict = {}
+
+    def lookup(direction: str, nbytes) -> tuple[float, str, bool]:
+        key = (direction, max(int(nbytes), 1).bit_length(), nbytes >= 1 << 20)
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = pinned_bandwidth(pieces, direction, nbytes)
+        return got
+
+    return lookup
+
+
+def _pageable_columns(copies: pl.DataFrame, *names: str):
+    """The ``names`` columns of the pageable rows of ``copies``, as Python lists (zip them: the
+    values ``iter_rows`` gives, without a dict per row)."""
+    f = copies.filter(pl.col("host_kind") == "pageable")
+    return [f[c].to_list() for c in names]
+
+
 # ---------------------------------------------------------------------- scenarios
 def _pin_saving(pieces: dict, copies: pl.DataFrame) -> tuple[float, bool, list[str]]:
     """Saving per iteration (ns) if the pageable ``copies`` ran from pinned memory: per copy
@@ -204,16 +227,18 @@ def _pin_copy_savings(pieces: dict, copies: pl.DataFrame) -> tuple[list[float], 
     out = []
     measured = True
     bases = set()
-    for r in copies.filter(pl.col("host_kind") == "pageable").iter_rows(named=True):
-        g, why, m = pinned_bandwidth(pieces, r["direction"], r["bytes"])
+    pinned = _pinned_lookup(pieces)
+    for d, nb, dur, exp, host in zip(*_pageable_columns(copies, "direction", "bytes", "duration_ns", "exposed_ns",
+                                                        "host_ns")):
+        g, why, m = pinned(d, nb)
         measured &= m
         bases.add(why)
-        if r["duration_ns"] <= 0:
+        if dur <= 0:
             out.append(0.0)
             continue
-        share = r["exposed_ns"] / r["duration_ns"]
-        now = max(r["host_ns"] or 0.0, r["exposed_ns"])
-        out.append(max(now - r["bytes"] / g * share, 0.0))
+        share = exp / dur
+        now = max(host or 0.0, exp)
+        out.append(max(now - nb / g * share, 0.0))
     return out, measured, sorted(bases)
 
 
@@ -244,13 +269,15 @@ def _pin_async_parts(pieces: dict, copies: pl.DataFrame) -> tuple[dict, dict]:
     n = len(pieces["iterations"])
     pos = {it: j for j, it in enumerate(pieces["iterations"])}
     cost, dev = {}, {}
-    for r in copies.filter(pl.col("host_kind") == "pageable").iter_rows(named=True):
-        ph, j = r["phase"], pos.get(r["iteration"])
+    pinned = _pinned_lookup(pieces)
+    for ph, it, d, nb, exp, host in zip(*_pageable_columns(copies, "phase", "iteration", "direction", "bytes",
+                                                           "exposed_ns", "host_ns")):
+        j = pos.get(it)
         if ph is None or j is None:
             continue
-        g, _, _ = pinned_bandwidth(pieces, r["direction"], r["bytes"])
-        cost.setdefault(ph, [0.0] * n)[j] += max(r["host_ns"] or 0.0, r["exposed_ns"])
-        dev.setdefault(ph, [0.0] * n)[j] += r["bytes"] / g
+        g, _, _ = pinned(d, nb)
+        cost.setdefault(ph, [0.0] * n)[j] += max(host or 0.0, exp)
+        dev.setdefault(ph, [0.0] * n)[j] += nb / g
     already = pieces["copies"].filter(pl.col("host_kind") == "pinned")
     sv = {}
     for ph in sorted(cost):
@@ -330,8 +357,21 @@ SCENARIO_PHASE = {"bf16": "update", "grads_on_gpu": "backward", "overlap_grad_co
 
 def _phase_delta(pieces: dict, copies: pl.DataFrame) -> dict:
     """``{phase: -saving ns}`` of :func:`_pin_saving` per phase of ``copies``."""
-    return {ph: -_pin_saving(pieces, copies.filter(pl.col("phase") == ph))[0]
-            for ph in sorted(set(copies["phase"].drop_nulls().to_list()))}
+    sums = _pin_sums(pieces, copies, "phase")
+    n = len(pieces["iterations"])
+    return {ph: -(sums.get(ph, 0.0) / n) for ph in sorted(set(copies["phase"].drop_nulls().to_list()))}
+
+
+def _pin_sums(pieces: dict, copies: pl.DataFrame, by: str) -> dict:
+    """``{value of by: summed ns}``: :func:`_pin_copy_savings` of ``copies`` summed per value of
+    their column ``by``, each sum in the copies' order (the sum :func:`_pin_saving` of that value's
+    copies alone makes), from one pass over the copies."""
+    per_copy, _, _ = _pin_copy_savings(pieces, copies)
+    (keys,) = _pageable_columns(copies, by)
+    sums: dict = {}
+    for k, v in zip(keys, per_copy):
+        sums[k] = sums.get(k, 0.0) + v
+    return sums
 
 
 #: Two-sided 95 % critical values of Student's t, ``t(0.975, df)``, for df = 1..30, then 40, 60,
@@ -463,7 +503,8 @@ def _per_it(pieces: dict, frame: pl.DataFrame, values) -> list[float]:
 def _pin_per_it(pieces: dict, copies: pl.DataFrame) -> list[float]:
     """:func:`_pin_saving` of each steady iteration alone (ns in that iteration)."""
     n = len(pieces["iterations"])
-    return [_pin_saving(pieces, copies.filter(pl.col("iteration") == i))[0] * n for i in pieces["iterations"]]
+    sums = _pin_sums(pieces, copies, "iteration")
+    return [sums.get(i, 0.0) / n * n for i in pieces["iterations"]]
 
 
 def _scaled(per_source: list[float], saving_ns: float) -> list[float]:

@@ -300,8 +300,9 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         nb_kern = _non_boundary_backward_kernels(ts, steady)
         boundary_copies = _boundary_backward_copies(ts, steady, copies)
         sg_fixed = _sub_group_fixed(rg, uw_s, uw_e)
-        norm_fixed = _norm_fixed(role_iv["grad_norm"], ops, n, int(round(roles["copy_back"]["calls"])) or None)
-        grad_tensors, launch_gap = _eager_loop(rg, ops, model.windows.filter(
+        launches = _launch_order(ops)  # (sorted once for both readers)
+        norm_fixed = _norm_fixed(role_iv["grad_norm"], launches, n, int(round(roles["copy_back"]["calls"])) or None)
+        grad_tensors, launch_gap = _eager_loop(rg, launches, model.windows.filter(
             (pl.col("global_pid") == gp) & pl.col("iteration").is_in(steady)), steady)
         out.append({
             "global_pid": gp, "pid": r["pid"], "device": dev, "iterations": steady,
@@ -362,7 +363,7 @@ def _sub_group_fixed(rng: pl.DataFrame, uw_s, uw_e) -> float | None:
     return max(float((be - bs).sum()) - float((ne - ns).sum()), 0.0) / prep
 
 
-def _eager_loop(rng: pl.DataFrame, ops: pl.DataFrame, windows: pl.DataFrame, steady: list[int]
+def _eager_loop(rng: pl.DataFrame, launches, windows: pl.DataFrame, steady: list[int]
                 ) -> tuple[int | None, float | None]:
     """``(gradient tensors, launch gap ns)`` of one rank, for the GPU step's per-tensor loops
     (:data:`~tracekit.analyze.sections.whatif.GPU_LOOP_LAUNCHES_PER_TENSOR`).
@@ -376,8 +377,8 @@ def _eager_loop(rng: pl.DataFrame, ops: pl.DataFrame, windows: pl.DataFrame, ste
       the host time of one eager op of such a loop (the API call, PyTorch's dispatch and the Python
       between). None with fewer than 10 such pairs.
 
-    ``rng``: the rank's NVTX ranges (``name, start, end``); ``ops``: its GPU operations (``kind,
-    launch, launch_tid``); ``windows``: its phase windows of the steady iterations."""
+    ``rng``: the rank's NVTX ranges (``name, start, end``); ``launches``: its GPU operations'
+    launches (:func:`_launch_order`); ``windows``: its phase windows of the steady iterations."""
     bwd = windows.filter(pl.col("phase") == "backward").sort("start")
     last = bwd.group_by("iteration").agg(pl.col("start").last(), pl.col("end").last())
     gr = rng.filter(pl.col("name").fill_null("").str.contains(GRAD_TENSOR_RANGES))
@@ -397,24 +398,35 @@ def _eager_loop(rng: pl.DataFrame, ops: pl.DataFrame, windows: pl.DataFrame, ste
     g = rng.filter((pl.col("name") == GRAD_OFFLOAD_RANGE) & (pl.col("start") >= lo) & (pl.col("end") <= hi))
     ws = np.concatenate([upd["start"].to_numpy(), g["start"].to_numpy()])
     we = np.concatenate([upd["end"].to_numpy(), g["end"].to_numpy()])
-    d = _launch_gaps(ops, ws, we)
+    d = _launch_gaps(launches, ws, we)
     gap = float(np.median(d)) if len(d) >= 10 else None
     return tensors, gap
 
 
-def _launch_gaps(ops: pl.DataFrame, ws, we) -> np.ndarray:
-    """Times (ns) between the launches of two consecutive GPU operations of one thread (``ops``:
-    ``kind, launch, launch_tid``), both kernels or memsets, both inside the same one of the windows
-    ``ws``/``we`` (merged where they overlap): the host's time per eager op in a loop of them (a
-    copy between two launches, e.g. a ``.item()``, breaks the pair)."""
-    if not len(ws) or not ops.height or "launch" not in ops.columns:
-        return np.zeros(0)
+def _launch_order(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """The launches of ``ops`` (GPU operations with ``kind, launch, launch_tid``) by thread and
+    time, for :func:`_launch_gaps`: ``(launch ns, pair)`` arrays, ``pair[i]``: launches ``i`` and
+    ``i + 1`` are of one thread and both of a kernel or memset. None when ``ops`` is empty or has
+    no launch times."""
+    if not ops.height or "launch" not in ops.columns:
+        return None
     # (the kinds tested in polars: no array of Python strings)
     eager = pl.col("kind").is_in(["kernel", "memset"]).fill_null(False)
     o = ops.filter(pl.col("launch").is_not_null()).select("launch", "launch_tid", eager=eager)
     o = o.sort("launch_tid", "launch")
     lt, la, eager = o["launch_tid"].to_numpy(), o["launch"].to_numpy(), o["eager"].to_numpy()
-    ok = (lt[1:] == lt[:-1]) & eager[1:] & eager[:-1]
+    return la, (lt[1:] == lt[:-1]) & eager[1:] & eager[:-1]
+
+
+def _launch_gaps(launches: tuple[np.ndarray, np.ndarray] | None, ws, we) -> np.ndarray:
+    """Times (ns) between the launches of two consecutive GPU operations of one thread
+    (``launches``: :func:`_launch_order` of them), both kernels or memsets, both inside the same
+    one of the windows ``ws``/``we`` (merged where they overlap): the host's time per eager op in
+    a loop of them (a copy between two launches, e.g. a ``.item()``, breaks the pair)."""
+    if not len(ws) or launches is None:
+        return np.zeros(0)
+    la, pair = launches
+    ok = pair.copy()
     ws, we = union(np.asarray(ws), np.asarray(we))
     j = np.searchsorted(ws, la, side="right") - 1
     inside = (j >= 0) & (la < we[np.maximum(j, 0)])
@@ -422,7 +434,7 @@ def _launch_gaps(ops: pl.DataFrame, ws, we) -> np.ndarray:
     return (la[1:] - la[:-1])[ok]
 
 
-def _norm_fixed(norm_iv, ops: pl.DataFrame, n_iterations: int, sub_groups: int | None) -> float | None:
+def _norm_fixed(norm_iv, launches, n_iterations: int, sub_groups: int | None) -> float | None:
     """Fixed part (ns) of the gradient norm per sub-group: ZeRO-3 computes it once per sub-group
     (stage3.py ``_get_norm_groups``: ``complete_grad_norm_calculation_for_cpu_offload`` or
     ``get_grad_norm_direct`` for each of ``fp16_groups``), each call a loop over the group's
@@ -430,11 +442,12 @@ def _norm_fixed(norm_iv, ops: pl.DataFrame, n_iterations: int, sub_groups: int |
     the NaN mask, ``.cpu()``: 5 synchronizations in the benchmark's traces). The loop is the
     back-to-back launches inside the norm ranges (:func:`_launch_gaps`); the rest of the ranges'
     wall, per iteration and sub-group, is the fixed part. ``norm_iv``: the union of the norm
-    (``grad_norm``) ranges of the steady update windows; None without them."""
+    (``grad_norm``) ranges of the steady update windows, ``launches``: the rank's
+    (:func:`_launch_order`); None without them."""
     us, ue = norm_iv
     if not len(us) or not n_iterations:
         return None
-    loop = float(_launch_gaps(ops, us, ue).sum())
+    loop = float(_launch_gaps(launches, us, ue).sum())
     return max(float((ue - us).sum()) - loop, 0.0) / n_iterations / (sub_groups or 1)
 
 
