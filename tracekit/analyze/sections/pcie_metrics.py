@@ -54,9 +54,8 @@ from tracekit.analyze.sections.pcie_reduce import (  # noqa: F401  (_Counts, PCT
     _Unsorted,
     host_copy_times,
     in_range,
-    rank_pairs,
 )
-from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, attach_window, check_by, ratio
+from tracekit.analyze.sections.transfer_common import PHASE_KEYS, RANK, attach_window, check_by, ranks_of, ratio
 from tracekit.analyze.trace.export import Export
 from tracekit.errors import MissingDataError
 from tracekit.userfiles import shown
@@ -140,7 +139,7 @@ def _mapping(types: list, gpus: list, model: PhaseModel | None) -> dict:
     """typeId -> device (see module doc)."""
     mapping = dict(zip(types, gpus)) if len(types) == len(gpus) else {}
     if not mapping and model is not None and len(types) == 1:
-        devs = rank_pairs(model)["device"].unique().to_list()
+        devs = ranks_of(model)["device"].unique().to_list()
         if len(devs) == 1:  # one sampled GPU, one device with work: the same one
             mapping = {types[0]: devs[0]}
     return mapping
@@ -302,7 +301,7 @@ def _window_copies(model: PhaseModel) -> pl.DataFrame:
     hit = model.cache.get("pcie_window_copies")
     if hit is not None:
         return hit
-    win = model.windows.join(rank_pairs(model), on="global_pid")
+    win = model.windows.join(ranks_of(model), on="global_pid")
     copies = host_copy_times(model)  # (the columns read here)
     parts = []
     for (gpid, dev), w in win.group_by(RANK):

@@ -16,7 +16,7 @@ import polars as pl
 from tracekit.analyze.model.gpu_ops import with_strings
 from tracekit.analyze.model.intervals import SpreadCumulative
 from tracekit.analyze.model.phases import PhaseModel
-from tracekit.analyze.sections.transfer_common import RANK, attach_window
+from tracekit.analyze.sections.transfer_common import RANK, attach_window, ranks_of
 
 #: The range of a plausible sample (% of the link's peak); others are set aside.
 PCT_RANGE = (0.0, 100.0)
@@ -122,13 +122,6 @@ class PcieReduction:
     set_aside: dict | None = None
 
 
-def rank_pairs(model: PhaseModel) -> pl.DataFrame:
-    """``global_pid, device`` pairs with GPU work, sorted (the frame of
-    :func:`tracekit.analyze.sections.transfer_common.ranks_of`), by a lazy unique: the eager one
-    hashes every op's pair at once (16 MiB on a 10 GB trace)."""
-    return model.ops.lazy().select(RANK).unique().collect().drop_nulls().sort(RANK)
-
-
 def host_copy_times(model: PhaseModel) -> pl.DataFrame:
     """The H2D and D2H memcpys of ``model``: ``global_pid, device, direction`` (String),
     ``start, end, bytes``; the columns picked before the rows are gathered."""
@@ -139,7 +132,7 @@ def host_copy_times(model: PhaseModel) -> pl.DataFrame:
 class _Reducer:
     def __init__(self, model: PhaseModel, mapping: dict, threshold: float, keep: bool) -> None:
         self.model, self.mapping, self.threshold, self.keep = model, mapping, threshold, keep
-        r = rank_pairs(model)
+        r = ranks_of(model)
         self.ranks: dict = {}
         for gpid, dev in r.iter_rows():
             self.ranks.setdefault(dev, []).append(gpid)

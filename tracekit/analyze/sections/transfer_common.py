@@ -154,8 +154,6 @@ def group_codes(frame: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, np.
     """The distinct ``keys`` of ``frame`` (one row each, nulls equal, in no particular order)
     and, per row of ``frame``, the index of its group among them (int64 numpy array): group
     numbers that later steps sort and join on instead of the key columns (strings among them)."""
-    import numpy as np
-
     g = frame.select(keys).with_row_index("_i").group_by(keys).agg(pl.col("_i"))
     code = np.empty(frame.height, np.int64)
     code[g["_i"].explode().to_numpy()] = np.repeat(np.arange(g.height, dtype=np.int64), g["_i"].list.len().to_numpy())
@@ -163,8 +161,9 @@ def group_codes(frame: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, np.
 
 
 def ranks_of(model: PhaseModel) -> pl.DataFrame:
-    """(global_pid, device) pairs with GPU work, sorted."""
-    return model.ops.select(RANK).unique().drop_nulls().sort(RANK)
+    """(global_pid, device) pairs with GPU work, sorted. (A lazy unique: the eager one hashes
+    every op's pair at once, 16 MiB on a 10 GB trace; issue 24.)"""
+    return model.ops.lazy().select(RANK).unique().collect().drop_nulls().sort(RANK)
 
 
 def attach_window(model: PhaseModel, frame: pl.DataFrame, time_col: str = "start") -> pl.DataFrame:

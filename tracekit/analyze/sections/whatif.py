@@ -504,6 +504,7 @@ def _pin_per_it(pieces: dict, copies: pl.DataFrame) -> list[float]:
     """:func:`_pin_saving` of each steady iteration alone (ns in that iteration)."""
     n = len(pieces["iterations"])
     sums = _pin_sums(pieces, copies, "iteration")
+    # (/ n * n: the float :func:`_pin_saving` of the iteration's copies times n gave, bit for bit)
     return [sums.get(i, 0.0) / n * n for i in pieces["iterations"]]
 
 
