@@ -4,8 +4,7 @@ window search and the sub-phase search in blocks give what a plain loop finds.""
 import numpy as np
 import polars as pl
 import pytest
-from synthetic import SyntheticTrace, gtid
-from test_phases_synthetic import MAIN, MS, build, ds_iteration
+from test_phases_synthetic import MAIN, MS, build, step_with_sub_ranges
 
 from tracekit.analyze.model import gpu_ops, phases
 
@@ -61,12 +60,7 @@ def test_window_rows_equal_a_loop():
 @pytest.mark.parametrize("block", [1, 2, 32_768])
 def test_sub_phase_search_in_blocks(tmp_path, monkeypatch, block):
     monkeypatch.setattr(phases, "_ATTRIBUTE_BLOCK", block)
-    t = SyntheticTrace()
-    ds_iteration(t, 0)
-    tid = gtid(1, MAIN)
-    # inside the step (44..64 ms): cpu_adam 45..55 with a nested copy_back 52..54
-    t.range("cpu_adam", 45 * MS, 55 * MS, tid, "DeepSpeed")
-    t.range("copy_back", 52 * MS, 54 * MS, tid, "DeepSpeed")
+    t = step_with_sub_ranges()
     t.copy(46 * MS, 47 * MS, 8, 1, pid=1, tid=MAIN, launch=46 * MS)
     t.copy(50 * MS, 51 * MS, 8, 1, pid=1, tid=MAIN, launch=None)  # no launching thread
     t.copy(53 * MS, 54 * MS, 8, 1, pid=1, tid=MAIN, launch=53 * MS)

@@ -57,13 +57,18 @@ def test_autograd_thread_copy_counts_in_backward_and_launch_time_rule(tmp_path):
     assert rows["kernel_busy_ns"].to_list() == [0]
 
 
-def test_sub_phase_is_innermost_range_on_launching_thread(tmp_path):
+def step_with_sub_ranges() -> SyntheticTrace:
+    """One iteration whose step (44..64 ms) holds cpu_adam 45..55 ms with a nested copy_back 52..54 ms."""
     t = SyntheticTrace()
     ds_iteration(t, 0)
     tid = gtid(1, MAIN)
-    # inside the step (44..64 ms): cpu_adam 45..55 with a nested copy_back 52..54
     t.range("cpu_adam", 45 * MS, 55 * MS, tid, "DeepSpeed")
     t.range("copy_back", 52 * MS, 54 * MS, tid, "DeepSpeed")
+    return t
+
+
+def test_sub_phase_is_innermost_range_on_launching_thread(tmp_path):
+    t = step_with_sub_ranges()
     t.copy(53 * MS, 54 * MS, 8, 1, pid=1, tid=MAIN, launch=53 * MS)
     t.copy(60 * MS, 61 * MS, 16, 1, pid=1, tid=MAIN, launch=56 * MS)
     # an autograd-thread range cannot be the sub-phase of a main-thread launch
