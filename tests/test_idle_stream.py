@@ -196,19 +196,21 @@ def _merge_loop(s, e):
     return [a for a, _ in out], [b for _, b in out]
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 16])
-def test_sorted_union_equals_a_merge_loop(monkeypatch, chunk):
-    """The chunked sweep of the busy unions: nested, touching, equal-start and disjoint
-    intervals in start order, and one set out of order (the sort path), each merged as a loop does."""
-    monkeypatch.setattr(idle, "_UNION_CHUNK", chunk)
-    rng = np.random.default_rng(chunk)
+@pytest.mark.parametrize("seed", [1, 3, 7])
+def test_sweep_equals_a_merge_loop(seed):
+    """The busy unions made a span at a time (idle._Sweep): nested, touching, equal-start and
+    disjoint intervals in start order, cut at random times; each answer is sorted and disjoint
+    and all of them together make the union a loop makes."""
+    rng = np.random.default_rng(seed)
     for _ in range(40):
         n = int(rng.integers(1, 200))
         s = np.sort(rng.integers(0, 400, n)).astype(np.int64)
         e = s + rng.integers(1, 30, n)
-        got = idle._sorted_union(s, e)
+        sweep, seen = idle._Sweep((s, e)), ([], [])
+        for hi in [*np.sort(rng.integers(0, 450, 5)).tolist(), np.iinfo(np.int64).max]:
+            got = sweep.upto(hi)
+            assert (got[0][1:] > got[1][:-1]).all() and (got[1] > got[0]).all()
+            seen[0].extend(got[0].tolist())
+            seen[1].extend(got[1].tolist())
         want = _merge_loop(s, e)
-        assert got[0].tolist() == want[0] and got[1].tolist() == want[1]
-    s, e = np.array([50, 0, 10, 5], np.int64), np.array([60, 5, 20, 8], np.int64)
-    got = idle._sorted_union(s, e)
-    assert got[0].tolist() == [0, 10, 50] and got[1].tolist() == [8, 20, 60]
+        assert _merge_loop(np.array(seen[0]), np.array(seen[1])) == (want[0], want[1])

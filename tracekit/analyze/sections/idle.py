@@ -322,49 +322,6 @@ def _classify(iids: np.ndarray, ws: np.ndarray, we: np.ndarray, b: tuple[np.ndar
                          "ns": np.concatenate(sums) if sums else np.zeros(0, np.int64)}, schema=out_schema)
 
 
-#: intervals per step of the sweep of :func:`_sorted_union` (its temporaries: a few arrays of this size)
-_UNION_CHUNK = 1 << 16
-
-
-def _sorted_union(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`tracekit.analyze.model.intervals.union` of the intervals ``s, e`` (int64 ns, none
-    empty): the sorted disjoint ``(starts, ends)`` of their union, the same arrays. Where ``s`` is
-    in start order already (the ops of a rank nearly always are), the union is swept a chunk of
-    :data:`_UNION_CHUNK` intervals at a time, twice (the count of pieces, then the pieces into
-    arrays of that size), with no sorted copy of the input: what it holds besides the result
-    does not grow with the trace; otherwise :func:`union` itself."""
-    if s.size == 0 or (s[1:] < s[:-1]).any():
-        return union(s, e)
-
-    def sweep(out: tuple[np.ndarray, np.ndarray] | None) -> int:
-        n, run = 0, None  # pieces so far; the running maximum of the ends so far
-        for i in range(0, s.size, _UNION_CHUNK):
-            sc, re_ = s[i:i + _UNION_CHUNK], np.maximum.accumulate(e[i:i + _UNION_CHUNK])
-            if run is not None:
-                np.maximum(re_, run, out=re_)
-            prev = np.empty_like(re_)  # the running end before each interval
-            prev[1:] = re_[:-1]
-            prev[0] = run if run is not None else sc[0] - 1
-            new = sc > prev  # an interval past every earlier end opens a piece
-            k = int(np.count_nonzero(new))
-            if out is not None and k:
-                out[0][n:n + k] = sc[new]
-                if n:  # the earlier pieces' ends: the running end where the next one opens
-                    out[1][n - 1:n + k - 1] = prev[new]
-                else:
-                    out[1][:k - 1] = prev[new][1:]
-            n += k
-            run = int(re_[-1])
-        if out is not None:
-            out[1][n - 1] = run
-        return n
-
-    n = sweep(None)
-    out = (np.empty(n, np.int64), np.empty(n, np.int64))
-    sweep(out)
-    return out
-
-
 def _rank_ops(f: pl.DataFrame, gpid: int, dev: int) -> tuple[np.ndarray, np.ndarray]:
     """The [start, end) of the rows of ``f`` of the rank ``gpid, dev`` (empty intervals left
     out) in start order: the two time columns themselves (no copy where every row is of the
@@ -404,7 +361,7 @@ class _Sweep:
             s, e = np.concatenate([[self.last[0]], s]), np.concatenate([[self.last[1]], e])
         if s.size == 0:
             return s.astype(np.int64), e.astype(np.int64)
-        u = _sorted_union(s, e)
+        u = union(s, e)
         self.last = (int(u[0][-1]), int(u[1][-1]))
         return u
 
