@@ -382,7 +382,8 @@ class Analysis:
         from tracekit.analyze.model.gpu_ops import with_strings
         from tracekit.vocab import os_pid_expr
 
-        ops = with_strings(self.model.ops.filter(pl.col("kind") == kind))  # (the API's frames carry strings)
+        # (the API's frames carry strings)
+        ops = with_strings(self.model.scan_ops().filter(pl.col("kind") == kind)).collect()
         ids = [*ops["api_name_id"].drop_nulls().unique().to_list()]
         if kind == "kernel":
             ids += ops["name_id"].drop_nulls().unique().to_list()

@@ -130,13 +130,17 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
 
     ``keep_ranges``: the model holds only the NVTX ranges the sections read
     (:func:`range_keep`; the others are reloaded from the trace if a later reader asks for them,
-    :func:`tracekit.analyze.model.phases.ranges_for`), so that they do not stay in memory for the
-    whole run (issue 24).
+    :func:`tracekit.analyze.model.phases.ranges_for`), and its GPU operations are spilled to a
+    file that each reader reads only its columns and rows of
+    (:meth:`tracekit.analyze.model.phases.PhaseModel.spill_ops`), so that neither stays in memory
+    for the whole run (issue 24).
     """
     step = step or (lambda _m: None)
     step("finding phases and attributing GPU work")
     model = phases.build(export, phase_map=list(options.phase_map) if options.phase_map else None, gas=options.gas,
                          keep=range_keep(options) if keep_ranges else None)
+    if keep_ranges:  # (and the ops out of memory: each section reads back what it asks for)
+        model.spill_ops()
     ctx = Context(export, model, tuple(options.sections or ()), options.pcie_threshold, options.bin_ns,
                   phase=options.phase, iteration=options.iteration, ds_config=options.ds_config)
 

@@ -190,9 +190,9 @@ class ReportData:
         """GPU operations of ``rank`` (its process, on its device)."""
         from tracekit.analyze.model.gpu_ops import with_strings
 
-        return with_strings(self.model.ops.filter(
+        return with_strings(self.model.scan_ops().filter(
             (pl.col("global_pid") == rank["global_pid"]) & (pl.col("device") == rank["device"])
-        ))
+        )).collect()
 
     def of_rank(self, frame: pl.DataFrame, rank: dict) -> pl.DataFrame:
         """Rows of a whole-trace analysis ``frame`` (with ``global_pid, device``) of ``rank``."""

@@ -288,8 +288,8 @@ def _idle_bins(data: ReportData, rk: dict, t0: int, t1: int) -> pl.DataFrame:
     iv = pl.DataFrame({"global_pid": [rk["global_pid"]] * len(starts), "device": [rk["device"]] * len(starts),
                        "bin": np.arange(len(starts), dtype=np.int64), "start": starts,
                        "end": np.minimum(starts + step, t1)})
-    iv = iv.cast({"global_pid": data.model.ops.schema.get("global_pid", pl.Int64),
-                  "device": data.model.ops.schema.get("device", pl.Int64)})
+    iv = iv.cast({"global_pid": data.model.ops_schema.get("global_pid", pl.Int64),
+                  "device": data.model.ops_schema.get("device", pl.Int64)})
     got = data.sections.idle_breakdown_of(iv, ("bin",))
     return iv.select("bin", "start", "end").join(got.drop("global_pid", "device"), on="bin", how="left").sort("bin")
 

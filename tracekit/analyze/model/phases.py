@@ -138,6 +138,44 @@ class PhaseModel:
     #: the trace the model was built from (what :func:`ranges_for` reloads)
     path: str | None = None
 
+    #: where :attr:`ops` lives once :meth:`spill_ops` moved it out of memory (None: in memory)
+    ops_store: object | None = field(default=None, init=False, repr=False)
+
+    def scan_ops(self) -> pl.LazyFrame:
+        """:attr:`ops` as a ``LazyFrame``: the way to read a few of its columns or rows. When the
+        ops are spilled (:meth:`spill_ops`) only what the query selects and keeps is read back;
+        in memory it is ``ops.lazy()``."""
+        store = self.ops_store
+        return self._ops.lazy() if store is None else store.scan()
+
+    @property
+    def ops_schema(self) -> pl.Schema:
+        """The schema of :attr:`ops` (read nothing)."""
+        store = self.ops_store
+        return self._ops.schema if store is None else store.schema
+
+    @property
+    def ops_height(self) -> int:
+        """The number of rows of :attr:`ops` (read nothing)."""
+        store = self.ops_store
+        return self._ops.height if store is None else store.height
+
+    def spill_ops(self, folder: str | None = None) -> bool:
+        """Move :attr:`ops` into an :class:`tracekit.analyze.model.op_store.OpStore` (out of
+        memory; readers then go through :meth:`scan_ops`, and :attr:`ops` reads the whole
+        frame back, held in :attr:`cache` under ``"ops_frame"`` until
+        :func:`tracekit.analyze.sections.run` lets it go after the section that asked). False,
+        and the ops kept in memory, where the store cannot be made."""
+        from tracekit.analyze.model.op_store import spill
+
+        if self.ops_store is not None:
+            return True
+        store = spill(self._ops, folder)
+        if store is None:
+            return False
+        self.ops_store, self._ops = store, None
+        return True
+
     def derived(self, key, compute):
         """``compute()``, computed once per model: the value kept in :attr:`cache` under ``key``
         (any hashable) is returned to every later call with that key. Errors of ``compute``
@@ -146,6 +184,24 @@ class PhaseModel:
             self.cache[key] = compute()
         return self.cache[key]
 
+
+
+def _get_ops(model: PhaseModel) -> pl.DataFrame:
+    if model.ops_store is None:
+        return model._ops
+    return model.derived("ops_frame", model.ops_store.read)
+
+
+def _set_ops(model: PhaseModel, frame: pl.DataFrame) -> None:
+    model._ops = frame
+    if model.__dict__.pop("ops_store", None) is not None:  # (a frame set later replaces a spilled one)
+        model.cache.pop("ops_frame", None)
+
+
+#: :attr:`PhaseModel.ops` (a dataclass field whose reads go through this property): the frame
+#: itself, or, once spilled, the whole frame read back from its store (:meth:`PhaseModel.spill_ops`;
+#: a reader of a few columns uses :meth:`PhaseModel.scan_ops`)
+PhaseModel.ops = property(_get_ops, _set_ops, doc="The GPU operations (see the class doc).")
 
 
 @dataclass(frozen=True)
@@ -500,7 +556,8 @@ def ranges_for(model: PhaseModel, phases: set | frozenset | None = None) -> pl.D
             raise TracekitError(f"{shown(model.path)} changed since it was analyzed (its NVTX ranges are read "
                                 "again for this); analyze it again")
         with Export.open(model.path) as export:
-            loaded = set_aside_unclosed(export, nvtx.load_ranges(export), model.ops)
+            ops = model.scan_ops().select("global_pid", "end", "api_end").collect()  # (what it reads)
+            loaded = set_aside_unclosed(export, nvtx.load_ranges(export), ops)
             return _nested(loaded, model.cache.get("nested_source", model.source))
 
     return model.derived("all_nested_ranges", reload)

@@ -101,7 +101,7 @@ def distributed_ranks(export: Export, model: PhaseModel) -> pl.DataFrame:
     A process driving several devices gets its rank on each of them.
     """
     # (a lazy unique: the eager one hashes every op's pair at once, 16 MiB on a 10 GB trace)
-    r = model.ops.lazy().select("global_pid", "device").unique().collect().drop_nulls()
+    r = model.scan_ops().select("global_pid", "device").unique().collect().drop_nulls()
     names = host_names(export)
     r = r.with_columns(
         pid=os_pid_expr(pl.col("global_pid")),

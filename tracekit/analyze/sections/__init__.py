@@ -612,8 +612,9 @@ def order(names=None) -> list[Section]:
 #: the frames of :attr:`tracekit.analyze.model.phases.PhaseModel.cache` with a row per GPU op
 #: or copy that :func:`run` lets go after each section: kept, they held 17 MiB of a 10 GB trace's
 #: analysis from the first section that built them to the end (issue 24); the next reader
-#: builds them again (a filter of the ops, a few ms)
-PER_OP_FRAMES = ("kernel_frames", "host_copies")
+#: builds them again (a filter of the ops, a few ms); ``ops_frame`` is the whole of spilled ops
+#: read back (:meth:`tracekit.analyze.model.phases.PhaseModel.spill_ops`)
+PER_OP_FRAMES = ("kernel_frames", "host_copies", "compute_ops", "ops_frame")
 
 
 def run(ctx: Context, names=None, before: Callable[[Section], None] | None = None) -> Context:

@@ -54,7 +54,7 @@ def ranks(model: PhaseModel) -> pl.DataFrame:
     """Ranks of the trace: ``global_pid, pid, device`` for each process/device with GPU work,
     sorted by pid then device. Computed once per model and kept on it."""
     def compute() -> pl.DataFrame:
-        r = model.ops.lazy().select("global_pid", "device").unique().drop_nulls()
+        r = model.scan_ops().select("global_pid", "device").unique().drop_nulls()
         return r.with_columns(pid=os_pid(pl.col("global_pid"))).sort("pid", "device").select(
             "global_pid", "pid", "device"
         ).collect()
@@ -130,9 +130,9 @@ def _busy_of_windows(model: PhaseModel, pairs: pl.DataFrame) -> pl.DataFrame:
         code = (pl.col("window_id") * width + (pl.col("device") - dmin)).cast(pl.Int64)
         p = p.select(code=code, _k="_k").sort("code")
         pcode, pk = p["code"].to_numpy(), p["_k"].to_numpy()
-        cat = _busy_category("comm" in model.ops.columns)
+        cat = _busy_category("comm" in model.ops_schema)
         for i, label in enumerate(BUSY):
-            f = model.ops.lazy().filter(
+            f = model.scan_ops().filter(
                 pl.col("window_id").is_not_null() & pl.col("device").is_between(dmin, dmax) & (cat == i)
                 & (pl.col("end") > pl.col("start"))
             ).select(code=code, start="start", end="end").collect()
@@ -154,10 +154,10 @@ def _busy_of_windows(model: PhaseModel, pairs: pl.DataFrame) -> pl.DataFrame:
 
 def _window_metrics(model: PhaseModel) -> pl.DataFrame:
     win = rank_windows(model)
-    has_comm = "comm" in model.ops.columns
+    has_comm = "comm" in model.ops_schema
     # (the columns read below, picked first: the plan reads ``ops`` twice, and the shared part
     # would otherwise be gathered with every column of the ops)
-    ops = model.ops.lazy().select("window_id", "device", "kind", "bytes", "start", "end",
+    ops = model.scan_ops().select("window_id", "device", "kind", "bytes", "start", "end",
                                   cat=_busy_category(has_comm)).filter(pl.col("window_id").is_not_null())
     by = ["window_id", "device"]
     counts = ops.group_by(by).agg(
@@ -293,8 +293,8 @@ def sub_phase_table(model: PhaseModel, phase: str) -> pl.DataFrame:
     )
     # (the columns read below, picked before the phase's rows are gathered)
     need = [c for c in ("global_pid", "device", "iteration", "sub_phase", "kind", "comm", "direction", "start", "end",
-                        "bytes") if c in model.ops.columns]
-    ops = model.ops.lazy().filter(pl.col("phase") == phase).select(need).with_columns(
+                        "bytes") if c in model.ops_schema]
+    ops = model.scan_ops().filter(pl.col("phase") == phase).select(need).with_columns(
         pl.col("sub_phase").fill_null("(none)")).collect()
     k, comm = kernel_frames(ops)
     stats = [

@@ -34,7 +34,7 @@ def copy_sizes(model: PhaseModel, by=("phase",), directions=("H2D", "D2H", "D2D"
     by = check_by(by)
     # (the columns read below, picked before the copies' rows are gathered)
     need = list(dict.fromkeys([*RANK, *by, "direction", "src_kind", "dst_kind", "bytes", "start", "end"]))
-    c = model.ops.lazy().filter(
+    c = model.scan_ops().filter(
         (pl.col("kind") == "memcpy") & pl.col("direction").is_in(list(directions)) & pl.col("device").is_not_null()
     ).select(need)
     c = with_strings(c).with_columns(

@@ -300,7 +300,7 @@ def iteration_findings(export, model, iteration: int, pcie_threshold: float = 80
     import dataclasses
 
     windows = model.windows.filter(pl.col("iteration") == iteration)
-    ops = model.ops.filter(pl.col("iteration") == iteration)
+    ops = model.scan_ops().filter(pl.col("iteration") == iteration).collect()
     one = dataclasses.replace(model, windows=windows, ops=ops)
     if hasattr(one, "cache"):
         one.cache = {}

@@ -93,7 +93,7 @@ def _calls_query(export: Export, model: PhaseModel) -> tuple[str, dict, pl.Serie
     threads (``model.ops``' ``launch_tid``); None when the table lacks the columns or no thread
     launched GPU work."""
     cols = set(export.columns(TABLE))
-    tids = model.ops["launch_tid"].drop_nulls().unique()
+    tids = model.scan_ops().select(pl.col("launch_tid").drop_nulls().unique()).collect().to_series()
     if not {"globalTid", "start", "end"} <= cols or tids.len() == 0:
         return None
     name = "CASE WHEN typeof(nameId) = 'integer' THEN nameId END" if "nameId" in cols else "NULL"
@@ -376,7 +376,7 @@ def _rank_parts(model: PhaseModel):
     active = model_compute_ops(model)
     _k, comm = model_kernel_frames(model)
     # (distinct first, then the nulls dropped: no copy of the three columns of every op)
-    threads = model.ops.lazy().select("global_pid", "device", "launch_tid").unique().collect().drop_nulls()
+    threads = model.scan_ops().select("global_pid", "device", "launch_tid").unique().collect().drop_nulls()
     for gpid, dev in ranks(model).select("global_pid", "device").iter_rows():
         tids = threads.filter((pl.col("global_pid") == gpid) & (pl.col("device") == dev))["launch_tid"]
         busy, com = _rank_ops(active, gpid, dev), _rank_ops(comm, gpid, dev)
@@ -591,7 +591,8 @@ def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iter
     the statistics need are gathered, so that no copy of every kernel is held.)"""
     keys = ["global_pid", "device", *by]
     idle = idle_windows(model, export)[0] if idle is None else idle
-    names = export.strings(model.ops["api_name_id"].drop_nulls().unique().to_list())
+    names = export.strings(model.scan_ops().select(pl.col("api_name_id").drop_nulls().unique()).collect()
+                           .to_series().to_list())
     launch_ids = [i for i, n in names.items() if api_group(short_name(n)) == "launch"]
     kernels = (pl.col("kind") == "kernel") & pl.col("device").is_not_null()
     if rows is not None:
@@ -614,15 +615,14 @@ def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iter
         """The statistics of the kernels of ``where`` per group of ``keys``; ``key``: the one
         group they all are of (its key columns are then not gathered)."""
         # the rows picked first, then only the four time columns (and keys) gathered (issue 24)
-        mask = model.ops.select(kernels & where).to_series()
         by_ = keys if key is None else []
-        k = model.ops.select(*by_, "start", "end", "launch", "api_end", "api_name_id").filter(mask)
-        del mask
+        k = model.scan_ops().filter(kernels & where).select(*by_, "start", "end", "launch", "api_end",
+                                                             "api_name_id").collect()
         k = k.select(*by_, dur=pl.col("end") - pl.col("start"), api=api,
                      queue=pl.when(api.is_not_null()).then(pl.col("start") - pl.col("api_end")))
         if key is None:
             return k.group_by(keys).agg(**stats_of)
-        lits = {c: pl.lit(v, model.ops.schema[c]) for c, v in zip(keys, key)}
+        lits = {c: pl.lit(v, model.ops_schema[c]) for c, v in zip(keys, key)}
         if k.height == 0:  # (no group)
             return k.select(**lits, **stats_of).head(0)
         # (a group_by over one group: the same statistics, computed as for several)
@@ -630,13 +630,13 @@ def launch_stats(model: PhaseModel, export: Export, by: tuple[str, ...] = ("iter
         return st.select(**lits, **{c: pl.col(c) for c in st.columns})
 
     if "iteration" in by:  # per iteration: a few iterations' kernels at a time (issue 24), the same groups
-        its = model.ops["iteration"].drop_nulls().unique().sort().to_list()
+        its = model.scan_ops().select(pl.col("iteration").drop_nulls().unique().sort()).collect().to_series().to_list()
         parts = [stats_where(pl.col("iteration").is_null())]
         parts += [stats_where(pl.col("iteration").is_in(its[i:i + _ITERATIONS_AT_ONCE]))
                   for i in range(0, len(its), _ITERATIONS_AT_ONCE)]
         stats = pl.concat(parts)
     elif by:  # one group at a time (a rank's phase, say: few groups, each its own kernels)
-        groups = model.ops.lazy().select(keys).unique().collect()
+        groups = model.scan_ops().select(keys).unique().collect()
         stats = pl.concat([stats_where(pl.all_horizontal(pl.col(c).is_null() if v is None else pl.col(c) == v
                                                          for c, v in zip(keys, g)), g)
                            for g in groups.iter_rows()])

@@ -125,7 +125,7 @@ class PcieReduction:
 def host_copy_times(model: PhaseModel) -> pl.DataFrame:
     """The H2D and D2H memcpys of ``model``: ``global_pid, device, direction`` (String),
     ``start, end, bytes``; the columns picked before the rows are gathered."""
-    c = model.ops.lazy().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"]))
+    c = model.scan_ops().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(["H2D", "D2H"]))
     return with_strings(c.select(*RANK, "direction", "start", "end", "bytes")).collect()
 
 

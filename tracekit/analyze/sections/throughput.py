@@ -91,7 +91,7 @@ class Timeline:
             raise TracekitError("--bin-ms must be positive")
         self.model, self.bin_ns, self.directions = model, int(bin_ns), tuple(directions)
         # (the columns read here, picked before the copies' rows are gathered)
-        c = model.ops.lazy().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(list(directions))
+        c = model.scan_ops().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(list(directions))
                                     & pl.col("device").is_not_null())
         c = with_strings(c.select(*RANK, "direction", "start", "end", "bytes")).collect()
         spans = model.windows.group_by("global_pid").agg(lo=pl.col("start").min(), hi=pl.col("end").max())

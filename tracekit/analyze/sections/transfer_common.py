@@ -43,7 +43,7 @@ def host_copies(model: PhaseModel) -> pl.DataFrame:
     Copies with a null device are dropped. Computed once per model and kept on it (8 sections
     read it)."""
     def compute() -> pl.DataFrame:
-        c = model.ops.lazy().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(HOST_DIRECTIONS))
+        c = model.scan_ops().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(HOST_DIRECTIONS))
         c = with_strings(c.filter(pl.col("device").is_not_null()))  # (its readers read strings)
         return c.with_columns(
             host_kind=pl.when(pl.col("direction") == "H2D").then(pl.col("src_kind")).otherwise(pl.col("dst_kind")),
@@ -70,26 +70,38 @@ def model_kernel_frames(model: PhaseModel) -> tuple[pl.DataFrame, pl.DataFrame]:
     from tracekit.analyze.model.communication import comm_expr
 
     def compute() -> tuple[pl.DataFrame, pl.DataFrame]:
-        ops = model.ops
+        ops = model.scan_ops()
         is_k = pl.col("kind") == "kernel"
-        if "comm" not in ops.columns:  # all kernels are compute
-            return ops.lazy().filter(is_k).select(COMPUTE_KERNEL_COLUMNS).collect(), with_strings(ops.head(0))
+        if "comm" not in model.ops_schema:  # all kernels are compute
+            return ops.filter(is_k).select(COMPUTE_KERNEL_COLUMNS).collect(), with_strings(ops.head(0).collect())
         # two plans, each with its columns picked before the rows are gathered (one collect_all of
         # both shared the kernel filter and gathered every column of every kernel first: 25 MiB
         # on a 10 GB trace)
-        compute_k = ops.lazy().filter(is_k & ~comm_expr()).select(COMPUTE_KERNEL_COLUMNS).collect()
-        return compute_k, with_strings(ops.filter(is_k & comm_expr()))  # (its readers read strings)
+        compute_k = ops.filter(is_k & ~comm_expr()).select(COMPUTE_KERNEL_COLUMNS).collect()
+        return compute_k, with_strings(ops.filter(is_k & comm_expr()).collect())  # (its readers read strings)
 
     return model.derived("kernel_frames", compute)
 
 
+#: The columns of :func:`model_compute_ops` (what its readers use).
+COMPUTE_OP_COLUMNS = ("global_pid", "device", "start", "end")
+
+
 def model_compute_ops(model: PhaseModel) -> pl.DataFrame:
     """``model.ops`` without communication kernels, what GPU idle counts as activity
-    (:func:`tracekit.analyze.model.communication.compute_ops`), computed once per model and kept
-    on it (the breakdown, its sub-phases and the CPU-update section read it)."""
-    from tracekit.analyze.model.communication import compute_ops
+    (:func:`tracekit.analyze.model.communication.compute_ops`), only :data:`COMPUTE_OP_COLUMNS`
+    (the rows in the ops' order), computed once per section and kept on the model until it ends
+    (the breakdown, its sub-phases, the idle and the CPU-update sections read it;
+    :data:`tracekit.analyze.sections.PER_OP_FRAMES`)."""
+    from tracekit.analyze.model.communication import comm_expr
 
-    return model.derived("compute_ops", lambda: compute_ops(model.ops))
+    def compute() -> pl.DataFrame:
+        ops = model.scan_ops()
+        if "comm" in model.ops_schema:
+            ops = ops.filter(~comm_expr())
+        return ops.select(COMPUTE_OP_COLUMNS).collect()
+
+    return model.derived("compute_ops", compute)
 
 
 def kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int], tuple]:
@@ -103,14 +115,13 @@ def kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int]
     from tracekit.analyze.model.intervals import union
 
     def compute() -> dict:
-        ops = model.ops
-        if "comm" in ops.columns:
+        if "comm" in model.ops_schema:
             which = (pl.col("kind") == "kernel") & (comm_expr() if comm else ~comm_expr())
         elif comm:  # all kernels are compute
             return {}
         else:
             which = pl.col("kind") == "kernel"
-        k = ops.lazy().filter(which & pl.col("device").is_not_null())
+        k = model.scan_ops().filter(which & pl.col("device").is_not_null())
         ranks = k.select(RANK).unique().collect()
         out = {}
         for gpid, dev in ranks.iter_rows():
@@ -163,7 +174,7 @@ def group_codes(frame: pl.DataFrame, keys: list[str]) -> tuple[pl.DataFrame, np.
 def ranks_of(model: PhaseModel) -> pl.DataFrame:
     """(global_pid, device) pairs with GPU work, sorted. (A lazy unique: the eager one hashes
     every op's pair at once, 16 MiB on a 10 GB trace; issue 24.)"""
-    return model.ops.lazy().select(RANK).unique().collect().drop_nulls().sort(RANK)
+    return model.scan_ops().select(RANK).unique().collect().drop_nulls().sort(RANK)
 
 
 def attach_window(model: PhaseModel, frame: pl.DataFrame, time_col: str = "start") -> pl.DataFrame:

@@ -30,7 +30,7 @@ from tracekit.analyze.model.intervals import covered_length, union
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections import breakdown
 from tracekit.analyze.sections.copy_sizes import size_bucket
-from tracekit.analyze.sections.transfer_common import all_kernel_union, host_copies, rank_rows
+from tracekit.analyze.sections.transfer_common import all_kernel_union, host_copies
 from tracekit.analyze.trace.export import Export
 
 
@@ -185,8 +185,9 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         kernel_ns = {p: float(k) / n for p, _, k in sums.iter_rows()}
         micro = ts.filter(pl.col("phase") == "backward").group_by("iteration").len()["len"]
         # (the columns read here; no copy when the rank holds every op)
-        ops = rank_rows(model.ops, gp, dev, "global_pid", "device", "kind", "start", "end", "direction", "bytes",
-                        "launch", "launch_tid", "name_id")
+        ops = model.scan_ops().filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)).select(
+            "global_pid", "device", "kind", "start", "end", "direction", "bytes", "launch", "launch_tid",
+            "name_id").collect()
         mine = ranges.select(pl.col("global_pid") == gp)["global_pid"]
         # the rank's ranges, once (one process's, most often every range: no copy then)
         rg = ranges if mine.null_count() == 0 and mine.all() else ranges.filter(mine)

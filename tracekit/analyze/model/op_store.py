@@ -1,0 +1,121 @@
+"""The GPU operations of a phase model kept out of the process's memory (issue 24: flat memory).
+
+``model.ops`` is the largest frame of an analysis: one row per kernel, copy and memset with 25
+columns, about 150 bytes an op (46 MiB for the 320 k ops of 16 copies of the shared 624 MB trace).
+Every section reads a few of its columns, most of them only in some rows, yet an in-memory frame
+is held whole for the run. :class:`OpStore` writes the frame once to a file, a block of
+:data:`BLOCK_ROWS` rows of one column at a time (each piece polars' own Arrow IPC bytes, so that
+dtypes, nulls and Enum categories come back exactly), and :meth:`OpStore.scan` gives a polars
+``LazyFrame`` (an IO source, :func:`polars.io.plugins.register_io_source`) whose projection and
+filter polars hands to the store: a query reads, one block at a time, the columns it selects or
+filters on, keeps the rows its filter keeps, and lets the rest go. A section that reads
+``start, end`` of the copies holds those two columns of the copies, plus one block of the
+columns it reads, whatever the size of the trace. (Polars' own ``scan_ipc`` read every
+projected column whole and filtered after: +97 MiB for the host copies of a 10 GB trace.)
+
+The file is created in the system's temporary folder (``TMPDIR``) and unlinked at once: it is
+read through its open descriptor (``os.pread``), so it is gone when the store is closed or the
+process ends, however it ends (SIGKILL included); nothing is left on disk and no name of it is
+visible to another process. Where the folder cannot be written (full disk, read-only),
+:func:`spill` returns None and the frame stays in memory (the results are the same).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+import weakref
+
+import polars as pl
+
+#: rows per block: the most a query holds of one column beyond the rows it keeps (512 KiB of an
+#: Int64 column)
+BLOCK_ROWS = 65_536
+
+
+class OpStore:
+    """A frame in an unlinked file, read back by column and block (see the module doc).
+    ``schema``, ``columns`` and ``height`` are those of the frame written; :meth:`scan` and
+    :meth:`read` give its rows back exactly (dtypes, Enum categories, nulls and row order).
+    Raises OSError when the file cannot be made or written. Built by :func:`spill`."""
+
+    def __init__(self, frame: pl.DataFrame, folder: str | None = None, block_rows: int = BLOCK_ROWS):
+        fd, name = tempfile.mkstemp(prefix="tracekit-ops-", suffix=".bin", dir=folder)
+        try:
+            os.unlink(name)  # (read through fd from now on: nothing to clean up, ever)
+            #: per block: (first row, rows, {column: (offset, length)})
+            self._blocks: list[tuple[int, int, dict[str, tuple[int, int]]]] = []
+            at = 0
+            for lo in range(0, max(frame.height, 1), block_rows):
+                part = frame.slice(lo, block_rows)
+                where = {}
+                for c in frame.columns:
+                    buf = io.BytesIO()
+                    part.select(c).write_ipc(buf, compression="uncompressed")
+                    data = buf.getbuffer()
+                    os.pwrite(fd, data, at)
+                    where[c] = (at, len(data))
+                    at += len(data)
+                    del data, buf
+                self._blocks.append((lo, part.height, where))
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self.schema = frame.schema
+        self.columns = frame.columns
+        self.height = frame.height
+        self._closer = weakref.finalize(self, os.close, fd)
+
+    def _column(self, where: dict, column: str) -> pl.DataFrame:
+        offset, length = where[column]
+        data = os.pread(self._fd, length, offset)
+        if len(data) != length:
+            raise OSError(f"the GPU operations' file was cut short ({len(data)} of {length} bytes)")
+        return pl.read_ipc(io.BytesIO(data))
+
+    def _batches(self, with_columns, predicate, n_rows, _batch_size):
+        """The IO source of :meth:`scan`: per block, the columns asked for (and those the
+        predicate reads), filtered, the columns asked for kept."""
+        cols = list(self.columns) if with_columns is None else list(with_columns)
+        need = list(cols)
+        if predicate is not None:
+            need += [c for c in predicate.meta.root_names() if c not in need]
+        if not need and self.columns:  # (no column named: one read for the row count)
+            need = [self.columns[0]]
+        left = n_rows
+        for _lo, _rows, where in self._blocks:
+            if left is not None and left <= 0:
+                break
+            part = pl.concat([self._column(where, c) for c in need], how="horizontal")
+            if predicate is not None:
+                part = part.filter(predicate)
+            part = part.select(cols)
+            if left is not None:
+                part = part.head(left)
+                left -= part.height
+            yield part
+
+    def scan(self) -> pl.LazyFrame:
+        """The rows as a ``LazyFrame``: what a query selects and filters is all that is read."""
+        from polars.io.plugins import register_io_source
+
+        return register_io_source(self._batches, schema=self.schema)
+
+    def read(self) -> pl.DataFrame:
+        """The whole frame, read back (a copy in memory, for the readers of every column)."""
+        return self.scan().collect()
+
+    def close(self) -> None:
+        """Close the file (its space is freed); later reads fail."""
+        self._closer()
+
+
+def spill(frame: pl.DataFrame, folder: str | None = None) -> OpStore | None:
+    """``frame`` written to an :class:`OpStore`, or None when it cannot be (the temporary
+    folder not writable or full): the caller then keeps ``frame``."""
+    try:
+        return OpStore(frame, folder)
+    except OSError:
+        return None
