@@ -7,8 +7,8 @@ is held whole for the run. :class:`OpStore` writes the frame once to a file, a b
 :data:`BLOCK_ROWS` rows of one column at a time (each piece polars' own Arrow IPC bytes, so that
 dtypes, nulls and Enum categories come back exactly), and :meth:`OpStore.scan` gives a polars
 ``LazyFrame`` (an IO source, :func:`polars.io.plugins.register_io_source`) whose projection and
-filter polars hands to the store: a query reads, one block at a time, the columns it selects or
-filters on, keeps the rows its filter keeps, and lets the rest go. A section that reads
+filter polars hands to the store: a query reads, one block at a time, the columns its filter
+reads, then each column it selects, cut at once to the rows the filter keeps. A section that reads
 ``start, end`` of the copies holds those two columns of the copies, plus one block of the
 columns it reads, whatever the size of the trace. (Polars' own ``scan_ipc`` read every
 projected column whole and filtered after: +97 MiB for the host copies of a 10 GB trace.)
@@ -29,9 +29,9 @@ import weakref
 
 import polars as pl
 
-#: rows per block: the most a query holds of one column beyond the rows it keeps (512 KiB of an
+#: rows per block: the most a query holds of one column beyond the rows it keeps (256 KiB of an
 #: Int64 column)
-BLOCK_ROWS = 65_536
+BLOCK_ROWS = 32_768
 
 
 class OpStore:
@@ -76,22 +76,32 @@ class OpStore:
         return pl.read_ipc(io.BytesIO(data))
 
     def _batches(self, with_columns, predicate, n_rows, _batch_size):
-        """The IO source of :meth:`scan`: per block, the columns asked for (and those the
-        predicate reads), filtered, the columns asked for kept."""
+        """The IO source of :meth:`scan`: per block, the columns the predicate reads, the rows it
+        keeps, then each column asked for, read and cut to those rows one at a time (a block of
+        every column is never held at once)."""
         cols = list(self.columns) if with_columns is None else list(with_columns)
-        need = list(cols)
-        if predicate is not None:
-            need += [c for c in predicate.meta.root_names() if c not in need]
-        if not need and self.columns:  # (no column named: one read for the row count)
-            need = [self.columns[0]]
+        if not cols and self.columns:  # (no column named: one read for the row count)
+            cols = [self.columns[0]]
         left = n_rows
         for _lo, _rows, where in self._blocks:
             if left is not None and left <= 0:
                 break
-            part = pl.concat([self._column(where, c) for c in need], how="horizontal")
+            keep = None
+            have: dict[str, pl.Series] = {}
             if predicate is not None:
-                part = part.filter(predicate)
-            part = part.select(cols)
+                have = {c: self._column(where, c).to_series() for c in predicate.meta.root_names()}
+                keep = pl.DataFrame(list(have.values())).select(predicate.fill_null(False)).to_series()
+                if not keep.any():
+                    continue
+                if keep.all():
+                    keep = None
+            out = []
+            for c in cols:
+                col = have[c] if c in have else self._column(where, c).to_series()
+                out.append(col if keep is None else col.filter(keep))
+                del col
+            del have
+            part = pl.DataFrame(out)
             if left is not None:
                 part = part.head(left)
                 left -= part.height

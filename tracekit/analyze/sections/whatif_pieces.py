@@ -49,9 +49,10 @@ def _near(cs: np.ndarray, ce: np.ndarray, qs: np.ndarray, qe: np.ndarray) -> np.
     return np.cumsum(d[:n]) > 0
 
 
-def _busy_in(ops: pl.DataFrame, ks: np.ndarray, ke: np.ndarray, ws, we) -> tuple[np.ndarray, np.ndarray]:
+def _busy_in(ops: pl.DataFrame | pl.LazyFrame, ks: np.ndarray, ke: np.ndarray, ws,
+             we) -> tuple[np.ndarray, np.ndarray]:
     """The union ``(starts, ends)`` of the rank's GPU work (``ops``: its kernels, copies and
-    memsets with ``kind, start, end``; ``ks``/``ke``: the union of its kernels) that overlaps the
+    memsets with ``kind, start, end``, a frame or a query; ``ks``/``ke``: the union of its kernels) that overlaps the
     windows ``ws``/``we``: inside those windows the same instants as the union of every op,
     outside them less (not read there)."""
     wu_s, wu_e = union(ws, we)
@@ -184,10 +185,10 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         phase_ns = {p: float(w) / n for p, w, _ in sums.iter_rows()}
         kernel_ns = {p: float(k) / n for p, _, k in sums.iter_rows()}
         micro = ts.filter(pl.col("phase") == "backward").group_by("iteration").len()["len"]
-        # (the columns read here; no copy when the rank holds every op)
+        # the rank's ops as a query: each reader below reads its columns and rows of them only
         ops = model.scan_ops().filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)).select(
             "global_pid", "device", "kind", "start", "end", "direction", "bytes", "launch", "launch_tid",
-            "name_id").collect()
+            "name_id")
         mine = ranges.select(pl.col("global_pid") == gp)["global_pid"]
         # the rank's ranges, once (one process's, most often every range: no copy then)
         rg = ranges if mine.null_count() == 0 and mine.all() else ranges.filter(mine)
@@ -404,16 +405,17 @@ def _eager_loop(rng: pl.DataFrame, launches, windows: pl.DataFrame, steady: list
     return tensors, gap
 
 
-def _launch_order(ops: pl.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
-    """The launches of ``ops`` (GPU operations with ``kind, launch, launch_tid``) by thread and
-    time, for :func:`_launch_gaps`: ``(launch ns, pair)`` arrays, ``pair[i]``: launches ``i`` and
-    ``i + 1`` are of one thread and both of a kernel or memset. None when ``ops`` is empty or has
-    no launch times."""
-    if not ops.height or "launch" not in ops.columns:
+def _launch_order(ops: pl.DataFrame | pl.LazyFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """The launches of ``ops`` (GPU operations with ``kind, launch, launch_tid``; a frame or a
+    query) by thread and time, for :func:`_launch_gaps`: ``(launch ns, pair)`` arrays,
+    ``pair[i]``: launches ``i`` and ``i + 1`` are of one thread and both of a kernel or memset.
+    None when ``ops`` is empty or has no launch times."""
+    ops = ops.lazy()
+    if "launch" not in ops.collect_schema() or not ops.select(pl.len()).collect().item():
         return None
     # (the kinds tested in polars: no array of Python strings)
     eager = pl.col("kind").is_in(["kernel", "memset"]).fill_null(False)
-    o = ops.filter(pl.col("launch").is_not_null()).select("launch", "launch_tid", eager=eager)
+    o = ops.filter(pl.col("launch").is_not_null()).select("launch", "launch_tid", eager=eager).collect()
     o = o.sort("launch_tid", "launch")
     lt, la, eager = o["launch_tid"].to_numpy(), o["launch"].to_numpy(), o["eager"].to_numpy()
     return la, (lt[1:] == lt[:-1]) & eager[1:] & eager[:-1]
@@ -567,11 +569,12 @@ DTYPE_PATTERNS = {"Half": r"c10::Half|\b__half\b|cutlass::half_t",
                   "BFloat16": r"BFloat16|__nv_bfloat16|cutlass::bfloat16_t"}
 
 
-def _kernel_dtypes(export: Export, ops: pl.DataFrame) -> dict:
+def _kernel_dtypes(export: Export, ops: pl.DataFrame | pl.LazyFrame) -> dict:
     """``{device: {"Half": kernels, "BFloat16": kernels, "kernels": all}}``: how many of the
-    rank's kernels (the rows of ``ops`` of kind ``kernel``) carry a 16-bit type in their
-    (demangled) name. The kernels are counted per device and name first (no copy of their rows)."""
-    if not ops.height or "name_id" not in ops.columns:
+    rank's kernels (the rows of ``ops`` of kind ``kernel``; a frame or a query) carry a 16-bit
+    type in their (demangled) name. The kernels are counted per device and name first (no copy
+    of their rows)."""
+    if "name_id" not in ops.lazy().collect_schema():
         return {}
     kern = ops.lazy().filter(pl.col("kind") == "kernel").group_by("device", "name_id").agg(n=pl.len()).collect()
     if not kern.height:
