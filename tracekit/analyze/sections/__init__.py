@@ -614,7 +614,7 @@ def order(names=None) -> list[Section]:
 #: analysis from the first section that built them to the end (issue 24); the next reader
 #: builds them again (a filter of the ops, a few ms); ``ops_frame`` is the whole of spilled ops
 #: read back (:meth:`tracekit.analyze.model.phases.PhaseModel.spill_ops`)
-PER_OP_FRAMES = ("kernel_frames", "host_copies", "compute_ops", "ops_frame")
+PER_OP_FRAMES = ("kernel_frames", "comm_kernels", "host_copies", "compute_ops", "ops_frame")
 
 
 def run(ctx: Context, names=None, before: Callable[[Section], None] | None = None) -> Context:

@@ -371,10 +371,10 @@ def _rank_parts(model: PhaseModel):
     of its compute ops and of its communication kernels, and its launching threads
     (``launch_tid``)."""
     from tracekit.analyze.sections.breakdown import ranks
-    from tracekit.analyze.sections.transfer_common import model_compute_ops, model_kernel_frames
+    from tracekit.analyze.sections.transfer_common import model_comm_kernels, model_compute_ops
 
     active = model_compute_ops(model)
-    _k, comm = model_kernel_frames(model)
+    comm = model_comm_kernels(model)
     # (distinct first, then the nulls dropped: no copy of the three columns of every op)
     threads = model.scan_ops().select("global_pid", "device", "launch_tid").unique().collect().drop_nulls()
     for gpid, dev in ranks(model).select("global_pid", "device").iter_rows():

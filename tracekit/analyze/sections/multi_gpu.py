@@ -25,7 +25,7 @@ import polars as pl
 from tracekit.analyze.model import rank_ids
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections import breakdown, host_contention, waiting_ranks
-from tracekit.analyze.sections.transfer_common import json_rows, model_kernel_frames
+from tracekit.analyze.sections.transfer_common import json_rows, model_comm_kernels
 from tracekit.analyze.significance import differs
 from tracekit.analyze.trace.export import Export
 
@@ -36,7 +36,7 @@ MIN_NS = 1_000_000
 def communication_totals(model: PhaseModel, ranks: pl.DataFrame) -> pl.DataFrame:
     """Per rank and collective kind, whole trace: ``rank, global_pid, device, collective,
     count, busy_ns`` (union of the kind's kernels, ns)."""
-    _, comm = model_kernel_frames(model)
+    comm = model_comm_kernels(model)
     comm = comm.join(ranks.select("global_pid", "device", "rank"), on=["global_pid", "device"])
     return totals_of_kernels(comm)
 

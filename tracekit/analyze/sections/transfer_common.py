@@ -73,14 +73,30 @@ def model_kernel_frames(model: PhaseModel) -> tuple[pl.DataFrame, pl.DataFrame]:
         ops = model.scan_ops()
         is_k = pl.col("kind") == "kernel"
         if "comm" not in model.ops_schema:  # all kernels are compute
-            return ops.filter(is_k).select(COMPUTE_KERNEL_COLUMNS).collect(), with_strings(ops.head(0).collect())
+            return ops.filter(is_k).select(COMPUTE_KERNEL_COLUMNS).collect(), model_comm_kernels(model)
         # two plans, each with its columns picked before the rows are gathered (one collect_all of
         # both shared the kernel filter and gathered every column of every kernel first: 25 MiB
         # on a 10 GB trace)
         compute_k = ops.filter(is_k & ~comm_expr()).select(COMPUTE_KERNEL_COLUMNS).collect()
-        return compute_k, with_strings(ops.filter(is_k & comm_expr()).collect())  # (its readers read strings)
+        return compute_k, model_comm_kernels(model)
 
     return model.derived("kernel_frames", compute)
+
+
+def model_comm_kernels(model: PhaseModel) -> pl.DataFrame:
+    """The communication kernels of ``model.ops`` (the second frame of :func:`model_kernel_frames`:
+    every column, the Enum columns as strings), without the compute kernels: what the idle,
+    communication and waiting-rank sections read. Computed once per section and kept on the
+    model until it ends (:data:`tracekit.analyze.sections.PER_OP_FRAMES`)."""
+    from tracekit.analyze.model.communication import comm_expr
+
+    def compute() -> pl.DataFrame:
+        ops = model.scan_ops()
+        if "comm" not in model.ops_schema:  # all kernels are compute
+            return with_strings(ops.head(0).collect())
+        return with_strings(ops.filter((pl.col("kind") == "kernel") & comm_expr()).collect())  # (readers read strings)
+
+    return model.derived("comm_kernels", compute)
 
 
 #: The columns of :func:`model_compute_ops` (what its readers use).

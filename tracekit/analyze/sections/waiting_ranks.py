@@ -39,7 +39,7 @@ import polars as pl
 
 from tracekit.analyze.model.intervals import grouped_union_length
 from tracekit.analyze.model.phases import PhaseModel
-from tracekit.analyze.sections.transfer_common import model_kernel_frames
+from tracekit.analyze.sections.transfer_common import model_comm_kernels
 from tracekit.analyze.significance import differs, spread
 
 RANK = ["global_pid", "device"]
@@ -57,7 +57,7 @@ def comm_kernels(model: PhaseModel, ranks: pl.DataFrame) -> pl.DataFrame:
     the export's clock; ``iteration`` and ``phase`` from the rank's own attribution). ``ranks``:
     :func:`tracekit.analyze.model.rank_ids.distributed_ranks`. What the many-exports join
     (:mod:`tracekit.analyze.run_join`) takes from each export."""
-    _, comm = model_kernel_frames(model)
+    comm = model_comm_kernels(model)
     comm = comm.join(ranks.select("global_pid", "device", "rank"), on=RANK, how="inner")
     return comm.select(KERNEL_COLUMNS)
 
