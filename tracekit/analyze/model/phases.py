@@ -549,18 +549,26 @@ def ranges_for(model: PhaseModel, phases: set | frozenset | None = None) -> pl.D
         return model.ranges
 
     def reload() -> pl.DataFrame:
-        was = model.cache.get("trace_stat")
-        if was is not None and _stat(model.path) != was:
-            from tracekit.errors import TracekitError
-
-            raise TracekitError(f"{shown(model.path)} changed since it was analyzed (its NVTX ranges are read "
-                                "again for this); analyze it again")
-        with Export.open(model.path) as export:
+        with reopen(model, "its NVTX ranges") as export:
             ops = model.scan_ops().select("global_pid", "end", "api_end").collect()  # (what it reads)
             loaded = set_aside_unclosed(export, nvtx.load_ranges(export), ops)
             return _nested(loaded, model.cache.get("nested_source", model.source))
 
     return model.derived("all_nested_ranges", reload)
+
+
+def reopen(model: PhaseModel, what: str) -> Export:
+    """The trace of ``model`` (:attr:`PhaseModel.path`) opened again, for a reader that reads
+    ``what`` (words for the error) of it after the analysis closed it. Raises
+    :class:`TracekitError` when it was changed since the model was built (its size or
+    modification time differ from those the build saw) or can no longer be read."""
+    was = model.cache.get("trace_stat")
+    if was is not None and _stat(model.path) != was:
+        from tracekit.errors import TracekitError
+
+        raise TracekitError(f"{shown(model.path)} changed since it was analyzed ({what} are read again for this); "
+                            "analyze it again")
+    return Export.open(model.path)
 
 
 

@@ -258,7 +258,7 @@ def _memory(ctx: Context) -> dict:
         try:
             out["memory_peaks"] = memory.memory_peaks(ctx.export, ctx.model, by=PER_WINDOW)
             out["memory_phase"] = memory.memory_peaks(ctx.export, ctx.model, by=("phase",))
-            out["memory_timeline"] = memory.memory_timeline(ctx.export, ctx.model)
+            out["memory_timeline"] = memory.DeferredTimeline(ctx.model)  # (a frame when read: --out)
         except MissingDataError as exc:
             ctx.notes.append(f"memory: skipped, {exc}")
     elif not ctx.export.has(memory.TABLE, 1):

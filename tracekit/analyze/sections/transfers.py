@@ -63,12 +63,18 @@ class TransferResult:
     kept_samples: bool = False
     #: the copy throughput timeline (``timeline`` section), None when not selected
     timeline: throughput.Timeline | None = None
+    #: file-only frames built when :attr:`frames` is read, by name (``memory_timeline``:
+    #: a :class:`tracekit.analyze.sections.memory.DeferredTimeline`)
+    deferred: dict = field(default_factory=dict)
 
     @property
     def frames(self) -> dict[str, pl.DataFrame]:
-        """Every frame by name, ``throughput_timeline`` built (whole) on first access."""
+        """Every frame by name, ``throughput_timeline`` and the :attr:`deferred` frames built
+        (whole) on first access."""
         if self.timeline is not None and "throughput_timeline" not in self.stored:
             self.stored["throughput_timeline"] = self.timeline.frame()
+        for name in list(self.deferred):
+            self.stored[name] = self.deferred.pop(name).frame()
         return self.stored
 
     def rank_sections(self, global_pid: int, device: int, phase: str | None = None,
@@ -259,7 +265,9 @@ def transfer_result(ctx: Context) -> TransferResult:
     frames = {k: ctx.out[k] for s in ctx.ran if REGISTRY.get(s) is not None for k in ctx.produced[s]}
     timeline = frames.pop("timeline", None)  # rows built on demand
     kept = {k: v for k, v in frames.items() if any(k in SECTION_FRAMES[s] for s in ctx.sections)}
-    return TransferResult(stored=kept, sections=tuple(ctx.sections), notes=ctx.notes,
+    deferred = {k: kept.pop(k) for k in [k for k, v in kept.items() if not isinstance(v, pl.DataFrame)
+                                         and hasattr(v, "frame")]}
+    return TransferResult(stored=kept, sections=tuple(ctx.sections), notes=ctx.notes, deferred=deferred,
                           findings=ctx.out.get("transfer_findings", []),
                           multi_gpu={k: ctx.out[k] for k in ctx.produced["multi_gpu"]},
                           kept_samples=ctx.keep_samples, timeline=timeline)
