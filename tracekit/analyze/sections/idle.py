@@ -322,14 +322,17 @@ def _classify(iids: np.ndarray, ws: np.ndarray, we: np.ndarray, b: tuple[np.ndar
                          "ns": np.concatenate(sums) if sums else np.zeros(0, np.int64)}, schema=out_schema)
 
 
-def _rank_ops(f: pl.DataFrame, gpid: int, dev: int) -> tuple[np.ndarray, np.ndarray]:
-    """The [start, end) of the rows of ``f`` of the rank ``gpid, dev`` (empty intervals left
-    out) in start order: the two time columns themselves (no copy where every row is of the
-    rank, as with one rank a process; else those of its rows), or, where they are not in start
-    order, their union (:func:`tracekit.analyze.model.intervals.union`). What
-    :class:`_Sweep` makes the union of, a span at a time."""
+def _rank_ops(f: pl.DataFrame | pl.LazyFrame, gpid: int, dev: int) -> tuple[np.ndarray, np.ndarray]:
+    """The [start, end) of the rows of ``f`` (a frame, or a query of the ops) of the rank
+    ``gpid, dev`` (empty intervals left out) in start order: the two time columns themselves (no
+    copy where every row of a frame is of the rank, as with one rank a process; else those of its
+    rows), or, where they are not in start order, their union
+    (:func:`tracekit.analyze.model.intervals.union`). What :class:`_Sweep` makes the union of, a
+    span at a time."""
     mine = (pl.col("global_pid") == gpid) & (pl.col("device") == dev) & (pl.col("end") > pl.col("start"))
-    if f.height and f.select(mine.fill_null(False).all()).item():
+    if isinstance(f, pl.LazyFrame):
+        t = f.filter(mine).select("start", "end").collect()
+    elif f.height and f.select(mine.fill_null(False).all()).item():
         t = f.select("start", "end")
     else:
         t = f.lazy().filter(mine).select("start", "end").collect()
@@ -369,11 +372,14 @@ class _Sweep:
 def _rank_parts(model: PhaseModel):
     """Per rank: ``(global_pid, device, busy, comm, threads)``: the intervals (:func:`_rank_ops`)
     of its compute ops and of its communication kernels, and its launching threads
-    (``launch_tid``)."""
+    (``launch_tid``). (Each rank's times are read from the ops for it: no frame of every op's
+    columns is held while the calls are classified.)"""
+    from tracekit.analyze.model.communication import comm_expr
     from tracekit.analyze.sections.breakdown import ranks
-    from tracekit.analyze.sections.transfer_common import model_comm_kernels, model_compute_ops
+    from tracekit.analyze.sections.transfer_common import model_comm_kernels
 
-    active = model_compute_ops(model)
+    # the compute ops (model_compute_ops' rows) as a query
+    active = model.scan_ops().filter(~comm_expr()) if "comm" in model.ops_schema else model.scan_ops()
     comm = model_comm_kernels(model)
     # (distinct first, then the nulls dropped: no copy of the three columns of every op)
     threads = model.scan_ops().select("global_pid", "device", "launch_tid").unique().collect().drop_nulls()
