@@ -138,9 +138,9 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
     step = step or (lambda _m: None)
     step("finding phases and attributing GPU work")
     model = phases.build(export, phase_map=list(options.phase_map) if options.phase_map else None, gas=options.gas,
-                         keep=range_keep(options) if keep_ranges else None)
-    if keep_ranges:  # (and the ops out of memory: each section reads back what it asks for)
-        model.spill_ops()
+                         keep=range_keep(options) if keep_ranges else None, spill=keep_ranges)
+    if keep_ranges:  # (the ops out of memory: each section reads back what it asks for)
+        model.spill_ops()  # (where the build could not make its store: the ops in memory, moved now)
     ctx = Context(export, model, tuple(options.sections or ()), options.pcie_threshold, options.bin_ns,
                   phase=options.phase, iteration=options.iteration, ds_config=options.ds_config)
 

@@ -170,7 +170,10 @@ def load_gpu_ops(export: Export) -> pl.DataFrame:
         # the launching call of each op by (process, correlation id), the api columns then put
         # beside the ops (no copy of the ops' other columns)
         row = _launch_rows(ops, runtime)
-        ops = ops.with_columns(runtime.get_column(c).gather(row) for c in api)
+        runtime = runtime.select(api)
+        for c in api:  # (each runtime column let go once gathered: not all four held beside the ops)
+            ops = ops.with_columns(runtime.get_column(c).gather(row))
+            runtime = runtime.drop(c)
         del runtime, row  # (not held while the kernels are annotated: 15 MiB at 16x the shared trace)
     else:
         ops = ops.with_columns(pl.lit(None, pl.Int64).alias(c) for c in api)

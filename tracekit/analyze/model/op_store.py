@@ -26,6 +26,7 @@ import io
 import os
 import tempfile
 import weakref
+from collections.abc import Iterable
 
 import polars as pl
 
@@ -40,17 +41,26 @@ class OpStore:
     :meth:`read` give its rows back exactly (dtypes, Enum categories, nulls and row order).
     Raises OSError when the file cannot be made or written. Built by :func:`spill`."""
 
-    def __init__(self, frame: pl.DataFrame, folder: str | None = None, block_rows: int = BLOCK_ROWS):
+    def __init__(self, frame: pl.DataFrame | None = None, folder: str | None = None, block_rows: int = BLOCK_ROWS,
+                 blocks: Iterable[pl.DataFrame] | None = None):
+        """``frame`` written in blocks of ``block_rows`` rows, or ``blocks`` (frames of one
+        schema, at least one) written as they come, one held at a time: the rows of their
+        concatenation."""
+        if blocks is None:
+            blocks = (frame.slice(lo, block_rows) for lo in range(0, max(frame.height, 1), block_rows))
         fd, name = tempfile.mkstemp(prefix="tracekit-ops-", suffix=".bin", dir=folder)
         try:
             os.unlink(name)  # (read through fd from now on: nothing to clean up, ever)
             #: per block: (first row, rows, {column: (offset, length)})
             self._blocks: list[tuple[int, int, dict[str, tuple[int, int]]]] = []
-            at = 0
-            for lo in range(0, max(frame.height, 1), block_rows):
-                part = frame.slice(lo, block_rows)
+            at, lo, first = 0, 0, None
+            for part in blocks:
+                if first is None:
+                    first = part.head(0)
+                elif part.schema != first.schema:
+                    raise ValueError(f"a block's columns differ from the first's: {part.schema} != {first.schema}")
                 where = {}
-                for c in frame.columns:
+                for c in part.columns:
                     buf = io.BytesIO()
                     part.select(c).write_ipc(buf, compression="uncompressed")
                     data = buf.getbuffer()
@@ -59,13 +69,17 @@ class OpStore:
                     at += len(data)
                     del data, buf
                 self._blocks.append((lo, part.height, where))
+                lo += part.height
+                del part
+            if first is None:
+                raise ValueError("no block to write")
         except BaseException:
             os.close(fd)
             raise
         self._fd = fd
-        self.schema = frame.schema
-        self.columns = frame.columns
-        self.height = frame.height
+        self.schema = first.schema
+        self.columns = first.columns
+        self.height = lo
         self._closer = weakref.finalize(self, os.close, fd)
 
     def _column(self, where: dict, column: str) -> pl.DataFrame:
@@ -127,5 +141,14 @@ def spill(frame: pl.DataFrame, folder: str | None = None) -> OpStore | None:
     folder not writable or full): the caller then keeps ``frame``."""
     try:
         return OpStore(frame, folder)
+    except OSError:
+        return None
+
+
+def spill_blocks(blocks: Iterable[pl.DataFrame], folder: str | None = None) -> OpStore | None:
+    """The frames ``blocks`` (one schema) written to an :class:`OpStore` as they come, or None
+    when the store cannot be made (as :func:`spill`; the caller then builds the frame itself)."""
+    try:
+        return OpStore(blocks=blocks, folder=folder)
     except OSError:
         return None
