@@ -124,7 +124,8 @@ def kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int]
     """Per rank ``(global_pid, device)``, the union (``(starts, ends)``,
     :func:`tracekit.analyze.model.intervals.union`) of its device's compute kernels (``comm``:
     communication kernels) of :func:`model_kernel_frames`; kernels without a device are left out.
-    Computed once per model and kept on it (the overlap, pageable and what-if sections read them).
+    Computed once per section and kept on the model until it ends (the overlap, pageable and
+    what-if sections read them; :data:`tracekit.analyze.sections.PER_OP_FRAMES`).
     Read from ``model.ops`` rank by rank, two columns at a time (not from
     :func:`model_kernel_frames`, which would keep the compute kernels on the model)."""
     from tracekit.analyze.model.communication import comm_expr
