@@ -40,7 +40,7 @@ import polars as pl
 
 from tracekit.analyze.model.intervals import at_least, covered_length, spread_cumulative, union
 from tracekit.analyze.model.phases import PhaseModel
-from tracekit.analyze.sections.transfer_common import host_copies
+from tracekit.analyze.sections.transfer_common import host_copies_query
 
 #: Columns of the copies frame the functions below take (:func:`copies_of_model`).
 COPY_COLUMNS = ["host", "gpu", "global_pid", "device", "direction", "host_kind", "bytes", "start", "end",
@@ -54,7 +54,7 @@ def copies_of_model(model: PhaseModel, ranks: pl.DataFrame) -> pl.DataFrame:
     """The H2D/D2H copies of ``model`` with their ``host`` and ``gpu`` (the device id) from
     ``ranks`` (:func:`tracekit.analyze.model.rank_ids.distributed_ranks`): :data:`COPY_COLUMNS`."""
     # (the columns read, picked before the join gathers the rows)
-    c = host_copies(model).select(*(k for k in COPY_COLUMNS if k not in ("host", "gpu")))
+    c = host_copies_query(model).select(*(k for k in COPY_COLUMNS if k not in ("host", "gpu"))).collect()
     c = c.join(ranks.select("global_pid", "device", "host"), on=["global_pid", "device"], how="inner")
     return c.with_columns(gpu=pl.col("device")).select(COPY_COLUMNS)
 

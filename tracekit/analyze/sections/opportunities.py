@@ -25,7 +25,7 @@ import polars as pl
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections import breakdown
 from tracekit.analyze.sections.memory import memory_peaks
-from tracekit.analyze.sections.transfer_common import RANK, host_copies
+from tracekit.analyze.sections.transfer_common import RANK, host_copies_query
 from tracekit.analyze.trace.export import Export
 from tracekit.errors import MissingDataError
 
@@ -57,7 +57,7 @@ def gradient_round_trips(model: PhaseModel) -> pl.DataFrame:
     from tracekit.analyze.sections.breakdown import _union_lengths
 
     keys = [*RANK, "iteration", "micro_step", "boundary"]
-    c = host_copies(model).lazy().filter((pl.col("phase") == "backward") & pl.col("iteration").is_not_null())
+    c = host_copies_query(model).filter((pl.col("phase") == "backward") & pl.col("iteration").is_not_null())
     first_h2d = c.filter(pl.col("direction") == "H2D").group_by(keys).agg(first_h2d=pl.col("start").min())
     c = c.join(first_h2d, on=keys, how="left", nulls_equal=True)
     out = c.group_by(keys).agg(

@@ -39,7 +39,7 @@ from tracekit.analyze.sections.transfer_common import (
     all_kernel_union,
     check_by,
     gbps,
-    host_copies,
+    host_copies_query,
     sort_groups,
 )
 from tracekit.analyze.trace.export import Export
@@ -69,7 +69,7 @@ def pinned_bandwidth(model: PhaseModel, by_size: bool = False) -> pl.DataFrame:
     ``pinned_bytes``, ``pinned_ns`` (summed copy durations), ``pinned_gbps`` = bytes / ns.
     """
     # (the columns read below, picked before the pinned copies' rows are gathered)
-    c = host_copies(model).lazy().filter(pl.col("host_kind") == "pinned").select("direction", "bytes",
+    c = host_copies_query(model).filter(pl.col("host_kind") == "pinned").select("direction", "bytes",
                                                                                  "duration_ns").collect()
     keys = ["direction"]
     if by_size:
@@ -97,7 +97,7 @@ def pageable_copies(model: PhaseModel, export: Export | None = None,
     """
     # (the columns read below, picked before the pageable copies' rows are gathered)
     need = [*(c for c in COPY_COLUMNS if c in _HOST_COPY_COLUMNS), "api_name_id", "api_end", "launch"]
-    c = host_copies(model).lazy().filter(pl.col("host_kind") == "pageable").select(need).collect()
+    c = host_copies_query(model).filter(pl.col("host_kind") == "pageable").select(need).collect()
     names = {}
     if export is not None and c.height:
         names = export.strings(c["api_name_id"].drop_nulls().unique().to_list())

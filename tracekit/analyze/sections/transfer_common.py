@@ -40,20 +40,24 @@ def host_copies(model: PhaseModel) -> pl.DataFrame:
     """Host<->device memcpys (H2D, D2H) of the model with ``host_kind`` (pageable, pinned, ...:
     the source kind of an H2D, the destination kind of a D2H), ``duration_ns`` and ``gbps``
     (bytes / duration; null for a 0 ns copy), plus the attribution columns of ``model.ops``.
-    Copies with a null device are dropped. Computed once per model and kept on it (8 sections
-    read it)."""
-    def compute() -> pl.DataFrame:
-        c = model.scan_ops().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(HOST_DIRECTIONS))
-        c = with_strings(c.filter(pl.col("device").is_not_null()))  # (its readers read strings)
-        return c.with_columns(
-            host_kind=pl.when(pl.col("direction") == "H2D").then(pl.col("src_kind")).otherwise(pl.col("dst_kind")),
-            duration_ns=pl.col("end") - pl.col("start"),
-        ).with_columns(
-            gbps=pl.when(pl.col("duration_ns") > 0).then(pl.col("bytes") / pl.col("duration_ns")).otherwise(None),
-            sub_phase=pl.col("sub_phase").fill_null("(none)"),
-        ).collect()
+    Copies with a null device are dropped. Computed once per section and kept on the model
+    until it ends (8 sections read it; :data:`tracekit.analyze.sections.PER_OP_FRAMES`); a
+    reader of a few of its columns uses :func:`host_copies_query`."""
+    return model.derived("host_copies", lambda: host_copies_query(model).collect())
 
-    return model.derived("host_copies", compute)
+
+def host_copies_query(model: PhaseModel) -> pl.LazyFrame:
+    """:func:`host_copies` as a query of the ops (the same rows, columns and values): what a
+    reader selects and filters of it is all that is read (issue 24)."""
+    c = model.scan_ops().filter((pl.col("kind") == "memcpy") & pl.col("direction").is_in(HOST_DIRECTIONS))
+    c = with_strings(c.filter(pl.col("device").is_not_null()))  # (its readers read strings)
+    return c.with_columns(
+        host_kind=pl.when(pl.col("direction") == "H2D").then(pl.col("src_kind")).otherwise(pl.col("dst_kind")),
+        duration_ns=pl.col("end") - pl.col("start"),
+    ).with_columns(
+        gbps=pl.when(pl.col("duration_ns") > 0).then(pl.col("bytes") / pl.col("duration_ns")).otherwise(None),
+        sub_phase=pl.col("sub_phase").fill_null("(none)"),
+    )
 
 
 #: The columns of the compute kernels of :func:`model_kernel_frames` (what its readers use).

@@ -30,7 +30,7 @@ from tracekit.analyze.model.intervals import covered_length, union
 from tracekit.analyze.model.phases import PhaseModel
 from tracekit.analyze.sections import breakdown
 from tracekit.analyze.sections.copy_sizes import size_bucket
-from tracekit.analyze.sections.transfer_common import all_kernel_union, host_copies
+from tracekit.analyze.sections.transfer_common import all_kernel_union, host_copies_query
 from tracekit.analyze.trace.export import Export
 
 
@@ -166,7 +166,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         del keep
         names = set(ranges["name"].drop_nulls().unique().to_list())
     role_expr = _role_expr(names)
-    hc = host_copies(model)
+    hc = host_copies_query(model)  # (each reader below reads its columns and rows of it)
     gpu = _device_info(export)
     peaks = _free_memory(export, model)
     out = []
@@ -239,7 +239,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
                                  "unmarked": True}
         # host copies of the steady iterations, with the role of the range their launch fell in
         # (the columns read here, picked before the rows are gathered)
-        c = hc.lazy().filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)
+        c = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)
                              & pl.col("iteration").is_in(steady)).select(COPY_COLUMNS).collect()
         c = c.sort("launch")
         role_col = np.full(c.height, None, dtype=object)
@@ -267,7 +267,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         del near
         copies = c.select("iteration", "phase", "micro_step", "boundary", "role", "direction", "host_kind", "bytes",
                           "duration_ns", "exposed_ns", "host_ns", "bucket", "start", "correlation_id")
-        bw = hc.lazy().filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)).select(
+        bw = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)).select(
             "direction", "host_kind", "bytes", "duration_ns").collect()
         bw = bw.with_columns(bucket=pl.Series(size_bucket(bw["bytes"].to_numpy()), dtype=pl.Int64))
         bw = bw.group_by("direction", "host_kind", "bucket").agg(bytes=pl.col("bytes").sum(),
@@ -284,7 +284,7 @@ def measure(export: Export, model: PhaseModel) -> list[dict]:
         sub_groups = roles["copy_back"]["calls"] or None
         pk = peaks.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev)) if peaks is not None else None
         # one-time costs: pageable copies outside iterations (start-up), the warm-up iteration's excess
-        su = hc.lazy().filter((pl.col("global_pid") == gp) & (pl.col("device") == dev) & pl.col("iteration").is_null()
+        su = hc.filter((pl.col("global_pid") == gp) & (pl.col("device") == dev) & pl.col("iteration").is_null()
                               & (pl.col("host_kind") == "pageable"))
         su = su.select("bytes", "duration_ns", "direction").collect()
         warm = [i for i in complete if i not in steady]
