@@ -417,6 +417,10 @@ def _advice(ctx: Context) -> dict:
     from tracekit.analyze.sections import advice
 
     adv = advice.advise(ctx.export, ctx.model, _loaded_config(ctx))
+    # the what-if pieces are used up: the advice is their one reader (a rank's copies each, 3.3 MiB
+    # at 16x the shared trace, not held for the sections after; issue 24)
+    ctx.model.cache.pop(("whatif", "measure"), None)
+    ctx.out.pop("whatif", None)
     for name in REGISTERED["advice"].after:  # the advice other sections add
         if name in ctx.ran and REGISTERED[name].add_advice is not None:
             adv = REGISTERED[name].add_advice(ctx, adv)
