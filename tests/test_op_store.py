@@ -134,3 +134,15 @@ def test_analysis_same_spilled_or_held(monkeypatch):
     monkeypatch.setattr(phases.PhaseModel, "spill_ops", lambda self, folder=None: False)
     held = tracekit.analyze(ZERO3_CUT, cache=False, sections=SECTIONS).to_json()
     assert spilled == held
+
+
+def test_no_store_under_a_memory_limit(monkeypatch):
+    """Under an address-space limit the ops stay in memory (the store's reads run in polars'
+    streaming engine, which can wait for ever there instead of failing into the one line)."""
+    import tracekit
+    from tracekit import memlimit
+
+    assert tracekit.analyze(ZERO3_CUT, cache=False).model.ops_store is not None
+    monkeypatch.setattr(memlimit, "current_limit", lambda: ("address-space limit (ulimit -v, prlimit --as)", 10**10))
+    a = tracekit.analyze(ZERO3_CUT, cache=False)
+    assert a.model.ops_store is None and a.model.ops.height > 9000

@@ -137,9 +137,10 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
     """
     step = step or (lambda _m: None)
     step("finding phases and attributing GPU work")
+    spill = keep_ranges and _may_spill()
     model = phases.build(export, phase_map=list(options.phase_map) if options.phase_map else None, gas=options.gas,
-                         keep=range_keep(options) if keep_ranges else None, spill=keep_ranges)
-    if keep_ranges:  # (the ops out of memory: each section reads back what it asks for)
+                         keep=range_keep(options) if keep_ranges else None, spill=spill)
+    if spill:  # (the ops out of memory: each section reads back what it asks for)
         model.spill_ops()  # (where the build could not make its store: the ops in memory, moved now)
     ctx = Context(export, model, tuple(options.sections or ()), options.pcie_threshold, options.bin_ns,
                   phase=options.phase, iteration=options.iteration, ds_config=options.ds_config)
@@ -233,6 +234,18 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
     if deferred:
         parts["timeline_deferred"] = deferred
     return result, parts
+
+
+def _may_spill() -> bool:
+    """Whether the GPU operations may go to an op store (:mod:`tracekit.analyze.model.op_store`):
+    not under an address-space or data-segment limit (:func:`tracekit.memlimit.current_limit`).
+    The store's reads run in polars' streaming engine, and under such a limit a thread or buffer
+    that cannot be had left that engine waiting for ever (seen at ``prlimit --as=1000000000`` on
+    the 9,538-op fixture) instead of failing, as the in-memory frames do, into the one line of
+    :mod:`tracekit.memlimit`; there the ops stay in memory."""
+    from tracekit.memlimit import current_limit
+
+    return current_limit() is None
 
 
 def range_keep(options: Options) -> phases.RangeKeep:
