@@ -103,7 +103,9 @@ class PhaseModel:
             its first to its last activity (phase ``other`` fills gaps).
         ops: the frame of :func:`tracekit.analyze.model.gpu_ops.load_gpu_ops` plus ``window_id``,
             ``iteration``, ``phase``, ``micro_step``, ``boundary``, ``inferred``,
-            ``sub_phase`` (name of the innermost NVTX range, null when none).
+            ``sub_phase`` (name of the innermost NVTX range, null when none). Read a few columns
+            through :meth:`scan_ops`: after :meth:`spill_ops` (``tracekit analyze``) the ops live
+            in a file and ``ops`` reads all of them back.
         ranges: NVTX push/pop ranges with ``parent``/``depth`` (:func:`tracekit.analyze.model.nvtx.nest`).
         source: per globalPid, where phases came from: ``phase-map``, ``tracekit``,
             ``DeepSpeed``, ``inferred`` suffix when updates were inferred, or ``none``.
@@ -430,8 +432,7 @@ def build(
     nested = _nested(ranges, source)
     store = _attributed_store(ops, windows, nested) if spill else None
     if store is not None:
-        del ops  # (the attributed ops are in the store; the rest of the build runs without them)
-        ops = None
+        ops = None  # (the attributed ops are in the store; the rest of the build runs without them)
     else:
         ops = _attribute(ops, windows, nested)
     nested_source = dict(source)  # (what _nested read: a reload nests the same way)
