@@ -73,20 +73,24 @@ def test_sub_phase_search_in_blocks(tmp_path, monkeypatch, block):
 @pytest.mark.parametrize("block", [1, 3, 1000])
 def test_launch_rows_in_blocks_equal_a_loop(monkeypatch, block):
     """Each op's runtime row, matched a block of ops at a time, against a dict lookup per op:
-    two processes, ids repeated across them, ops without a match, null ids and processes."""
+    two processes, ids repeated across them, ops without a match, null ids and processes (of ops
+    and of runtime rows)."""
     monkeypatch.setattr(gpu_ops, "_LAUNCH_BLOCK", block)
     rng = np.random.default_rng(11)
     n_rt = 300
     rt = pl.DataFrame({"global_pid": rng.choice([1 << 24, 2 << 24], n_rt),
                        "correlation_id": rng.choice(400, n_rt, replace=False)}).unique(
         ["global_pid", "correlation_id"], maintain_order=True)
+    # runtime rows without a thread (a damaged export): their process is null and matches no op
+    rt = rt.with_columns(pl.when(pl.int_range(pl.len()) % 29 == 0).then(None).otherwise(pl.col("global_pid"))
+                         .alias("global_pid"))
     ops = pl.DataFrame({"global_pid": rng.choice([1 << 24, 2 << 24, 3 << 24], 700),
                         "correlation_id": rng.integers(0, 500, 700)})
     ops = ops.with_columns(pl.when(pl.int_range(pl.len()) % 17 == 0).then(None).otherwise(pl.col("correlation_id"))
                            .alias("correlation_id"),
                            pl.when(pl.int_range(pl.len()) % 23 == 0).then(None).otherwise(pl.col("global_pid"))
                            .alias("global_pid"))
-    where = {(p, c): i for i, (p, c) in enumerate(rt.iter_rows())}
+    where = {(p, c): i for i, (p, c) in enumerate(rt.iter_rows()) if p is not None}
     want = [where.get((p, c)) if p is not None and c is not None else None for p, c in ops.iter_rows()]
     assert gpu_ops._launch_rows(ops, rt).to_list() == want
     assert sum(w is not None for w in want) > 100  # (the case matches many)

@@ -216,7 +216,9 @@ def _launch_rows(ops: pl.DataFrame, runtime: pl.DataFrame) -> pl.Series:
     order = np.lexsort((r_cid, r_pid))  # by process, then id
     r_pid, r_cid = r_pid[order], r_cid[order]
     pids = np.unique(r_pid)
-    bounds = {int(p): (np.searchsorted(r_pid, p, side="left"), np.searchsorted(r_pid, p, side="right")) for p in pids}
+    # (the processes as numpy gives them: a runtime row without a thread makes them floats, NaN for
+    # that row, which no op's process equals)
+    bounds = [(p, np.searchsorted(r_pid, p, side="left"), np.searchsorted(r_pid, p, side="right")) for p in pids]
     del r_pid
     row = np.full(ops.height, -1, dtype=np.int64)
     for lo in range(0, ops.height, _LAUNCH_BLOCK):
@@ -224,7 +226,7 @@ def _launch_rows(ops: pl.DataFrame, runtime: pl.DataFrame) -> pl.Series:
         o_cid = ops["correlation_id"].slice(lo, _LAUNCH_BLOCK)
         o_ok = o_cid.is_not_null().to_numpy()
         o_cid = o_cid.fill_null(0).to_numpy()
-        for pid, (a, b) in bounds.items():
+        for pid, a, b in bounds:
             mine = np.flatnonzero((o_pid == pid) & o_ok)
             pos = a + np.searchsorted(r_cid[a:b], o_cid[mine])
             hit = pos < b
