@@ -12,7 +12,7 @@ import pytest
 from conftest import ZERO3_CUT
 
 from tracekit.analyze.model import phases
-from tracekit.analyze.model.op_store import OpStore, spill
+from tracekit.analyze.model.op_store import OpStore, frame_blocks, spill_blocks
 from tracekit.analyze.trace.export import Export
 from tracekit.options import SECTIONS
 
@@ -43,10 +43,10 @@ def _queries():
     ]
 
 
-@pytest.mark.parametrize("block_rows", [1, 997, 1 << 20])
+@pytest.mark.parametrize("block_rows", [5_000, 997, 1 << 20])
 def test_store_gives_back_the_frame(model, block_rows, tmp_path):
     ops = model.ops
-    store = OpStore(ops, folder=str(tmp_path), block_rows=block_rows if block_rows > 1 else 5_000)
+    store = OpStore(frame_blocks(ops, block_rows), folder=str(tmp_path))
     assert store.read().equals(ops) and store.read().schema == ops.schema
     for q in _queries():
         want, got = q(ops.lazy()).collect(), q(store.scan()).collect()
@@ -57,7 +57,7 @@ def test_store_gives_back_the_frame(model, block_rows, tmp_path):
 
 def test_store_against_sql(model, tmp_path):
     """H2D bytes and copy count per copy kind from the store, against plain SQL on the fixture."""
-    store = OpStore(model.ops, folder=str(tmp_path), block_rows=500)
+    store = OpStore(frame_blocks(model.ops, 500), folder=str(tmp_path))
     got = store.scan().filter(pl.col("kind") == "memcpy").group_by("direction").agg(
         n=pl.len(), b=pl.col("bytes").sum()).sort("direction").collect()
     db = sqlite3.connect(f"file:{ZERO3_CUT}?mode=ro", uri=True)
@@ -76,7 +76,7 @@ def test_nulls_and_empty_blocks(tmp_path):
     e = pl.Enum(["p", "q"])
     df = pl.DataFrame({"a": [1, None, 3, 4, None, 6, 7], "s": ["p", "q", None, "p", "q", None, "p"],
                        "b": [True, None, False, True, True, None, False]}).with_columns(k=pl.col("s").cast(e))
-    store = OpStore(df, folder=str(tmp_path), block_rows=2)
+    store = OpStore(frame_blocks(df, 2), folder=str(tmp_path))
     cases = {
         "a > 2": (pl.col("a") > 2, [3, 4, 6, 7]),
         "b": (pl.col("b"), [1, 4, None]),
@@ -87,12 +87,12 @@ def test_nulls_and_empty_blocks(tmp_path):
     for label, (cond, want) in cases.items():
         assert store.scan().filter(cond).collect()["a"].to_list() == want, label
     assert store.scan().head(3).collect().equals(df.head(3))
-    empty = OpStore(df.head(0), folder=str(tmp_path))
+    empty = OpStore(frame_blocks(df.head(0)), folder=str(tmp_path))
     assert empty.read().schema == df.schema and empty.read().height == 0
 
 
 def test_nothing_left_on_disk(tmp_path):
-    store = OpStore(pl.DataFrame({"a": [1, 2, 3]}), folder=str(tmp_path))
+    store = OpStore(frame_blocks(pl.DataFrame({"a": [1, 2, 3]})), folder=str(tmp_path))
     assert os.listdir(tmp_path) == []  # unlinked at once: read through its descriptor
     fd = store._fd
     os.fstat(fd)
@@ -101,21 +101,25 @@ def test_nothing_left_on_disk(tmp_path):
         os.fstat(fd)
 
 
-def test_spill_refused_keeps_the_frame(model, tmp_path):
-    assert spill(model.ops, folder=str(tmp_path / "no such folder")) is None
-    m = dataclasses.replace(model)
-    m.cache = {}
-    before = m.ops
-    assert not m.spill_ops(folder=str(tmp_path / "no such folder"))
-    assert m.ops_store is None and m.ops is before
+def _spilled_build():
+    with Export.open(ZERO3_CUT, cache=False) as e:
+        return phases.build(e, spill=True)
 
 
-def test_spilled_model(model, tmp_path):
-    m = dataclasses.replace(model)
-    m.cache = {}
-    ops = m.ops
-    assert m.spill_ops(folder=str(tmp_path))
-    assert m.__dict__["_ops"] is None
+def test_spill_refused_keeps_the_frame(model, tmp_path, monkeypatch):
+    import tempfile
+
+    assert spill_blocks(frame_blocks(model.ops), folder=str(tmp_path / "no such folder")) is None
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no such folder"))  # (the store cannot be made)
+    m = _spilled_build()
+    assert m.ops_store is None and m.ops.equals(model.ops)
+
+
+def test_spilled_model(model):
+    m = _spilled_build()
+    ops = model.ops  # (the same build with the ops held)
+    assert m.ops_store is not None and m.__dict__["_ops"] is None
+    assert m.windows.equals(model.windows)
     assert m.ops_height == ops.height and m.ops_schema == ops.schema
     assert m.scan_ops().collect().equals(ops)
     assert m.ops.equals(ops)  # (read back whole, kept until a section ends)
@@ -131,7 +135,7 @@ def test_analysis_same_spilled_or_held(monkeypatch):
     import tracekit
 
     spilled = tracekit.analyze(ZERO3_CUT, cache=False, sections=SECTIONS).to_json()
-    monkeypatch.setattr(phases.PhaseModel, "spill_ops", lambda self, folder=None: False)
+    monkeypatch.setattr("tracekit.analyze.result._may_spill", lambda: False)
     held = tracekit.analyze(ZERO3_CUT, cache=False, sections=SECTIONS).to_json()
     assert spilled == held
 

@@ -132,7 +132,8 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
     (:func:`range_keep`; the others are reloaded from the trace if a later reader asks for them,
     :func:`tracekit.analyze.model.phases.ranges_for`), and its GPU operations are spilled to a
     file that each reader reads only its columns and rows of
-    (:meth:`tracekit.analyze.model.phases.PhaseModel.spill_ops`), so that neither stays in memory
+    (``spill`` of :func:`tracekit.analyze.model.phases.build`, not under a memory limit:
+    :func:`_may_spill`), so that neither stays in memory
     for the whole run (issue 24).
     """
     step = step or (lambda _m: None)
@@ -140,8 +141,6 @@ def compute(export: Export, options: Options, step=None, defer_timeline: bool = 
     spill = keep_ranges and _may_spill()
     model = phases.build(export, phase_map=list(options.phase_map) if options.phase_map else None, gas=options.gas,
                          keep=range_keep(options) if keep_ranges else None, spill=spill)
-    if spill:  # (the ops out of memory: each section reads back what it asks for)
-        model.spill_ops()  # (where the build could not make its store: the ops in memory, moved now)
     ctx = Context(export, model, tuple(options.sections or ()), options.pcie_threshold, options.bin_ns,
                   phase=options.phase, iteration=options.iteration, ds_config=options.ds_config)
 

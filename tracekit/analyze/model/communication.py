@@ -106,11 +106,3 @@ def kernel_frames(ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     compute, comm = pl.collect_all([k.filter(~comm_expr()), k.filter(comm_expr())])  # one polars call
     return compute, comm
 
-
-def compute_ops(ops: pl.DataFrame) -> pl.DataFrame:
-    """``ops`` without communication kernels (what GPU idle counts as activity)."""
-    if "comm" not in ops.columns:
-        return ops
-    if not ops.select(comm_expr().any()).item():  # no communication kernel: the same rows, no copy
-        return ops
-    return ops.filter(~comm_expr())

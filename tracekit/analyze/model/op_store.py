@@ -17,7 +17,7 @@ The file is created in the system's temporary folder (``TMPDIR``) and unlinked a
 read through its open descriptor (``os.pread``), so it is gone when the store is closed or the
 process ends, however it ends (SIGKILL included); nothing is left on disk and no name of it is
 visible to another process. Where the folder cannot be written (full disk, read-only),
-:func:`spill` returns None and the frame stays in memory (the results are the same).
+:func:`spill_blocks` returns None and the frame stays in memory (the results are the same).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import io
 import os
 import tempfile
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import polars as pl
 
@@ -39,21 +39,17 @@ class OpStore:
     """A frame in an unlinked file, read back by column and block (see the module doc).
     ``schema``, ``columns`` and ``height`` are those of the frame written; :meth:`scan` and
     :meth:`read` give its rows back exactly (dtypes, Enum categories, nulls and row order).
-    Raises OSError when the file cannot be made or written. Built by :func:`spill`."""
+    Raises OSError when the file cannot be made or written. Built by :func:`spill_blocks`."""
 
-    def __init__(self, frame: pl.DataFrame | None = None, folder: str | None = None, block_rows: int = BLOCK_ROWS,
-                 blocks: Iterable[pl.DataFrame] | None = None):
-        """``frame`` written in blocks of ``block_rows`` rows, or ``blocks`` (frames of one
-        schema, at least one) written as they come, one held at a time: the rows of their
-        concatenation."""
-        if blocks is None:
-            blocks = (frame.slice(lo, block_rows) for lo in range(0, max(frame.height, 1), block_rows))
+    def __init__(self, blocks: Iterable[pl.DataFrame], folder: str | None = None):
+        """``blocks`` (frames of one schema, at least one; :func:`frame_blocks` cuts a frame into
+        them) written as they come, one held at a time: the rows of their concatenation."""
         fd, name = tempfile.mkstemp(prefix="tracekit-ops-", suffix=".bin", dir=folder)
         try:
             os.unlink(name)  # (read through fd from now on: nothing to clean up, ever)
-            #: per block: (first row, rows, {column: (offset, length)})
-            self._blocks: list[tuple[int, int, dict[str, tuple[int, int]]]] = []
-            at, lo, first = 0, 0, None
+            #: per block, {column: (offset, length)} of its piece of each column
+            self._blocks: list[dict[str, tuple[int, int]]] = []
+            at, height, first = 0, 0, None
             for part in blocks:
                 if first is None:
                     first = part.head(0)
@@ -68,8 +64,8 @@ class OpStore:
                     where[c] = (at, len(data))
                     at += len(data)
                     del data, buf
-                self._blocks.append((lo, part.height, where))
-                lo += part.height
+                self._blocks.append(where)
+                height += part.height
                 del part
             if first is None:
                 raise ValueError("no block to write")
@@ -79,7 +75,7 @@ class OpStore:
         self._fd = fd
         self.schema = first.schema
         self.columns = first.columns
-        self.height = lo
+        self.height = height
         self._closer = weakref.finalize(self, os.close, fd)
 
     def _column(self, where: dict, column: str) -> pl.DataFrame:
@@ -97,7 +93,7 @@ class OpStore:
         if not cols and self.columns:  # (no column named: one read for the row count)
             cols = [self.columns[0]]
         left = n_rows
-        for _lo, _rows, where in self._blocks:
+        for where in self._blocks:
             if left is not None and left <= 0:
                 break
             keep = None
@@ -136,19 +132,17 @@ class OpStore:
         self._closer()
 
 
-def spill(frame: pl.DataFrame, folder: str | None = None) -> OpStore | None:
-    """``frame`` written to an :class:`OpStore`, or None when it cannot be (the temporary
-    folder not writable or full): the caller then keeps ``frame``."""
-    try:
-        return OpStore(frame, folder)
-    except OSError:
-        return None
+def frame_blocks(frame: pl.DataFrame, rows: int = BLOCK_ROWS) -> Iterator[pl.DataFrame]:
+    """``frame`` cut into slices of ``rows`` rows (no copy), at least one (an empty frame gives
+    itself: the store keeps its schema)."""
+    return (frame.slice(lo, rows) for lo in range(0, max(frame.height, 1), rows))
 
 
 def spill_blocks(blocks: Iterable[pl.DataFrame], folder: str | None = None) -> OpStore | None:
     """The frames ``blocks`` (one schema) written to an :class:`OpStore` as they come, or None
-    when the store cannot be made (as :func:`spill`; the caller then builds the frame itself)."""
+    when the store cannot be made (the temporary folder not writable or full): the caller then
+    builds the frame in memory."""
     try:
-        return OpStore(blocks=blocks, folder=folder)
+        return OpStore(blocks, folder)
     except OSError:
         return None

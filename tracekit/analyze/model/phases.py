@@ -104,8 +104,10 @@ class PhaseModel:
         ops: the frame of :func:`tracekit.analyze.model.gpu_ops.load_gpu_ops` plus ``window_id``,
             ``iteration``, ``phase``, ``micro_step``, ``boundary``, ``inferred``,
             ``sub_phase`` (name of the innermost NVTX range, null when none). Read a few columns
-            through :meth:`scan_ops`: after :meth:`spill_ops` (``tracekit analyze``) the ops live
-            in a file and ``ops`` reads all of them back.
+            through :meth:`scan_ops`: in a model built with ``spill`` (:func:`build`, ``tracekit
+            analyze``) the ops live in a file (:attr:`ops_store`) and ``ops`` reads all of them
+            back, held in :attr:`cache` under ``"ops_frame"`` until
+            :func:`tracekit.analyze.sections.run` lets it go after the section that asked.
         ranges: NVTX push/pop ranges with ``parent``/``depth`` (:func:`tracekit.analyze.model.nvtx.nest`).
         source: per globalPid, where phases came from: ``phase-map``, ``tracekit``,
             ``DeepSpeed``, ``inferred`` suffix when updates were inferred, or ``none``.
@@ -140,12 +142,12 @@ class PhaseModel:
     #: the trace the model was built from (what :func:`ranges_for` reloads)
     path: str | None = None
 
-    #: where :attr:`ops` lives once :meth:`spill_ops` moved it out of memory (None: in memory)
+    #: where :attr:`ops` lives in a model built with ``spill`` (:func:`build`; None: in memory)
     ops_store: object | None = field(default=None, init=False, repr=False)
 
     def scan_ops(self) -> pl.LazyFrame:
         """:attr:`ops` as a ``LazyFrame``: the way to read a few of its columns or rows. When the
-        ops are spilled (:meth:`spill_ops`) only what the query selects and keeps is read back;
+        ops are in a store (:attr:`ops_store`) only what the query selects and keeps is read back;
         in memory it is ``ops.lazy()``."""
         store = self.ops_store
         return self._ops.lazy() if store is None else store.scan()
@@ -161,22 +163,6 @@ class PhaseModel:
         """The number of rows of :attr:`ops` (read nothing)."""
         store = self.ops_store
         return self._ops.height if store is None else store.height
-
-    def spill_ops(self, folder: str | None = None) -> bool:
-        """Move :attr:`ops` into an :class:`tracekit.analyze.model.op_store.OpStore` (out of
-        memory; readers then go through :meth:`scan_ops`, and :attr:`ops` reads the whole
-        frame back, held in :attr:`cache` under ``"ops_frame"`` until
-        :func:`tracekit.analyze.sections.run` lets it go after the section that asked). False,
-        and the ops kept in memory, where the store cannot be made."""
-        from tracekit.analyze.model.op_store import spill
-
-        if self.ops_store is not None:
-            return True
-        store = spill(self._ops, folder)
-        if store is None:
-            return False
-        self.ops_store, self._ops = store, None
-        return True
 
     def derived(self, key, compute):
         """``compute()``, computed once per model: the value kept in :attr:`cache` under ``key``
@@ -201,7 +187,7 @@ def _set_ops(model: PhaseModel, frame: pl.DataFrame) -> None:
 
 
 #: :attr:`PhaseModel.ops` (a dataclass field whose reads go through this property): the frame
-#: itself, or, once spilled, the whole frame read back from its store (:meth:`PhaseModel.spill_ops`;
+#: itself, or, once spilled, the whole frame read back from its store (:attr:`PhaseModel.ops_store`;
 #: a reader of a few columns uses :meth:`PhaseModel.scan_ops`)
 PhaseModel.ops = property(_get_ops, _set_ops, doc="The GPU operations (see the class doc).")
 
@@ -348,7 +334,7 @@ def build(
     accumulation steps, used only when updates must be inferred; ``keep``: hold only part of the
     NVTX ranges (:class:`RangeKeep`; None: all of them, in :attr:`PhaseModel.ranges`); ``spill``:
     the GPU operations are attributed a block at a time into an
-    :class:`tracekit.analyze.model.op_store.OpStore` (:meth:`PhaseModel.spill_ops`: never held
+    :class:`tracekit.analyze.model.op_store.OpStore` (:attr:`PhaseModel.ops_store`: never held
     whole in memory; in memory as before where the store cannot be made).
 
     A trace without NVTX ranges gets the whole-trace model: every process's source is
@@ -795,10 +781,9 @@ def _attributed_store(ops: pl.DataFrame, windows: pl.DataFrame, nested: pl.DataF
     :class:`tracekit.analyze.model.op_store.OpStore` as it is made: the attributed ops (25
     columns, 46 MiB at 16x the shared trace) are never held whole (issue 24). None when the store
     cannot be made."""
-    from tracekit.analyze.model.op_store import BLOCK_ROWS, spill_blocks
+    from tracekit.analyze.model.op_store import frame_blocks, spill_blocks
 
-    return spill_blocks(_attribute(ops.slice(lo, BLOCK_ROWS), windows, nested)
-                        for lo in range(0, max(ops.height, 1), BLOCK_ROWS))
+    return spill_blocks(_attribute(block, windows, nested) for block in frame_blocks(ops))
 
 
 def _attribute(ops: pl.DataFrame, windows: pl.DataFrame, nested: pl.DataFrame) -> pl.DataFrame:

@@ -617,7 +617,7 @@ def order(names=None) -> list[Section]:
 #: or copy that :func:`run` lets go after each section: kept, they held 17 MiB of a 10 GB trace's
 #: analysis from the first section that built them to the end (issue 24); the next reader
 #: builds them again (a filter of the ops, a few ms); ``ops_frame`` is the whole of spilled ops
-#: read back (:meth:`tracekit.analyze.model.phases.PhaseModel.spill_ops`); the kernel unions
+#: read back (:attr:`tracekit.analyze.model.phases.PhaseModel.ops_store`); the kernel unions
 #: (3.8 MiB at 16x the shared trace) are made again by the pageable and what-if sections
 PER_OP_FRAMES = ("kernel_frames", "comm_kernels", "host_copies", "compute_ops", "ops_frame",
                  ("overlap_kernel_unions", False), ("overlap_kernel_unions", True))

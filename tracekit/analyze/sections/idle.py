@@ -330,9 +330,7 @@ def _rank_ops(f: pl.DataFrame | pl.LazyFrame, gpid: int, dev: int) -> tuple[np.n
     (:func:`tracekit.analyze.model.intervals.union`). What :class:`_Sweep` makes the union of, a
     span at a time."""
     mine = (pl.col("global_pid") == gpid) & (pl.col("device") == dev) & (pl.col("end") > pl.col("start"))
-    if isinstance(f, pl.LazyFrame):
-        t = f.filter(mine).select("start", "end").collect()
-    elif f.height and f.select(mine.fill_null(False).all()).item():
+    if isinstance(f, pl.DataFrame) and f.height and f.select(mine.fill_null(False).all()).item():
         t = f.select("start", "end")
     else:
         t = f.lazy().filter(mine).select("start", "end").collect()
@@ -374,12 +372,10 @@ def _rank_parts(model: PhaseModel):
     of its compute ops and of its communication kernels, and its launching threads
     (``launch_tid``). (Each rank's times are read from the ops for it: no frame of every op's
     columns is held while the calls are classified.)"""
-    from tracekit.analyze.model.communication import comm_expr
     from tracekit.analyze.sections.breakdown import ranks
-    from tracekit.analyze.sections.transfer_common import model_comm_kernels
+    from tracekit.analyze.sections.transfer_common import compute_ops_query, model_comm_kernels
 
-    # the compute ops (model_compute_ops' rows) as a query
-    active = model.scan_ops().filter(~comm_expr()) if "comm" in model.ops_schema else model.scan_ops()
+    active = compute_ops_query(model)
     comm = model_comm_kernels(model)
     # (distinct first, then the nulls dropped: no copy of the three columns of every op)
     threads = model.scan_ops().select("global_pid", "device", "launch_tid").unique().collect().drop_nulls()

@@ -109,19 +109,18 @@ COMPUTE_OP_COLUMNS = ("global_pid", "device", "start", "end")
 
 def model_compute_ops(model: PhaseModel) -> pl.DataFrame:
     """``model.ops`` without communication kernels, what GPU idle counts as activity
-    (:func:`tracekit.analyze.model.communication.compute_ops`), only :data:`COMPUTE_OP_COLUMNS`
-    (the rows in the ops' order), computed once per section and kept on the model until it ends
-    (the breakdown, its sub-phases, the idle and the CPU-update sections read it;
-    :data:`tracekit.analyze.sections.PER_OP_FRAMES`)."""
+    (:func:`compute_ops_query`), only :data:`COMPUTE_OP_COLUMNS` (the rows in the ops' order),
+    computed once per section and kept on the model until it ends (the breakdown, its
+    sub-phases and the CPU-update section read it; :data:`tracekit.analyze.sections.PER_OP_FRAMES`)."""
+    return model.derived("compute_ops", lambda: compute_ops_query(model).select(COMPUTE_OP_COLUMNS).collect())
+
+
+def compute_ops_query(model: PhaseModel) -> pl.LazyFrame:
+    """``model.ops`` without communication kernels, as a query of the ops (every column, the
+    rows in the ops' order); without a ``comm`` column (an older model) every op."""
     from tracekit.analyze.model.communication import comm_expr
 
-    def compute() -> pl.DataFrame:
-        ops = model.scan_ops()
-        if "comm" in model.ops_schema:
-            ops = ops.filter(~comm_expr())
-        return ops.select(COMPUTE_OP_COLUMNS).collect()
-
-    return model.derived("compute_ops", compute)
+    return model.scan_ops().filter(~comm_expr()) if "comm" in model.ops_schema else model.scan_ops()
 
 
 def kernel_unions(model: PhaseModel, comm: bool = False) -> dict[tuple[int, int], tuple]:
